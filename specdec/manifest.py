@@ -1,0 +1,263 @@
+"""The bundle manifest: the only thing the runtime reads about a bundle (stdlib only).
+
+`manifest_from_json` parses and validates; `json_from_manifest` writes; `check_bundle_files` verifies
+hashes. Draft/target agreement (vocabulary, tokenizer) is checked by `validate_manifest`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import ManifestError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+ROLES = ("target", "draft")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8-qdq", "int4")
+KV_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Architecture facts the runtime needs, normalized across model families."""
+
+    model_type: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: list  # ints for static dims, strings for symbolic ones
+
+
+@dataclass(frozen=True)
+class ParityStep:
+    name: str
+    batch: int
+    tokens: int
+    cache_len: int
+    max_abs_diff: float
+    tolerance: float
+    enforced: bool = True  # False for quantized graphs, whose logits differ from fp32 PyTorch by design
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One exported model of a bundle (target or draft)."""
+
+    role: str
+    source: dict  # kind, path or id, revision, sha256 of the source file when there is one
+    derived: str  # "" or how the model was derived from the target: "int4", "layers:4"
+    dims: ModelDims
+    max_seq_len: int
+    max_batch: int
+    precision: str
+    kv_dtype: str
+    logits_dtype: str
+    lowering: str
+    onnx_path: str
+    files: dict  # relative path -> sha256, every file the graph needs
+    inputs: list  # list[TensorSpec]
+    outputs: list  # list[TensorSpec]
+    parity: list = field(default_factory=list)  # list[ParityStep]
+    engines: list = field(default_factory=list)  # built engines, see specdec.engines
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Defaults:
+    gamma: int
+    gamma_max: int
+    max_prefill_chunk: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    vocab_size: int
+    eos_token_ids: list
+    bos_token_id: int | None
+    pad_token_id: int | None
+    has_chat_template: bool
+    files: dict  # relative path -> sha256
+
+
+@dataclass(frozen=True)
+class Manifest:
+    schema_version: int
+    specdec_version: str
+    tools: dict
+    tokenizer: TokenizerInfo
+    models: dict  # role -> ModelEntry
+    defaults: Defaults
+
+    @property
+    def target(self) -> ModelEntry:
+        return self.models["target"]
+
+    @property
+    def draft(self) -> ModelEntry | None:
+        return self.models.get("draft")
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def json_from_manifest(manifest: Manifest) -> str:
+    return json.dumps(asdict(manifest), indent=2, sort_keys=False) + "\n"
+
+
+def _require(data: dict, key: str, where: str) -> Any:
+    if not isinstance(data, dict) or key not in data:
+        raise ManifestError(
+            f"manifest field {where}.{key} is missing",
+            "the bundle is corrupt or was written by another tool; re-export it with specdec-export",
+        )
+    return data[key]
+
+
+def _build(cls, data: dict, where: str):
+    if not isinstance(data, dict):
+        raise ManifestError(f"manifest section {where} is not an object", "re-export the bundle")
+    values = {}
+    for spec in fields(cls):
+        if spec.name in data:
+            values[spec.name] = data[spec.name]
+        elif spec.default is MISSING and spec.default_factory is MISSING:
+            _require(data, spec.name, where)
+    return cls(**values)
+
+
+def _model_from_dict(data: dict, role: str) -> ModelEntry:
+    where = f"models.{role}"
+    entry = _build(ModelEntry, data, where)
+    return ModelEntry(
+        **{
+            **asdict(entry),
+            "dims": _build(ModelDims, entry.dims, f"{where}.dims"),
+            "inputs": [_build(TensorSpec, s, f"{where}.inputs") for s in entry.inputs],
+            "outputs": [_build(TensorSpec, s, f"{where}.outputs") for s in entry.outputs],
+            "parity": [_build(ParityStep, s, f"{where}.parity") for s in entry.parity],
+        }
+    )
+
+
+def manifest_from_json(text: str) -> Manifest:
+    """Parse manifest JSON and check its schema; raises ManifestError with a hint."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"manifest.json is not valid JSON ({exc})", "re-export the bundle") from exc
+    version = _require(data, "schema_version", "manifest")
+    if version != SCHEMA_VERSION:
+        raise ManifestError(
+            f"manifest schema_version is {version!r}; this specdec reads version {SCHEMA_VERSION}",
+            "re-export the bundle with this version of specdec-export",
+        )
+    models = _require(data, "models", "manifest")
+    if "target" not in models:
+        raise ManifestError("manifest has no target model", "re-export the bundle")
+    unknown = sorted(set(models) - set(ROLES))
+    if unknown:
+        raise ManifestError(f"manifest has unknown model roles {unknown}", f"roles are {list(ROLES)}")
+    manifest = Manifest(
+        schema_version=version,
+        specdec_version=_require(data, "specdec_version", "manifest"),
+        tools=_require(data, "tools", "manifest"),
+        tokenizer=_build(TokenizerInfo, _require(data, "tokenizer", "manifest"), "tokenizer"),
+        models={role: _model_from_dict(models[role], role) for role in models},
+        defaults=_build(Defaults, _require(data, "defaults", "manifest"), "defaults"),
+    )
+    validate_manifest(manifest)
+    return manifest
+
+
+def validate_manifest(manifest: Manifest) -> None:
+    """Check values and draft/target agreement."""
+    for role, entry in manifest.models.items():
+        if entry.precision not in PRECISIONS:
+            raise ManifestError(f"{role} precision {entry.precision!r} is unknown", f"one of {PRECISIONS}")
+        if entry.kv_dtype not in KV_DTYPES:
+            raise ManifestError(f"{role} kv_dtype {entry.kv_dtype!r} is unknown", f"one of {KV_DTYPES}")
+        if entry.max_seq_len <= 0 or entry.max_batch <= 0:
+            raise ManifestError(
+                f"{role} has max_seq_len={entry.max_seq_len}, max_batch={entry.max_batch}",
+                "both must be positive; re-export the bundle",
+            )
+    defaults = manifest.defaults
+    if not 1 <= defaults.gamma <= defaults.gamma_max:
+        raise ManifestError(
+            f"default gamma {defaults.gamma} is outside 1..gamma_max={defaults.gamma_max}",
+            "re-export or re-calibrate the bundle",
+        )
+    check_vocab_agreement(manifest)
+
+
+def check_vocab_agreement(manifest: Manifest) -> None:
+    """A draft must share the target's tokenizer; a padded vocabulary is allowed if the tokenizer fits."""
+    tok_vocab = manifest.tokenizer.vocab_size
+    for role, entry in manifest.models.items():
+        if entry.dims.vocab_size < tok_vocab:
+            raise ManifestError(
+                f"{role} has vocab_size {entry.dims.vocab_size}, smaller than the tokenizer's {tok_vocab}",
+                "draft and target must share one tokenizer; export them from the same family",
+            )
+    draft = manifest.draft
+    if draft is not None and draft.max_seq_len < manifest.target.max_seq_len:
+        raise ManifestError(
+            f"draft max_seq_len {draft.max_seq_len} < target max_seq_len {manifest.target.max_seq_len}",
+            "export both models with the same --max-seq-len",
+        )
+
+
+def read_manifest(bundle: str | os.PathLike) -> Manifest:
+    path = Path(bundle)
+    if not path.is_dir():
+        raise ManifestError(
+            f"bundle directory {str(path)!r} does not exist",
+            "pass the --out directory of specdec-export (run `make demo` to build the default bundle)",
+        )
+    manifest_path = path / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise ManifestError(
+            f"{str(manifest_path)!r} is missing: {str(path)!r} is not a specdec bundle",
+            "pass the --out directory of specdec-export",
+        )
+    return manifest_from_json(manifest_path.read_text(encoding="utf-8"))
+
+
+def check_bundle_files(bundle: str | os.PathLike, manifest: Manifest) -> None:
+    """Verify that every file the manifest lists exists and has the recorded sha256."""
+    root = Path(bundle)
+    expected = dict(manifest.tokenizer.files)
+    for entry in manifest.models.values():
+        expected.update(entry.files)
+    for rel, digest in expected.items():
+        path = root / rel
+        if not path.is_file():
+            raise ManifestError(f"bundle file {rel!r} is missing from {str(root)!r}", "re-export the bundle")
+        actual = sha256_file(path)
+        if actual != digest:
+            raise ManifestError(
+                f"bundle file {rel!r} has sha256 {actual[:12]}…, the manifest records {digest[:12]}…",
+                "the file was modified or truncated; re-export the bundle",
+            )
