@@ -1,0 +1,39 @@
+"""`specdec generate`: stream a completion to stdout and a one-line stats summary to stderr."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_generate_parser(commands) -> None:
+    parser = commands.add_parser("generate", help="generate text from a bundle")
+    parser.add_argument("bundle")
+    parser.add_argument("--prompt", required=True, help="the prompt text")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the bundle's chat template")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="0 turns top-k off (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1.0 turns top-p off (default)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--gamma", type=int, default=None, help="draft length (default: the bundle's)")
+    parser.add_argument("--drafter", choices=["auto", "model", "prompt_lookup", "none"], default="auto")
+    parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
+    parser.set_defaults(run=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    import specdec
+    from specdec.runtime.config import GenerationConfig
+
+    config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=args.seed, gamma=args.gamma, drafter=args.drafter, stop=tuple(args.stop), chat=args.chat,
+    )
+    with specdec.load(args.bundle, verify=not args.no_verify) as generator:
+        for piece in generator.stream(args.prompt, config):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        print(f"[{args.drafter}] {generator.last_stats.summary()}", file=sys.stderr)
+    return 0

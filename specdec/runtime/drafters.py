@@ -1,0 +1,182 @@
+"""Drafters propose up to `limits[b]` tokens per row. Every drafter is exact: a model drafter returns its warped
+distributions q; prompt lookup returns point masses (q = None)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdec.runtime.config import GenerationConfig
+from specdec.runtime.sampling import sample, warp
+from specdec.runtime.state import Row, feed_chunks
+
+
+@dataclass
+class Proposal:
+    tokens: np.ndarray  # [k] int64
+    q: np.ndarray | None  # [k, V] warped draft probabilities, or None for point masses (and greedy)
+    source: str  # "model" or "lookup"
+
+
+EMPTY = Proposal(np.zeros(0, dtype=np.int64), None, "none")
+
+
+def lookup(tokens: list, limit: int, max_ngram: int) -> np.ndarray:
+    """Prompt lookup: the tokens that followed the latest earlier match of the context's last n-gram."""
+    if limit <= 0 or len(tokens) < 2:
+        return EMPTY.tokens
+    context = np.asarray(tokens, dtype=np.int64)
+    for size in range(min(max_ngram, len(context) - 1), 0, -1):
+        pattern = context[-size:]
+        windows = np.lib.stride_tricks.sliding_window_view(context[:-1], size)  # [N-size, size]
+        hits = np.flatnonzero((windows == pattern).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + size
+            found = context[start : start + limit]
+            if found.size:
+                return found
+    return EMPTY.tokens
+
+
+class PromptLookupDrafter:
+    """n-gram match in the context; no model, no cost."""
+
+    name = "prompt_lookup"
+
+    def __init__(self, config: GenerationConfig):
+        self.config = config
+
+    def propose(self, rows: list, limits: list) -> list:
+        return [
+            Proposal(lookup(row.tokens, lim, self.config.lookup_ngram), None, "lookup") if lim > 0 else EMPTY
+            for row, lim in zip(rows, limits)
+        ]
+
+    def commit(self, row: Row, kept: int) -> None:
+        """Called after verification: `kept` tokens of the row are known valid."""
+
+
+class ModelDrafter:
+    """Autoregressive drafts from the bundle's draft model (a static-KV backend)."""
+
+    name = "model"
+
+    def __init__(self, backend, config: GenerationConfig, chunk: int):
+        self.backend = backend
+        self.config = config
+        self.chunk = chunk
+
+    def _choose(self, logits: np.ndarray, row: Row):
+        # logits: [V] -> (token, q or None)
+        if self.config.greedy:
+            return int(np.argmax(logits)), None
+        q = warp(logits, self.config)
+        return sample(q, row.rng), q
+
+    def propose(self, rows: list, limits: list) -> list:
+        wanted = [not row.finish and lim > 0 for row, lim in zip(rows, limits)]
+        if not any(wanted):
+            return [EMPTY] * len(rows)
+        starts = [row.draft_len if not row.finish else 0 for row in rows]
+        pending = [row.tokens[row.draft_len :] if w else None for row, w in zip(rows, wanted)]
+        logits = feed_chunks(self.backend, pending, starts, self.chunk)  # [B, V]
+        for row, w in zip(rows, wanted):
+            if w:
+                row.draft_len = len(row.tokens)
+        drafts = [[] for _ in rows]
+        dists = [[] for _ in rows]
+        for step in range(max(limits)):
+            for b, row in enumerate(rows):
+                if wanted[b] and step < limits[b]:
+                    token, q = self._choose(logits[b], row)
+                    drafts[b].append(token)
+                    dists[b].append(q)
+            if step + 1 == max(limits):
+                break
+            feeding = [wanted[b] and step + 1 < limits[b] for b in range(len(rows))]
+            logits = self._step(rows, drafts, feeding)
+        return [self._proposal(d, q) if w else EMPTY for d, q, w in zip(drafts, dists, wanted)]
+
+    def _step(self, rows: list, drafts: list, feeding: list) -> np.ndarray:
+        seqs = [[drafts[b][-1]] if feeding[b] else None for b in range(len(rows))]
+        starts = [row.draft_len if not row.finish else 0 for row in rows]
+        logits = feed_chunks(self.backend, seqs, starts, 1)
+        for b, row in enumerate(rows):
+            if feeding[b]:
+                row.draft_len += 1
+        return logits
+
+    def _proposal(self, drafts: list, dists: list) -> Proposal:
+        q = None if self.config.greedy else np.stack(dists)
+        return Proposal(np.asarray(drafts, dtype=np.int64), q, "model")
+
+    def commit(self, row: Row, kept: int) -> None:
+        # the draft's KV is valid for the committed prefix only: roll back by moving the length
+        row.draft_len = min(row.draft_len, kept)
+
+
+def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
+    """DESIGN §1: (1 - α^(γ+1)) / ((1 - α)(γc + 1)), the speedup over plain decoding."""
+    if alpha >= 1.0:
+        tokens = gamma + 1.0
+    else:
+        tokens = (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    return tokens / (gamma * cost_ratio + 1.0)
+
+
+class ModelGate:
+    """Decides from measured acceptance α and cost ratio c whether model drafts beat plain decoding."""
+
+    def __init__(self, gamma: int, warmup_rounds: int = 3, prior_alpha: float = 0.7, prior_weight: float = 4.0):
+        self.gamma = gamma
+        self.warmup_rounds = warmup_rounds
+        self.prior = (prior_alpha * prior_weight, prior_weight)
+        self.rounds = self.proposed = self.accepted = 0
+        self.draft_backend = self.target_backend = None  # Timed wrappers, set by the generator
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        self.rounds += 1
+        self.proposed += proposed
+        self.accepted += accepted
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + self.prior[0]) / (self.proposed + self.prior[1])
+
+    @property
+    def cost_ratio(self) -> float | None:
+        draft, target = self.draft_backend, self.target_backend
+        if not draft or not target or not draft.calls or not target.calls:
+            return None
+        return (draft.seconds / draft.calls) / (target.seconds / target.calls)
+
+    def pays(self) -> bool:
+        cost = self.cost_ratio
+        if self.rounds < self.warmup_rounds or cost is None:
+            return True
+        return expected_speedup(self.alpha, self.gamma, cost) > 1.0
+
+
+class ChainDrafter:
+    """`auto`: prompt lookup where the context offers a match, the model elsewhere, and only where it pays."""
+
+    name = "auto"
+
+    def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None, gate: ModelGate):
+        self.lookup = lookup_drafter
+        self.model = model
+        self.gate = gate
+
+    def propose(self, rows: list, limits: list) -> list:
+        proposals = self.lookup.propose(rows, limits)
+        if self.model is None or not self.gate.pays():
+            return proposals
+        need = [lim if p.tokens.size == 0 else 0 for p, lim in zip(proposals, limits)]
+        if not any(need):
+            return proposals
+        drafted = self.model.propose(rows, need)
+        return [d if n else p for p, d, n in zip(proposals, drafted, need)]
+
+    def commit(self, row: Row, kept: int) -> None:
+        if self.model is not None:
+            self.model.commit(row, kept)

@@ -1,0 +1,53 @@
+"""Tokenizer access for the runtime: the `tokenizers` library and a jinja2 chat template, no transformers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdec.errors import ConfigError, ManifestError, missing_dependency
+
+
+class TextCodec:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.tokenizer = None
+        self.template = None
+        self.special = {}
+
+    def open(self) -> "TextCodec":
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:
+            raise missing_dependency("tokenizers", "cpu") from exc
+        path = self.root / "tokenizer.json"
+        if not path.is_file():
+            raise ManifestError(f"{path} is missing", "re-export the bundle")
+        self.tokenizer = Tokenizer.from_file(str(path))
+        config_path = self.root / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        self.special = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
+        template = config.get("chat_template")
+        jinja_path = self.root / "chat_template.jinja"
+        if template is None and jinja_path.is_file():
+            template = jinja_path.read_text(encoding="utf-8")
+        if template:
+            import jinja2
+
+            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+            self.template = env.from_string(template)
+        return self
+
+    def encode(self, text: str, special: bool = True) -> list:
+        return self.tokenizer.encode(text, add_special_tokens=special).ids
+
+    def decode(self, ids: list) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def chat(self, text: str) -> list:
+        """Token ids of `text` as one user turn, with the assistant's turn opened."""
+        if self.template is None:
+            raise ConfigError("this bundle's tokenizer has no chat template", "generate without chat=True / --chat")
+        rendered = self.template.render(
+            messages=[{"role": "user", "content": text}], add_generation_prompt=True, **self.special
+        )
+        return self.encode(rendered, special=False)
