@@ -43,12 +43,13 @@ def tiny_tokenizer(vocab_size: int):
     )
 
 
-def tiny_model(family: str, vocab_size: int, layers: int = 2, hidden: int = 32, seed: int = 0, positions: int = 512):
+def tiny_model(family: str, vocab_size: int, layers: int = 2, hidden: int = 32, seed: int = 0, positions: int = 512,
+               init_range: float = 0.02):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    special = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    special = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=init_range)
     if family == "gpt2":
         config = AutoConfig.for_model(
             "gpt2", vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=4, n_positions=positions, **special
@@ -62,11 +63,13 @@ def tiny_model(family: str, vocab_size: int, layers: int = 2, hidden: int = 32, 
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def save_tiny(folder: str | Path, family: str = "llama", layers: int = 2, seed: int = 0, hidden: int = 32) -> Path:
-    """Write a random `family` model and its tokenizer to `folder` (save_pretrained layout)."""
+def save_tiny(folder: str | Path, family: str = "llama", layers: int = 2, seed: int = 0, hidden: int = 32,
+              init_range: float = 0.02, vocab_size: int = 320) -> Path:
+    """Write a random `family` model and its tokenizer to `folder` (save_pretrained layout).
+    A larger `init_range` gives peakier distributions (useful for sampling tests)."""
     folder = Path(folder)
-    tokenizer = tiny_tokenizer(320)
-    model = tiny_model(family, len(tokenizer), layers=layers, hidden=hidden, seed=seed)
+    tokenizer = tiny_tokenizer(vocab_size)
+    model = tiny_model(family, len(tokenizer), layers=layers, hidden=hidden, seed=seed, init_range=init_range)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -1,0 +1,44 @@
+"""Session fixtures: tiny random models with a real tokenizer, exported once through the real pipeline."""
+from __future__ import annotations
+
+import pytest
+
+from specdec.export.bundle import export_bundle
+from specdec.export.config import ExportConfig
+from specdec.export.tiny import save_tiny
+
+GAMMA_MAX = 6
+MAX_SEQ_LEN = 96
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("llama"), "llama", seed=0, init_range=0.5)
+
+
+@pytest.fixture(scope="session")
+def random_draft_dir(tmp_path_factory):
+    """Same tokenizer, other random weights: a draft built to be rejected."""
+    return save_tiny(tmp_path_factory.mktemp("llama_other"), "llama", seed=1, init_range=0.5)
+
+
+def _export(out, target, **options):
+    config = ExportConfig(out=out, target=str(target), max_seq_len=MAX_SEQ_LEN, gamma=3, gamma_max=GAMMA_MAX,
+                          max_batch=4, max_prefill_chunk=16, progress=False, **options)
+    return export_bundle(config)
+
+
+@pytest.fixture(scope="session")
+def int4_bundle(tmp_path_factory, tiny_llama):
+    return _export(tmp_path_factory.mktemp("b") / "int4", tiny_llama, draft_from_target="int4")
+
+
+@pytest.fixture(scope="session")
+def random_draft_bundle(tmp_path_factory, tiny_llama, random_draft_dir):
+    return _export(tmp_path_factory.mktemp("b") / "random", tiny_llama, draft=str(random_draft_dir))
+
+
+@pytest.fixture(scope="session")
+def export_tiny():
+    """Export a tiny model with options; for tests that need their own bundle."""
+    return _export

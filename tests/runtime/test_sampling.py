@@ -1,0 +1,74 @@
+"""The acceptance rule on the paper's worked example, greedy acceptance, and logits warping."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec.runtime.config import GenerationConfig
+from specdec.runtime.sampling import accept_greedy, accept_sampled, sample, softmax, warp
+
+A, B, C = 0, 1, 2
+
+
+def test_paper_worked_example():
+    q = np.array([[0.2, 0.7, 0.1], [0.6, 0.1, 0.3], [0.1, 0.1, 0.8]])
+    p = np.array([[0.5, 0.3, 0.2], [0.7, 0.2, 0.1], [0.1, 0.5, 0.4], [0.3, 0.4, 0.3]])
+    drafts = np.array([B, A, C])
+    for any_r in (0.0, 0.5, 0.999):
+        accepted, token = accept_sampled(drafts, q, p, np.array([0.35, any_r, 0.72]), np.random.default_rng(0))
+        # accept B (0.35 < 0.3/0.7), accept A (ratio >= 1), reject C (0.72 > 0.4/0.8), residual {0, 1, 0} -> B
+        assert (accepted, token) == (2, B)
+    # r just above p/q for B rejects at once; residual max(0, p - q) = {0.3, 0, 0.1} never yields B
+    tokens = {accept_sampled(drafts, q, p, np.array([0.43, 0, 0]), np.random.default_rng(s))[1] for s in range(50)}
+    assert tokens == {A, C}
+
+
+def test_all_accepted_samples_the_bonus_from_the_last_distribution():
+    p = np.array([[0, 1.0, 0], [0, 0, 1.0]])
+    q = np.array([[0, 1.0, 0]])
+    assert accept_sampled(np.array([B]), q, p, np.array([0.99]), np.random.default_rng(0)) == (1, C)
+
+
+def test_point_mass_proposals_zero_the_rejected_token():
+    p = np.array([[0.5, 0.5, 0.0], [1.0, 0, 0]])
+    # q is a point mass on A: accepted with probability p(A) = 0.5, else the residual is p without A -> B
+    assert accept_sampled(np.array([A]), None, p, np.array([0.7]), np.random.default_rng(0)) == (0, B)
+    assert accept_sampled(np.array([A]), None, p, np.array([0.3]), np.random.default_rng(0)) == (1, A)
+
+
+def test_greedy_acceptance():
+    assert accept_greedy(np.array([4, 5, 6]), np.array([4, 5, 7, 9])) == (2, 7)
+    assert accept_greedy(np.array([4, 5]), np.array([4, 5, 8])) == (2, 8)
+    assert accept_greedy(np.array([1]), np.array([4, 5])) == (0, 4)
+    assert accept_greedy(np.zeros(0, dtype=np.int64), np.array([3])) == (0, 3)
+
+
+def test_warp_temperature_top_k_top_p():
+    logits = np.log(np.array([0.5, 0.25, 0.15, 0.1]))
+    np.testing.assert_allclose(warp(logits, GenerationConfig(temperature=1.0)), [0.5, 0.25, 0.15, 0.1])
+    np.testing.assert_allclose(warp(logits, GenerationConfig(temperature=1.0, top_k=2)), [2 / 3, 1 / 3, 0, 0])
+    # top_p keeps the smallest prefix reaching 0.7: {0.5, 0.25}
+    np.testing.assert_allclose(warp(logits, GenerationConfig(temperature=1.0, top_p=0.7)), [2 / 3, 1 / 3, 0, 0])
+    np.testing.assert_allclose(warp(logits, GenerationConfig(temperature=1.0, top_p=0.5)), [1, 0, 0, 0])
+    hot = warp(logits, GenerationConfig(temperature=2.0))
+    np.testing.assert_allclose(hot, softmax(logits / 2))
+    batch = warp(np.stack([logits, logits[::-1]]), GenerationConfig(temperature=1.0, top_k=1))
+    np.testing.assert_allclose(batch, [[1, 0, 0, 0], [0, 0, 0, 1]])
+
+
+def test_sample_follows_the_distribution():
+    rng = np.random.default_rng(0)
+    probs = np.array([0.1, 0.0, 0.6, 0.3])
+    counts = np.bincount([sample(probs, rng) for _ in range(20000)], minlength=4) / 20000
+    np.testing.assert_allclose(counts, probs, atol=0.015)
+    assert counts[1] == 0
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1),
+                                 dict(gamma=0), dict(max_new_tokens=0), dict(drafter="magic"), dict(stop=("",))])
+def test_config_rejects_bad_values(bad):
+    from specdec.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        GenerationConfig(**bad)
+    assert info.value.hint
