@@ -10,9 +10,9 @@ from pathlib import Path
 
 from specdec import __version__
 from specdec.errors import ExportError
-from specdec.export.architectures import Architecture, architecture_for, supported_model_types
+from specdec.export.architectures import architecture_for, dims_from_config, supported_model_types
 from specdec.export.config import ExportConfig
-from specdec.export.drafts import int4_from_onnx, layer_draft
+from specdec.export.drafts import int4_from_onnx, layer_draft, layer_draft_range
 from specdec.export.onnx_graph import KV_DTYPE_NAMES, TORCH_DTYPES, io_specs, onnx_from_hf
 from specdec.export.parity import check_parity, enforce_parity
 from specdec.export.sources import ModelSource, load_config, load_model, load_tokenizer, resolve_source
@@ -67,12 +67,30 @@ def _check_target(source: ModelSource, config: ExportConfig):
     return hf_config
 
 
-def _check_length(arch: Architecture, config: ExportConfig, role: str) -> None:
-    if config.max_seq_len > arch.dims.max_positions:
+def _check_length(hf_config, config: ExportConfig, role: str) -> None:
+    positions = dims_from_config(hf_config).max_positions
+    if config.max_seq_len > positions:
         raise ExportError(
-            f"--max-seq-len {config.max_seq_len} exceeds the {role}'s {arch.dims.max_positions} positions",
-            f"pass --max-seq-len {arch.dims.max_positions} or less",
+            f"--max-seq-len {config.max_seq_len} exceeds the {role}'s {positions} positions",
+            f"pass --max-seq-len {positions} or less",
         )
+
+
+def _preflight(config: ExportConfig):
+    """Every check that needs no weights, before the slow loads: sources, architectures, lengths, tokenizers."""
+    source = resolve_source(config.target)
+    hf_config = _check_target(source, config)
+    _check_length(hf_config, config, "target")
+    if config.draft_layers is not None:
+        layer_draft_range(dims_from_config(hf_config).num_layers, config.draft_layers)
+    draft_source = None
+    if config.draft_kind == "model":
+        draft_source = resolve_source(config.draft)
+        _check_length(_check_target(draft_source, config), config, "draft")
+    tokenizer = load_tokenizer(source)
+    if draft_source is not None:
+        _check_tokenizers_agree(tokenizer, load_tokenizer(draft_source), draft_source.name)
+    return source, draft_source, tokenizer
 
 
 def _prepare_out(config: ExportConfig) -> Path:
@@ -198,13 +216,13 @@ def _tool_versions() -> dict:
 
 
 def _step_names(config: ExportConfig) -> list[str]:
-    names = ["load target", "export target"] + (["check target"] if config.check_parity else [])
+    names = ["load models", "export target"] + (["check target"] if config.check_parity else [])
     if config.draft_kind != "none":
         names += ["export draft"] + (["check draft"] if config.check_parity else [])
     return names + ["write bundle"]
 
 
-def _load_draft(config: ExportConfig, target_arch, target_tok, dtype):
+def _load_draft(config: ExportConfig, target_arch, draft_source, dtype):
     """(architecture, reference model, source, derived tag) of the draft, or None."""
     kind = config.draft_kind
     if kind == "none":
@@ -214,27 +232,20 @@ def _load_draft(config: ExportConfig, target_arch, target_tok, dtype):
         return arch, arch.model, None, f"layers:{config.draft_layers}"
     if kind == "int4":
         return target_arch, target_arch.model, None, "int4"
-    source = resolve_source(config.draft)
-    _check_target(source, config)
-    _check_tokenizers_agree(target_tok, load_tokenizer(source), source.name)
-    arch = architecture_for(load_model(source, dtype))
-    _check_length(arch, config, "draft")
-    return arch, arch.model, source, ""
+    arch = architecture_for(load_model(draft_source, dtype))
+    return arch, arch.model, draft_source, ""
 
 
 def export_bundle(config: ExportConfig) -> Path:
     """Build the bundle of DESIGN §3 at config.out; nothing is left behind on error."""
-    source = resolve_source(config.target)
-    _check_target(source, config)
+    source, draft_source, tokenizer = _preflight(config)
     tmp = _prepare_out(config)
     try:
         with _Steps(_step_names(config), config.progress) as steps:
             dtype = TORCH_DTYPES[config.dtype]
-            with steps.step("load target"):
-                tokenizer = load_tokenizer(source)
+            with steps.step("load models"):
                 target = architecture_for(load_model(source, dtype))
-                _check_length(target, config, "target")
-                draft = _load_draft(config, target, tokenizer, dtype)
+                draft = _load_draft(config, target, draft_source, dtype)
             models = {"target": _export_model("target", target, target.model, source, "", tmp, config, steps)}
             if draft is not None:
                 arch, reference, draft_source, derived = draft

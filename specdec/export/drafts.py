@@ -13,14 +13,17 @@ INT4_BLOCK_SIZE = 32
 INT4_ACCURACY_LEVEL = 4  # int8 compute in MatMulNBits: the fast path on x86 CPUs
 
 
-def layer_draft(arch: Architecture, count: int) -> Architecture:
-    """The target's first `count` layers + final norm + LM head, weights shared (tied weights stay tied)."""
-    total = arch.dims.num_layers
+def layer_draft_range(total: int, count: int) -> None:
     if not 1 <= count < total:
         raise ExportError(
             f"--draft-layers {count} is out of range for a target with {total} layers",
             f"pass a value from 1 to {total - 1}",
         )
+
+
+def layer_draft(arch: Architecture, count: int) -> Architecture:
+    """The target's first `count` layers + final norm + LM head, weights shared (tied weights stay tied)."""
+    layer_draft_range(arch.dims.num_layers, count)
     return arch.with_layers(count)
 
 
