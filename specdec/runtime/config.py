@@ -21,6 +21,7 @@ class GenerationConfig:
     eos_token_ids: tuple | None = None  # None: the bundle's EOS ids
     chat: bool = False  # wrap a text prompt in the bundle's chat template
     lookup_ngram: int = 3  # longest n-gram prompt lookup tries to match
+    lookup_min_ngram: int = 2  # shortest; a 1-token match proposes mostly wrong drafts
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -36,8 +37,11 @@ class GenerationConfig:
             raise ConfigError(f"gamma must be >= 1, got {self.gamma!r}", "pass gamma=1 or more, or None for the default")
         if self.drafter not in DRAFTERS:
             raise ConfigError(f"drafter {self.drafter!r} is unknown", f"choose one of {', '.join(DRAFTERS)}")
-        if self.lookup_ngram < 1:
-            raise ConfigError(f"lookup_ngram must be >= 1, got {self.lookup_ngram}", "use 3")
+        if not 1 <= self.lookup_min_ngram <= self.lookup_ngram:
+            raise ConfigError(
+                f"need 1 <= lookup_min_ngram <= lookup_ngram, got {self.lookup_min_ngram} and {self.lookup_ngram}",
+                "use lookup_min_ngram=2, lookup_ngram=3",
+            )
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}", "drop empty stop strings")
 

@@ -21,12 +21,13 @@ class Proposal:
 EMPTY = Proposal(np.zeros(0, dtype=np.int64), None, "none")
 
 
-def lookup(tokens: list, limit: int, max_ngram: int) -> np.ndarray:
-    """Prompt lookup: the tokens that followed the latest earlier match of the context's last n-gram."""
+def lookup(tokens: list, limit: int, max_ngram: int, min_ngram: int = 1) -> np.ndarray:
+    """Prompt lookup: the tokens that followed the latest earlier match of the context's last n-gram,
+    trying the longest n-gram first (max_ngram down to min_ngram)."""
     if limit <= 0 or len(tokens) < 2:
         return EMPTY.tokens
     context = np.asarray(tokens, dtype=np.int64)
-    for size in range(min(max_ngram, len(context) - 1), 0, -1):
+    for size in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
         pattern = context[-size:]
         windows = np.lib.stride_tricks.sliding_window_view(context[:-1], size)  # [N-size, size]
         hits = np.flatnonzero((windows == pattern).all(axis=1))
@@ -48,7 +49,8 @@ class PromptLookupDrafter:
 
     def propose(self, rows: list, limits: list) -> list:
         return [
-            Proposal(lookup(row.tokens, lim, self.config.lookup_ngram), None, "lookup") if lim > 0 else EMPTY
+            Proposal(lookup(row.tokens, lim, self.config.lookup_ngram, self.config.lookup_min_ngram), None, "lookup")
+            if lim > 0 else EMPTY
             for row, lim in zip(rows, limits)
         ]
 
@@ -125,36 +127,40 @@ def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
 
 
 class ModelGate:
-    """Decides from measured acceptance α and cost ratio c whether model drafts beat plain decoding."""
+    """Decides from measured acceptance α and cost ratio c whether model drafts beat plain decoding.
 
-    def __init__(self, gamma: int, warmup_rounds: int = 3, prior_alpha: float = 0.7, prior_weight: float = 4.0):
-        self.gamma = gamma
+    It lives as long as its generator: α and c describe the model pair on this machine, not one request.
+    c is the draft's time per drafted token over the target's time per verify pass, both measured in rounds
+    that drafted with the model.
+    """
+
+    def __init__(self, warmup_rounds: int = 4, prior_alpha: float = 0.7, prior_weight: float = 4.0):
         self.warmup_rounds = warmup_rounds
         self.prior = (prior_alpha * prior_weight, prior_weight)
         self.rounds = self.proposed = self.accepted = 0
-        self.draft_backend = self.target_backend = None  # Timed wrappers, set by the generator
+        self.draft_s = self.verify_s = 0.0
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.rounds += 1
         self.proposed += proposed
         self.accepted += accepted
+        self.draft_s += draft_s
+        self.verify_s += verify_s
 
     @property
     def alpha(self) -> float:
         return (self.accepted + self.prior[0]) / (self.proposed + self.prior[1])
 
     @property
-    def cost_ratio(self) -> float | None:
-        draft, target = self.draft_backend, self.target_backend
-        if not draft or not target or not draft.calls or not target.calls:
-            return None
-        return (draft.seconds / draft.calls) / (target.seconds / target.calls)
+    def cost_ratio(self) -> float:
+        if not self.proposed or not self.verify_s:
+            return 0.0
+        return (self.draft_s / self.proposed) / (self.verify_s / self.rounds)
 
-    def pays(self) -> bool:
-        cost = self.cost_ratio
-        if self.rounds < self.warmup_rounds or cost is None:
+    def pays(self, gamma: int) -> bool:
+        if self.rounds < self.warmup_rounds:
             return True
-        return expected_speedup(self.alpha, self.gamma, cost) > 1.0
+        return expected_speedup(self.alpha, gamma, self.cost_ratio) > 1.0
 
 
 class ChainDrafter:
@@ -162,14 +168,15 @@ class ChainDrafter:
 
     name = "auto"
 
-    def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None, gate: ModelGate):
+    def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None, gate: ModelGate, gamma: int):
         self.lookup = lookup_drafter
         self.model = model
         self.gate = gate
+        self.gamma = gamma
 
     def propose(self, rows: list, limits: list) -> list:
         proposals = self.lookup.propose(rows, limits)
-        if self.model is None or not self.gate.pays():
+        if self.model is None or not self.gate.pays(self.gamma):
             return proposals
         need = [lim if p.tokens.size == 0 else 0 for p, lim in zip(proposals, limits)]
         if not any(need):

@@ -50,6 +50,7 @@ class Generator:
         self.codec = codec
         self.target = Timed(target)
         self.draft = Timed(draft) if draft is not None else None
+        self.gate = ModelGate()  # measured α and c of this bundle's draft on this machine
 
     # --- request preparation ---------------------------------------------------------------------
     def _prompt_ids(self, prompt, config: GenerationConfig) -> list:
@@ -105,9 +106,7 @@ class Generator:
         model = ModelDrafter(self.draft, config, chunk) if self.draft is not None else None
         if kind == "model":
             return model, None
-        gate = ModelGate(gamma)
-        gate.draft_backend, gate.target_backend = self.draft, self.target
-        return ChainDrafter(lookup, model, gate), gate
+        return ChainDrafter(lookup, model, self.gate, gamma), self.gate
 
     # --- running ---------------------------------------------------------------------------------
     def _start(self, prompts: list, config: GenerationConfig):
@@ -124,6 +123,7 @@ class Generator:
     def _rounds(self, prompts: list, config: GenerationConfig) -> Iterator[tuple]:
         """Yield (loop, rows, committed per row) after every round; stats are final when it ends."""
         loop, rows = self._start(prompts, config)
+        forward_before = self._forward_seconds()
         started = time.perf_counter()
         loop.prefill(rows)
         first = True
@@ -135,7 +135,11 @@ class Generator:
             if config.stop:
                 self._apply_stop_strings(rows, config.stop)
             loop.stats.total_s = time.perf_counter() - started
+            loop.stats.forward_s = self._forward_seconds() - forward_before
             yield loop, rows, committed
+
+    def _forward_seconds(self) -> float:
+        return self.target.seconds + (self.draft.seconds if self.draft is not None else 0.0)
 
     def _apply_stop_strings(self, rows: list, stops: tuple) -> None:
         for row in rows:

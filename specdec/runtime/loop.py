@@ -107,8 +107,11 @@ class SpeculativeLoop:
 
     def step(self, rows: list) -> list:
         """One round for every active row; returns the tokens each row committed (lists)."""
+        draft_s, verify_s = self.stats.draft_s, self.stats.verify_s
         proposals = self.draft(rows, self.limits(rows))
         logits = self.verify(rows, proposals)
+        draft_s, verify_s = self.stats.draft_s - draft_s, self.stats.verify_s - verify_s
+        model_counts = [0, 0]
         committed = []
         for b, (row, prop) in enumerate(zip(rows, proposals)):
             if row.finish:
@@ -117,7 +120,10 @@ class SpeculativeLoop:
             accepted, token = self.accept(row, prop, logits[b])
             proposed = 0 if prop is None else len(prop.tokens)
             self.stats.record(proposed, accepted)
-            if self.gate is not None and prop is not None and prop.source == "model":
-                self.gate.observe(proposed, accepted)
+            if prop is not None and prop.source == "model":
+                model_counts[0] += proposed
+                model_counts[1] += accepted
             committed.append(self.commit(row, prop, accepted, token))
+        if self.gate is not None and model_counts[0]:
+            self.gate.observe(*model_counts, draft_s, verify_s)
         return committed

@@ -89,6 +89,7 @@ class Stats:
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    forward_s: float = 0.0  # inside backend forward calls, both models
     total_s: float = 0.0
     first_token_s: float = 0.0
 
@@ -119,7 +120,8 @@ class Stats:
 
     @property
     def host_s(self) -> float:
-        return max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s)
+        """Wall time outside backend forward calls: sampling, acceptance, bookkeeping, detokenizing."""
+        return max(0.0, self.total_s - self.forward_s)
 
     @property
     def tokens_per_s(self) -> float:

@@ -72,3 +72,35 @@ def test_config_rejects_bad_values(bad):
     with pytest.raises(ConfigError) as info:
         GenerationConfig(**bad)
     assert info.value.hint
+
+
+def test_prompt_lookup_prefers_the_longest_latest_match():
+    from specdec.runtime.drafters import lookup
+
+    tokens = [5, 6, 7, 8, 1, 6, 7, 9, 2, 5, 6, 7]
+    # the 3-gram [5, 6, 7] occurred at 0 and is followed by 8, 1, ...
+    assert lookup(tokens, 3, max_ngram=3).tolist() == [8, 1, 6]
+    # with 2-grams only, the latest earlier [6, 7] (at 5) is followed by 9, 2
+    assert lookup(tokens, 2, max_ngram=2).tolist() == [9, 2]
+    assert lookup([1, 2, 3, 4], 3, max_ngram=3).size == 0
+    assert lookup([1, 2, 3, 1], 3, max_ngram=3, min_ngram=2).size == 0
+    assert lookup([1, 2, 3, 1], 3, max_ngram=3, min_ngram=1).tolist() == [2, 3, 1]
+
+
+def test_gate_turns_the_model_off_when_it_does_not_pay():
+    from specdec.runtime.drafters import ModelGate, expected_speedup
+
+    assert expected_speedup(0.0, 4, 0.0) == 1.0
+    assert expected_speedup(1.0, 4, 0.25) == 5 / 2
+    # alpha = 0.8, c = 0.1: (1 - 0.8^7) / (0.2 * 1.6) = 2.4697 at gamma 6, the best gamma
+    values = {g: expected_speedup(0.8, g, 0.1) for g in range(1, 12)}
+    assert abs(values[6] - (1 - 0.8**7) / (0.2 * 1.6)) < 1e-12
+    assert max(values, key=values.get) == 6
+    slow = ModelGate(warmup_rounds=2)
+    for _ in range(4):
+        slow.observe(proposed=4, accepted=1, draft_s=4 * 0.03, verify_s=0.04)  # c = 0.75, α low
+    assert not slow.pays(4)
+    fast = ModelGate(warmup_rounds=2)
+    for _ in range(4):
+        fast.observe(proposed=4, accepted=4, draft_s=4 * 0.004, verify_s=0.04)  # c = 0.1, α high
+    assert fast.pays(4)
