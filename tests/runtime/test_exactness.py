@@ -53,7 +53,8 @@ def test_greedy_equality_with_a_draft_built_to_be_rejected(random_gen, drafter):
             result = random_gen.generate(prompt, GenerationConfig(max_new_tokens=NEW_TOKENS, drafter=drafter, gamma=gamma))
             assert result.token_ids == expected, (prompt, gamma)
             rejected += result.stats.proposed - result.stats.accepted
-    assert rejected > 100  # the random draft really was rejected, so rollback was exercised
+    # the random draft really was rejected, so rollback was exercised (auto soon stops asking a draft that loses)
+    assert rejected > (100 if drafter == "model" else 10)
 
 
 def test_batch_of_three_equals_three_single_runs(random_gen, int4_gen):
