@@ -13,8 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.errors import BackendError, ConfigError, EngineBuildError, ManifestError
-from specdec.manifest import ROLES, Manifest, ModelEntry, sha256_file
+from specdec.errors import BackendError, ConfigError, EngineBuildError
+from specdec.manifest import ROLES, Manifest, ModelEntry
 
 BACKEND = "tensorrt"
 PROFILE_NAMES = ("prefill", "step")  # optimization profile indices 0 and 1, in this order
@@ -45,12 +45,15 @@ class BuildConfig:
         for name in ("max_batch", "max_prefill_chunk", "gamma", "gamma_max", "max_seq_len", "opt_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"BuildConfig.{name} must be a positive integer, got {value!r}", f"pass {name}=1 or more")
+                raise ConfigError(f"BuildConfig.{name} must be a positive integer, got {value!r}",
+                                  f"pass {name}=1 or more")
         if not 1 <= self.gamma <= self.gamma_max:
-            raise ConfigError(f"gamma {self.gamma} is outside 1..gamma_max={self.gamma_max}", "lower gamma or raise gamma_max")
+            raise ConfigError(f"gamma {self.gamma} is outside 1..gamma_max={self.gamma_max}",
+                              "lower gamma or raise gamma_max")
         for name, limit in (("gamma_max + 1", self.gamma_max + 1), ("max_prefill_chunk", self.max_prefill_chunk)):
             if limit > self.max_seq_len:
-                raise ConfigError(f"{name} = {limit} exceeds max_seq_len {self.max_seq_len}", f"lower {name.split()[0]}")
+                raise ConfigError(f"{name} = {limit} exceeds max_seq_len {self.max_seq_len}",
+                                  f"lower {name.split()[0]} or re-export with a larger --max-seq-len")
         if self.opt_batch > self.max_batch:
             raise ConfigError(f"opt_batch {self.opt_batch} exceeds max_batch {self.max_batch}", "lower opt_batch")
         self._check_options()
@@ -61,11 +64,14 @@ class BuildConfig:
                 f"hardware_compatibility {self.hardware_compatibility!r} is unknown",
                 f"choose one of {', '.join(HARDWARE_COMPATIBILITY)}",
             )
-        if self.workspace_bytes is not None and (not isinstance(self.workspace_bytes, int) or self.workspace_bytes <= 0):
-            raise ConfigError(f"workspace_bytes must be a positive integer, got {self.workspace_bytes!r}", "pass None for TensorRT's default")
+        workspace = self.workspace_bytes
+        if workspace is not None and (not isinstance(workspace, int) or workspace <= 0):
+            raise ConfigError(f"workspace_bytes must be a positive integer, got {workspace!r}",
+                              "pass None for TensorRT's default")
         if self.builder_optimization_level not in range(6):
             raise ConfigError(
-                f"builder_optimization_level {self.builder_optimization_level!r} is outside 0..5", "TensorRT's default is 3"
+                f"builder_optimization_level {self.builder_optimization_level!r} is outside 0..5",
+                "TensorRT's default is 3"
             )
         if self.timing_cache is not None:
             object.__setattr__(self, "timing_cache", Path(self.timing_cache))
@@ -107,7 +113,7 @@ def _ranges(entry: ModelEntry, batch: tuple, tokens: tuple) -> dict:
         "past_values": lambda b, t: (d.num_layers, b, d.num_kv_heads, entry.max_seq_len, d.head_dim),
     }
     return {
-        name: {key: shape(b, t) for key, b, t in zip(("min", "opt", "max"), batch, tokens)}
+        name: {key: shape(b, t) for key, b, t in zip(("min", "opt", "max"), batch, tokens, strict=True)}
         for name, shape in shapes.items()
     }
 

@@ -89,7 +89,8 @@ def check_plan_file(bundle, record: dict) -> Path:
     actual = sha256_file(path)
     if actual != record["sha256"]:
         raise BackendError(
-            f"TensorRT plan {record['path']!r} has sha256 {actual[:12]}…, the manifest records {record['sha256'][:12]}…",
+            f"TensorRT plan {record['path']!r} has sha256 {actual[:12]}…, "
+            f"the manifest records {record['sha256'][:12]}…",
             rebuild_hint(bundle),
         )
     return path

@@ -61,6 +61,13 @@ def dims_from_config(config) -> ModelDims:
     )
 
 
+def _shallow_module_copy(module: nn.Module) -> nn.Module:
+    """A copy whose submodule table can change without touching the original; parameters stay shared."""
+    clone = copy.copy(module)
+    clone._modules = dict(module._modules)
+    return clone
+
+
 class Architecture:
     """Llama-shaped decoder: pre-norm, separate q/k/v projections, gated MLP, rotary positions."""
 
@@ -94,9 +101,9 @@ class Architecture:
 
     def with_layers(self, count: int) -> "Architecture":
         """A model of the first `count` blocks sharing this one's weights (tied weights stay tied)."""
-        model = copy.copy(self.model)
+        model = _shallow_module_copy(self.model)
         model.config = copy.deepcopy(self.model.config)
-        decoder = copy.copy(getattr(self.model, self.decoder_attr))
+        decoder = _shallow_module_copy(getattr(self.model, self.decoder_attr))
         setattr(decoder, self.layers_attr, self.layers()[:count])
         setattr(model, self.decoder_attr, decoder)
         setattr(model.config, self.layer_count_attr, count)

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from specdec.cli import export_main, main
-from specdec.export.tiny import save_tiny, tiny_tokenizer
+from specdec.export.tiny import save_tiny
+from specdec.manifest import read_manifest
 
 
 def _fails(capsys, argv, expected: str, entry=export_main):
@@ -110,6 +111,9 @@ def test_layer_draft_export_and_overwrite(capsys, tmp_path, tiny_llama):
     assert export_main(argv) == 0
     assert export_main(argv + ["--overwrite"]) == 0
     assert _leftovers(tmp_path) == []
+    manifest = read_manifest(out)
+    assert (manifest.target.dims.num_layers, manifest.draft.dims.num_layers) == (2, 1)
+    assert all(step.max_abs_diff <= step.tolerance for step in manifest.draft.parity)
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
     assert "derived: layers:1" in text and "hashes: verified" in text and "rollback_decode2" in text
