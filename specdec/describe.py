@@ -30,7 +30,7 @@ def _model_lines(entry: ModelEntry) -> list[str]:
                 f"{step.max_abs_diff:.3e}  (tol {step.tolerance:.3e}, {verdict})"
             )
     else:
-        lines.append("  parity     not checked")
+        lines.append(f"  parity     {entry.parity_note or 'not checked'}")
     lines += [f"  sha256     {digest[:16]}…  {rel}" for rel, digest in entry.files.items()]
     lines += [f"  engine     {e}" for e in entry.engines]
     return lines

@@ -72,6 +72,7 @@ class ModelEntry:
     inputs: list  # list[TensorSpec]
     outputs: list  # list[TensorSpec]
     parity: list = field(default_factory=list)  # list[ParityStep]
+    parity_note: str = ""  # "checked", or why parity was not enforced or not run
     engines: list = field(default_factory=list)  # built engines, see specdec.engines
     size_bytes: int = 0
 

@@ -23,7 +23,15 @@ class ModelSource:
     name: str  # what the user passed, or the default model's name
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "path": str(self.path), "gguf_file": self.gguf_file}
+        """Where the weights came from: name, path, hub revision, and the GGUF file's sha256."""
+        from specdec.manifest import sha256_file
+
+        record = {"kind": self.kind, "name": self.name, "path": str(self.path), "gguf_file": self.gguf_file}
+        if self.kind == "hub":
+            record["revision"] = self.path.name  # the snapshot folder is named by its commit
+        if self.gguf_file is not None:
+            record["sha256"] = sha256_file(self.path / self.gguf_file)
+        return record
 
 
 def default_source() -> ModelSource:
