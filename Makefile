@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 BUNDLE := bundles/smollm2
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bundle clean
+.PHONY: setup demo test test-fast bundle clean gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -36,3 +36,7 @@ test-fast: $(STAMP)
 
 clean:
 	rm -rf $(VENV) bundles
+
+# On a GPU machine with the [tensorrt] extra installed: tests, engine builds, TensorRT-vs-ORT equality, latency.
+gpu-check: $(STAMP)
+	PYTHON=$(PY) bash benchmarks/gpu_check.sh

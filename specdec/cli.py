@@ -27,9 +27,37 @@ def _add_export_args(parser: argparse.ArgumentParser) -> None:
                         help="weights and KV dtype; fp16/bf16 are for GPU back ends (default fp32)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
+    engines = parser.add_argument_group("engines (on the GPU that will run them)")
+    engines.add_argument("--engine", choices=["tensorrt"], help="also build TensorRT plans; with an existing --out "
+                         "bundle and no --overwrite, only (re)build its plans")
+    engines.add_argument("--version-compatible", action="store_true", help="plans that run on later TensorRT")
+    engines.add_argument("--hardware-compatibility", choices=["none", "ampere_plus", "same_compute_capability"],
+                         default="none", help="TensorRT hardware compatibility level (default none)")
 
 
 def _run_export(args) -> int:
+    from pathlib import Path
+
+    engines_only = args.engine and (Path(args.out) / "manifest.json").is_file() and not args.overwrite
+    if not engines_only:
+        _export(args)
+    if args.engine == "tensorrt":
+        _build_engines(args)
+    return 0
+
+
+def _build_engines(args) -> None:
+    from specdec.engines.tensorrt import build_bundle_engines
+    from specdec.engines.trt_config import build_config_for
+    from specdec.manifest import read_manifest
+
+    build = build_config_for(read_manifest(args.out), version_compatible=args.version_compatible,
+                             hardware_compatibility=args.hardware_compatibility)
+    for record in build_bundle_engines(args.out, build):
+        print(f"built {record['path']}", file=sys.stderr)
+
+
+def _export(args) -> None:
     from specdec.export.bundle import export_bundle
     from specdec.export.config import ExportConfig
 
@@ -42,7 +70,6 @@ def _run_export(args) -> int:
     )
     out = export_bundle(config)
     print(f"wrote bundle {out}", file=sys.stderr)
-    return 0
 
 
 def _run_inspect(args) -> int:

@@ -34,14 +34,30 @@ def load(bundle: str | Path, backend: str = "onnxruntime", device: str = "cpu", 
     manifest = read_manifest(root)
     if verify:
         check_bundle_files(root, manifest)
-    if backend != "onnxruntime" or device != "cpu":
+    if backend == "tensorrt":
+        target, draft = _tensorrt_backends(root, manifest, device, threads)
+    elif backend == "onnxruntime" and device == "cpu":
+        target = OrtBackend(root, manifest.target, threads).open()
+        draft = OrtBackend(root, manifest.draft, threads).open() if manifest.draft is not None else None
+    else:
         raise BackendError(
-            f"backend={backend!r}, device={device!r} is not available in this build",
-            "use backend='onnxruntime', device='cpu'",
+            f"backend={backend!r}, device={device!r} is not available",
+            "use backend='onnxruntime' with device='cpu', or backend='tensorrt' with device='cuda:N'",
         )
-    target = OrtBackend(root, manifest.target, threads).open()
-    draft = OrtBackend(root, manifest.draft, threads).open() if manifest.draft is not None else None
     return Generator(manifest, TextCodec(root).open(), target, draft)
+
+
+def _tensorrt_backends(root: Path, manifest: Manifest, device: str, threads: int | None):
+    """TensorRT plans for the models that have one; a draft without a plan (INT4 MatMulNBits) runs on ORT CPU."""
+    from specdec.runtime.trt_backend import TrtBackend, TrtOptions
+
+    options = TrtOptions(device=int(device.split(":")[1]) if device.startswith("cuda:") else 0)
+    target = TrtBackend(root, manifest.target, options).open()
+    draft = manifest.draft
+    if draft is None:
+        return target, None
+    backend = TrtBackend(root, draft, options) if draft.engines else OrtBackend(root, draft, threads)
+    return target, backend.open()
 
 
 class Generator:

@@ -59,12 +59,17 @@ class TrtBackend:
                 f"{self.entry.role} has logits {self.entry.logits_dtype}, KV {self.entry.kv_dtype}",
                 "the TensorRT backend needs float32 logits and a float32/float16/bfloat16 KV; re-export",
             )
-        self.cuda = CudaSession(self.options.device).open()
         capability = compute_capability(self.options.device)
         self.record = select_engine(self.entry, capability, trt.__version__, self.root)
-        self._load_engine(trt, check_plan_file(self.root, self.record))
-        self.max_batch = min(self.entry.max_batch, int(self.record["max_batch"]))
-        self._allocate()
+        plan = check_plan_file(self.root, self.record)
+        try:
+            self.cuda = CudaSession(self.options.device).open()
+            self._load_engine(trt, plan)
+            self.max_batch = min(self.entry.max_batch, int(self.record["max_batch"]))
+            self._allocate()
+        except BaseException:
+            self.close()  # free what was made before the failure
+            raise
         return self
 
     def _load_engine(self, trt, path: Path) -> None:

@@ -44,6 +44,7 @@ def test_cuda_session_kv_write_back_and_graph_replay():
     for row, start in enumerate(cache_len):
         expected[:, row, :, start : start + steps] = new[:, row]
     with CudaSession() as cuda:
+        assert isinstance(cuda.stream_handle, int) and cuda.stream_handle != 0  # what TensorRT is given
         host_past, host_new = cuda.pinned(past.shape, past.dtype), cuda.pinned(new.shape, new.dtype)
         host_past[...], host_new[...] = past, new
         d_past, d_new = cuda.malloc(past.nbytes), cuda.malloc(new.nbytes)
