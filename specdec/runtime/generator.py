@@ -67,6 +67,7 @@ class Generator:
         self.target = Timed(target)
         self.draft = Timed(draft) if draft is not None else None
         self.gate = ModelGate()  # measured α and c of this bundle's draft on this machine
+        self.last_stats: Stats | None = None  # of the latest stream()
 
     # --- request preparation ---------------------------------------------------------------------
     def _prompt_ids(self, prompt, config: GenerationConfig) -> list:
@@ -149,7 +150,7 @@ class Generator:
                 loop.stats.first_token_s = time.perf_counter() - started
                 first = False
             if config.stop:
-                self._apply_stop_strings(rows, config.stop)
+                self._apply_stop_strings(rows, committed, config.stop)
             loop.stats.total_s = time.perf_counter() - started
             loop.stats.forward_s = self._forward_seconds() - forward_before
             yield loop, rows, committed
@@ -157,9 +158,9 @@ class Generator:
     def _forward_seconds(self) -> float:
         return self.target.seconds + (self.draft.seconds if self.draft is not None else 0.0)
 
-    def _apply_stop_strings(self, rows: list, stops: tuple) -> None:
-        for row in rows:
-            if row.finish not in (None, "max_new_tokens", "length", "eos"):
+    def _apply_stop_strings(self, rows: list, committed: list, stops: tuple) -> None:
+        for row, new in zip(rows, committed):
+            if not new:
                 continue
             text = self.codec.decode(row.tokens[row.prompt_len :])
             if any(s in text for s in stops):
