@@ -34,6 +34,12 @@ def int4_bundle(tmp_path_factory, tiny_llama):
 
 
 @pytest.fixture(scope="session")
+def gqa_int4_bundle(tmp_path_factory, tiny_llama):
+    """The onnxruntime lowering (GroupQueryAttention, in-place KV) with its INT4 self-draft."""
+    return _export(tmp_path_factory.mktemp("b") / "gqa", tiny_llama, draft_from_target="int4", lowering="gqa")
+
+
+@pytest.fixture(scope="session")
 def random_draft_bundle(tmp_path_factory, tiny_llama, random_draft_dir):
     return _export(tmp_path_factory.mktemp("b") / "random", tiny_llama, draft=str(random_draft_dir))
 

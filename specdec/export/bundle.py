@@ -14,7 +14,7 @@ from specdec.export.architectures import architecture_for, dims_from_config, sup
 from specdec.export.config import ExportConfig
 from specdec.export.drafts import int4_from_onnx, layer_draft, layer_draft_range
 from specdec.export.onnx_graph import KV_DTYPE_NAMES, TORCH_DTYPES, io_specs, onnx_from_hf
-from specdec.export.parity import check_parity, enforce_parity
+from specdec.export.parity import check_parity, enforce_parity, runner_for
 from specdec.export.sources import ModelSource, load_config, load_model, load_tokenizer, resolve_source
 from specdec.manifest import (
     MANIFEST_NAME,
@@ -146,20 +146,20 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
         if derived == "int4":
             int4_from_onnx(root / "target" / "model.onnx", path)
         else:
-            onnx_from_hf(arch, config.max_seq_len, config.max_batch, config.dtype, path)
+            onnx_from_hf(arch, config.max_seq_len, config.max_batch, config.dtype, path, config.lowering)
     parity, note = [], "skipped (--skip-parity)"
     if config.check_parity:
         with steps.step(f"check {role}"):
             session, note = _session(path, config.dtype)
         if session is not None:
             enforced = derived != "int4"
-            parity, _ = check_parity(
-                session, reference, arch.dims, config.max_seq_len, config.gamma_max, config.dtype, enforced
-            )
+            runner = runner_for(session, arch.dims, config.max_seq_len, config.dtype, config.lowering)
+            parity, _ = check_parity(runner, reference, arch.dims, config.max_seq_len, config.gamma_max,
+                                     config.dtype, enforced)
             del session
             enforce_parity(role, parity)
             note = "checked" if enforced else "informational: quantized graph"
-    inputs, outputs = io_specs(arch, config.max_seq_len, config.dtype)
+    inputs, outputs = io_specs(arch, config.max_seq_len, config.dtype, config.lowering)
     files = _files_of(root, role)
     return ModelEntry(
         role=role,
@@ -171,7 +171,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
         precision=precision or config.dtype,
         kv_dtype=KV_DTYPE_NAMES[config.dtype],
         logits_dtype="float32",
-        lowering="plain",
+        lowering=config.lowering,
         onnx_path=f"{role}/model.onnx",
         files=files,
         inputs=inputs,

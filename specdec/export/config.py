@@ -8,6 +8,7 @@ from specdec.errors import ConfigError
 
 DTYPES = ("fp32", "fp16", "bf16")
 DRAFT_DERIVATIONS = ("int4",)
+LOWERINGS = ("plain", "gqa")
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class ExportConfig:
     gamma_max: int = 8
     max_prefill_chunk: int = 256
     dtype: str = "fp32"
+    lowering: str = "plain"  # "gqa": GroupQueryAttention with in-place KV, for onnxruntime
     overwrite: bool = False
     check_parity: bool = True
     progress: bool = True
@@ -33,6 +35,8 @@ class ExportConfig:
         self._check_positive()
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype!r} is not supported", f"choose one of {', '.join(DTYPES)}")
+        if self.lowering not in LOWERINGS:
+            raise ConfigError(f"--lowering {self.lowering!r} is not supported", f"choose one of {', '.join(LOWERINGS)}")
         if self.draft_from_target is not None and self.draft_from_target not in DRAFT_DERIVATIONS:
             raise ConfigError(
                 f"--draft-from-target {self.draft_from_target!r} is not supported",

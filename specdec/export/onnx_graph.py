@@ -9,6 +9,7 @@ import torch
 
 from specdec.errors import ExportError
 from specdec.export.architectures import Architecture
+from specdec.export.gqa import GqaDecoder, check_gqa_supported, gqa_io_names, gqa_translation, move_to_ms_domain
 from specdec.export.static_model import StaticKVDecoder
 from specdec.manifest import TensorSpec
 
@@ -33,45 +34,62 @@ def example_inputs(arch: Architecture, max_seq_len: int, dtype: torch.dtype, bat
     )
 
 
-def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: str, path: Path) -> Path:
+def _plain_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: torch.dtype):
+    args = example_inputs(arch, max_seq_len, dtype)
+    shapes = {"input_ids": {0: batch, 1: tokens}, "cache_len": {0: batch}, "past_keys": {1: batch},
+              "past_values": {1: batch}}
+    return StaticKVDecoder(arch, max_seq_len).eval(), args, shapes, INPUT_NAMES, OUTPUT_NAMES, None
+
+
+def _gqa_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: torch.dtype):
+    check_gqa_supported(arch)
+    ids, cache_len, keys, values = example_inputs(arch, max_seq_len, dtype)
+    layers = arch.dims.num_layers
+    args = (ids, cache_len, torch.arange(ids.shape[1]), list(keys), list(values))
+    shapes = {"input_ids": {0: batch, 1: tokens}, "cache_len": {0: batch},
+              "logit_positions": {0: torch.export.Dim("logits", min=1, max=max_seq_len)},
+              "past_keys": [{0: batch}] * layers, "past_values": [{0: batch}] * layers}
+    inputs, outputs = gqa_io_names(layers)
+    return GqaDecoder(arch, max_seq_len).eval(), args, shapes, inputs, outputs, gqa_translation()
+
+
+def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: str, path: Path,
+                 lowering: str = "plain") -> Path:
     """Write `path` (+ `path.data` external weights) for `arch`'s model; returns the path."""
-    decoder = StaticKVDecoder(arch, max_seq_len).eval()
     batch = torch.export.Dim("batch", min=1, max=max(2, max_batch))
     tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
-    shapes = {
-        "input_ids": {0: batch, 1: tokens},
-        "cache_len": {0: batch},
-        "past_keys": {1: batch},
-        "past_values": {1: batch},
-    }
-    args = example_inputs(arch, max_seq_len, TORCH_DTYPES[dtype])
+    program_for = _gqa_program if lowering == "gqa" else _plain_program
+    module, args, shapes, inputs, outputs, table = program_for(arch, max_seq_len, batch, tokens, TORCH_DTYPES[dtype])
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
-                decoder,
-                args,
-                input_names=INPUT_NAMES,
-                output_names=OUTPUT_NAMES,
-                dynamic_shapes=shapes,
-                dynamo=True,
-                opset_version=OPSET,
-                verbose=False,
+                module, args, input_names=inputs, output_names=outputs, dynamic_shapes=shapes, dynamo=True,
+                opset_version=OPSET, verbose=False, custom_translation_table=table,
             )
     except Exception as exc:  # torch.export raises many unrelated types; report them all the same way
         raise ExportError(
             f"torch.onnx.export failed for {arch.dims.model_type}: {type(exc).__name__}: {str(exc)[:500]}",
             "run with -v for the full trace; this architecture may need a quirk class in specdec/export/architectures.py",
         ) from exc
+    if lowering == "gqa":
+        move_to_ms_domain(program.model)
     path.parent.mkdir(parents=True, exist_ok=True)
     program.save(str(path), external_data=True)
     return path
 
 
-def io_specs(arch: Architecture, max_seq_len: int, dtype: str) -> tuple[list, list]:
-    """The contract's input and output specs for the manifest (strings are symbolic dims)."""
+def io_specs(arch: Architecture, max_seq_len: int, dtype: str, lowering: str = "plain") -> tuple[list, list]:
+    """The graph's input and output specs for the manifest (strings are symbolic dims)."""
     d = arch.dims
     kv = KV_DTYPE_NAMES[dtype]
+    if lowering == "gqa":
+        names_in, names_out = gqa_io_names(d.num_layers)
+        cache = ["B", d.num_kv_heads, max_seq_len, d.head_dim]
+        inputs = [TensorSpec("input_ids", "int64", ["B", "T"]), TensorSpec("cache_len", "int64", ["B"]),
+                  TensorSpec("logit_positions", "int64", ["N"])] + [TensorSpec(n, kv, cache) for n in names_in[3:]]
+        outputs = [TensorSpec("logits", "float32", ["B", "N", d.vocab_size])]
+        return inputs, outputs + [TensorSpec(n, kv, cache) for n in names_out[1:]]
     past = [d.num_layers, "B", d.num_kv_heads, max_seq_len, d.head_dim]
     new = [d.num_layers, "B", d.num_kv_heads, "T", d.head_dim]
     inputs = [

@@ -18,20 +18,50 @@ NUMPY_KV = {"fp32": np.float32, "fp16": np.float16, "bf16": None}
 
 
 @dataclass
-class _Cache:
-    """Static KV buffers for the check, written the way every backend writes them."""
+class PlainRunner:
+    """Drives the plain graph: static KV buffers written the way every backend writes them."""
 
+    session: object
     keys: np.ndarray  # [L, B, Hkv, S, D]
     values: np.ndarray
-    length: np.ndarray  # [B]
 
-    def write(self, new_keys: np.ndarray, new_values: np.ndarray) -> None:
-        # new_*: [L, B, Hkv, T, D] written at [length[b], length[b] + T)
-        steps = new_keys.shape[3]
-        for row, start in enumerate(self.length):
+    def step(self, ids: np.ndarray, cache_len: np.ndarray) -> np.ndarray:
+        # ids: [B, T] -> logits [B, T, V]; new_*: [L, B, Hkv, T, D] written at [cache_len[b], +T)
+        feeds = {"input_ids": ids, "cache_len": cache_len, "past_keys": self.keys, "past_values": self.values}
+        logits, new_keys, new_values = self.session.run(None, feeds)
+        steps = ids.shape[1]
+        for row, start in enumerate(cache_len):
             self.keys[:, row, :, start : start + steps] = new_keys[:, row]
             self.values[:, row, :, start : start + steps] = new_values[:, row]
-        self.length += steps
+        return logits
+
+
+@dataclass
+class GqaRunner:
+    """Drives the gqa graph row by row (B = 1), its present KV becoming the next past."""
+
+    session: object
+    caches: list  # per row: list of 2L arrays [1, Hkv, S, D]
+
+    def step(self, ids: np.ndarray, cache_len: np.ndarray) -> np.ndarray:
+        names = [i.name for i in self.session.get_inputs()][3:]
+        out = []
+        for row, cache in enumerate(self.caches):
+            feeds = {"input_ids": ids[row : row + 1], "cache_len": cache_len[row : row + 1],
+                     "logit_positions": np.arange(ids.shape[1], dtype=np.int64), **dict(zip(names, cache))}
+            logits, *presents = self.session.run(None, feeds)
+            self.caches[row] = presents
+            out.append(logits[0])
+        return np.stack(out)
+
+
+def runner_for(session, dims: ModelDims, max_seq_len: int, dtype: str, lowering: str):
+    kv = NUMPY_KV[dtype]
+    if lowering == "gqa":
+        shape = (1, dims.num_kv_heads, max_seq_len, dims.head_dim)
+        return GqaRunner(session, [[np.zeros(shape, kv) for _ in range(2 * dims.num_layers)] for _ in range(2)])
+    shape = (dims.num_layers, 2, dims.num_kv_heads, max_seq_len, dims.head_dim)
+    return PlainRunner(session, np.zeros(shape, kv), np.zeros(shape, kv))
 
 
 def parity_plan(gamma_max: int, prefill: int) -> list[tuple[str, int, list[int]]]:
@@ -52,31 +82,26 @@ def _reference_logits(model, rows: list[list[int]], steps: int) -> np.ndarray:
         return model(input_ids=ids).logits[:, -steps:].float().numpy()
 
 
-def check_parity(session, model, dims: ModelDims, max_seq_len: int, gamma_max: int, dtype: str, enforced: bool = True):
-    """Run the plan through an onnxruntime `session` and `model`; returns (steps, max |logit|)."""
+def check_parity(runner, model, dims: ModelDims, max_seq_len: int, gamma_max: int, dtype: str, enforced: bool = True):
+    """Run the plan through a runner (see runner_for) and `model`; returns (steps, max |logit|)."""
     rng = np.random.default_rng(0)
     prefill = max(2, min(12, max_seq_len - gamma_max - 8))
-    kv_dtype = NUMPY_KV[dtype]
-    shape = (dims.num_layers, 2, dims.num_kv_heads, max_seq_len, dims.head_dim)
-    cache = _Cache(np.zeros(shape, kv_dtype), np.zeros(shape, kv_dtype), np.zeros(2, np.int64))
     rows: list[list[int]] = [[], []]
     results, peak = [], 0.0
     for name, steps, rollback in parity_plan(gamma_max, prefill):
         for row, back in enumerate(rollback):
             del rows[row][len(rows[row]) - back :]
-        cache.length = np.array([len(r) for r in rows], dtype=np.int64)
-        if int(cache.length.max()) + steps > max_seq_len:
+        cache_len = np.array([len(r) for r in rows], dtype=np.int64)
+        if int(cache_len.max()) + steps > max_seq_len:
             break
         new_ids = rng.integers(0, dims.vocab_size, size=(2, steps), dtype=np.int64)
-        feeds = {"input_ids": new_ids, "cache_len": cache.length.copy(), "past_keys": cache.keys, "past_values": cache.values}
-        logits, new_keys, new_values = session.run(None, feeds)
-        cache.write(new_keys, new_values)
+        logits = runner.step(new_ids, cache_len)
         for row in range(2):
             rows[row].extend(int(t) for t in new_ids[row])
         ref = np.concatenate([_reference_logits(model, [r], steps) for r in rows])
         peak = max(peak, float(np.abs(ref).max()))
         diff = float(np.abs(logits.astype(np.float32) - ref).max())
-        results.append((name, steps, int(feeds["cache_len"].min()), diff))
+        results.append((name, steps, int(cache_len.min()), diff))
     tolerance = RELATIVE_TOLERANCE[dtype] * peak
     steps_out = [ParityStep(name, 2, t, start, diff, tolerance, enforced) for name, t, start, diff in results]
     return steps_out, peak

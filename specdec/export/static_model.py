@@ -48,17 +48,24 @@ class StaticKVDecoder(nn.Module):
         self.model = arch.model  # registers the HF weights as submodule parameters
         self.max_seq_len = max_seq_len
 
-    def attention(self, layer, x, cos, sin, past_k, past_v, visible):
-        # x: [B, T, H]; past_k, past_v: [B, Hkv, S, D]; visible: [B, 1, 1, T, S+T]
+    def project(self, layer, x, cos, sin):
+        # x: [B, T, H] -> q: [B, Hq, T, D], k, v: [B, Hkv, T, D] (normalized and rotated)
         dims = self.arch.dims
         batch, steps, _ = x.shape
         q, k, v = self.arch.qkv(layer, x)
-        q = q.view(batch, steps, dims.num_heads, dims.head_dim).transpose(1, 2)  # [B, Hq, T, D]
-        k = k.view(batch, steps, dims.num_kv_heads, dims.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        q = q.view(batch, steps, dims.num_heads, dims.head_dim).transpose(1, 2)
+        k = k.view(batch, steps, dims.num_kv_heads, dims.head_dim).transpose(1, 2)
         v = v.view(batch, steps, dims.num_kv_heads, dims.head_dim).transpose(1, 2)
         q, k = self.arch.qk_norm(layer, q, k)
         if cos is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return q, k, v
+
+    def attention(self, layer, x, cos, sin, past_k, past_v, visible):
+        # x: [B, T, H]; past_k, past_v: [B, Hkv, S, D]; visible: [B, 1, 1, T, S+T]
+        dims = self.arch.dims
+        batch, steps, _ = x.shape
+        q, k, v = self.project(layer, x, cos, sin)
         groups = dims.num_heads // dims.num_kv_heads
         q = q.reshape(batch, dims.num_kv_heads, groups, steps, dims.head_dim)  # [B, Hkv, G, T, D]
         keys = torch.cat((past_k, k), dim=2)[:, :, None]  # [B, Hkv, 1, S+T, D]
@@ -70,13 +77,24 @@ class StaticKVDecoder(nn.Module):
         out = out.reshape(batch, dims.num_heads, steps, dims.head_dim).transpose(1, 2)
         return self.arch.out_proj(layer, out.reshape(batch, steps, dims.num_heads * dims.head_dim)), k, v
 
-    def forward(self, input_ids, cache_len, past_keys, past_values):
-        # input_ids: [B, T] int64; cache_len: [B] int64; past_*: [L, B, Hkv, S, D]
+    def embed(self, input_ids, cache_len):
+        # -> hidden [B, T, H], positions [B, T], (cos, sin) or (None, None)
         steps = input_ids.shape[1]
         positions = cache_len[:, None] + torch.arange(steps, dtype=cache_len.dtype, device=cache_len.device)[None]
-        hidden = self.arch.embed(input_ids, positions)  # [B, T, H]
+        hidden = self.arch.embed(input_ids, positions)
         rotary = self.arch.rotary(hidden, positions)
-        cos, sin = rotary if rotary is not None else (None, None)
+        return hidden, positions, rotary if rotary is not None else (None, None)
+
+    def head(self, hidden):
+        # hidden: [B, N, H] -> logits [B, N, V] (float32); tied weights stay one initializer (Gemm transB)
+        hidden = self.arch.final_norm()(hidden)
+        batch, steps, width = hidden.shape
+        logits = nn.functional.linear(hidden.reshape(batch * steps, width), self.arch.lm_head_weight())
+        return logits.reshape(batch, steps, -1).float()
+
+    def forward(self, input_ids, cache_len, past_keys, past_values):
+        # input_ids: [B, T] int64; cache_len: [B] int64; past_*: [L, B, Hkv, S, D]
+        hidden, positions, (cos, sin) = self.embed(input_ids, cache_len)
         visible = visibility_mask(cache_len, positions, self.max_seq_len, self.arch.sliding_window())
         new_keys, new_values = [], []
         for index, layer in enumerate(self.arch.layers()):
@@ -87,9 +105,5 @@ class StaticKVDecoder(nn.Module):
             hidden = hidden + self.arch.mlp(layer, self.arch.mlp_norm(layer, hidden))
             new_keys.append(k)
             new_values.append(v)
-        hidden = self.arch.final_norm()(hidden)
-        batch, steps, width = hidden.shape
-        logits = nn.functional.linear(hidden.reshape(batch * steps, width), self.arch.lm_head_weight())
-        logits = logits.reshape(batch, steps, -1)  # [B, T, V]
         # new_keys: [L, B, Hkv, T, D]
-        return logits.float(), torch.stack(new_keys), torch.stack(new_values)
+        return self.head(hidden), torch.stack(new_keys), torch.stack(new_values)

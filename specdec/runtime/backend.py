@@ -26,8 +26,8 @@ class Backend(Protocol):
     def reset(self, batch: int) -> None:
         """Prepare KV buffers for `batch` rows; every row starts empty."""
 
-    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray) -> np.ndarray:
-        """input_ids: [B, T] int64; cache_len: [B] int64 -> logits [B, T, V] float32."""
+    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False) -> np.ndarray:
+        """input_ids: [B, T] int64; cache_len: [B] int64 -> logits [B, T, V] float32 ([B, 1, V] if last_only)."""
 
     def close(self) -> None:
         """Release sessions and buffers."""
@@ -97,8 +97,8 @@ class OrtBackend:
             dtype = NUMPY_DTYPES[self.entry.kv_dtype]
             self.keys, self.values = np.zeros(shape, dtype), np.zeros(shape, dtype)
 
-    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray) -> np.ndarray:
-        # input_ids: [B, T]; cache_len: [B] -> logits [B, T, V]
+    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False) -> np.ndarray:
+        # input_ids: [B, T]; cache_len: [B] -> logits [B, T, V] ([B, 1, V] if last_only)
         steps = input_ids.shape[1]
         check_capacity(cache_len, steps, self.max_seq_len)
         feeds = {"input_ids": input_ids, "cache_len": cache_len, "past_keys": self.keys, "past_values": self.values}
@@ -107,7 +107,7 @@ class OrtBackend:
         for row, start in enumerate(cache_len.tolist()):
             self.keys[:, row, :, start : start + steps] = new_keys[:, row]
             self.values[:, row, :, start : start + steps] = new_values[:, row]
-        return logits
+        return logits[:, -1:] if last_only else logits
 
     def close(self) -> None:
         self.session = None

@@ -14,6 +14,7 @@ from specdec.runtime.backend import OrtBackend
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.drafters import ChainDrafter, ModelDrafter, ModelGate, PromptLookupDrafter
 from specdec.runtime.loop import SpeculativeLoop
+from specdec.runtime.ort_gqa_backend import OrtGqaBackend
 from specdec.runtime.state import Row, Stats, Timed
 from specdec.runtime.text import TextCodec
 
@@ -37,14 +38,20 @@ def load(bundle: str | Path, backend: str = "onnxruntime", device: str = "cpu", 
     if backend == "tensorrt":
         target, draft = _tensorrt_backends(root, manifest, device, threads)
     elif backend == "onnxruntime" and device == "cpu":
-        target = OrtBackend(root, manifest.target, threads).open()
-        draft = OrtBackend(root, manifest.draft, threads).open() if manifest.draft is not None else None
+        target = ort_backend_for(root, manifest.target, threads)
+        draft = ort_backend_for(root, manifest.draft, threads) if manifest.draft is not None else None
     else:
         raise BackendError(
             f"backend={backend!r}, device={device!r} is not available",
             "use backend='onnxruntime' with device='cpu', or backend='tensorrt' with device='cuda:N'",
         )
     return Generator(manifest, TextCodec(root).open(), target, draft)
+
+
+def ort_backend_for(root: Path, entry, threads: int | None):
+    """The onnxruntime backend that runs this entry's lowering."""
+    backend = OrtGqaBackend if entry.lowering == "gqa" else OrtBackend
+    return backend(root, entry, threads).open()
 
 
 def _tensorrt_backends(root: Path, manifest: Manifest, device: str, threads: int | None):
@@ -56,8 +63,9 @@ def _tensorrt_backends(root: Path, manifest: Manifest, device: str, threads: int
     draft = manifest.draft
     if draft is None:
         return target, None
-    backend = TrtBackend(root, draft, options) if draft.engines else OrtBackend(root, draft, threads)
-    return target, backend.open()
+    if draft.engines:
+        return target, TrtBackend(root, draft, options).open()
+    return target, ort_backend_for(root, draft, threads)
 
 
 class Generator:

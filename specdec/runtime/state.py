@@ -33,9 +33,9 @@ class Timed:
         self.seconds = 0.0
         self.calls = 0
 
-    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray) -> np.ndarray:
+    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False) -> np.ndarray:
         started = time.perf_counter()
-        logits = self.backend.forward(input_ids, cache_len)
+        logits = self.backend.forward(input_ids, cache_len, last_only)
         self.seconds += time.perf_counter() - started
         self.calls += 1
         return logits
@@ -44,15 +44,16 @@ class Timed:
         return getattr(self.backend, name)
 
 
-def forward_padded(backend, seqs: list, starts: list) -> np.ndarray:
+def forward_padded(backend, seqs: list, starts: list, last_only: bool = False) -> np.ndarray:
     """One forward of ragged rows padded to a common T. seqs[b] is a token list or None (row idle: pads are
-    written beyond starts[b], where they are masked and later overwritten). -> logits [B, T, V]."""
+    written beyond starts[b], where they are masked and later overwritten). -> logits [B, T, V]
+    ([B, 1, V], the position T-1, if last_only)."""
     steps = max(len(s) for s in seqs if s is not None)
     ids = np.full((len(seqs), steps), PAD_ID, dtype=np.int64)
     for row, seq in enumerate(seqs):
         if seq:
             ids[row, : len(seq)] = seq
-    return backend.forward(ids, np.asarray(starts, dtype=np.int64))
+    return backend.forward(ids, np.asarray(starts, dtype=np.int64), last_only)
 
 
 def feed_chunks(backend, seqs: list, starts: list, chunk: int) -> np.ndarray:
@@ -65,12 +66,13 @@ def feed_chunks(backend, seqs: list, starts: list, chunk: int) -> np.ndarray:
         room = min(backend.max_seq_len - st for st in starts)
         steps = min(chunk, room, max(len(s) - p for s, p in zip(seqs, pos) if s is not None))
         part = [s[p : p + steps] if s is not None and p < len(s) else None for s, p in zip(seqs, pos)]
-        logits = forward_padded(backend, part, starts)  # [B, T, V]
+        even = all(piece is None or len(piece) == steps for piece in part)
+        logits = forward_padded(backend, part, starts, last_only=even)  # [B, T or 1, V]
         if last is None:
             last = np.zeros((len(seqs), logits.shape[-1]), dtype=logits.dtype)
         for row, piece in enumerate(part):
             if piece:
-                last[row] = logits[row, len(piece) - 1]
+                last[row] = logits[row, -1 if even else len(piece) - 1]
                 starts[row] += len(piece)
                 pos[row] += len(piece)
     return last

@@ -24,6 +24,17 @@ def family_bundle(request, tmp_path_factory, export_tiny):
     return request.param, folder, bundle
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gqa_lowering_parity(family, tmp_path, export_tiny):
+    """The GroupQueryAttention graph passes the same parity plan (run row by row, B = 1)."""
+    folder = save_tiny(tmp_path / family, family, init_range=0.2)
+    manifest = read_manifest(export_tiny(tmp_path / "b", folder, no_draft=True, lowering="gqa"))
+    assert manifest.target.lowering == "gqa"
+    steps = manifest.target.parity
+    assert len(steps) == 7 and all(s.enforced and s.max_abs_diff <= s.tolerance for s in steps), steps
+    assert [t.name for t in manifest.target.inputs][:3] == ["input_ids", "cache_len", "logit_positions"]
+
+
 def test_supported_families_are_registered():
     assert set(FAMILIES) <= set(supported_model_types())
 

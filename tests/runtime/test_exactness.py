@@ -19,9 +19,10 @@ GAMMAS = [1, 2, 4, GAMMA_MAX]
 NEW_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def int4_gen(int4_bundle):
-    with specdec.load(int4_bundle) as gen:
+@pytest.fixture(scope="module", params=["plain", "gqa"])
+def int4_gen(request, int4_bundle, gqa_int4_bundle):
+    """The INT4 self-draft bundle in both lowerings: every exactness test runs on each."""
+    with specdec.load(int4_bundle if request.param == "plain" else gqa_int4_bundle) as gen:
         yield gen
 
 
@@ -73,6 +74,12 @@ def test_sampled_batch_rows_match_single_runs_with_the_same_seeds(random_gen):
     singles = [random_gen.generate(p, GenerationConfig(max_new_tokens=12, temperature=1.0, seed=7 + i, drafter="none"))
                for i, p in enumerate(prompts)]
     assert [r.token_ids for r in batch] == [r.token_ids for r in singles]
+
+
+def test_lowerings_agree_token_for_token(int4_bundle, gqa_int4_bundle):
+    with specdec.load(int4_bundle) as plain, specdec.load(gqa_int4_bundle) as gqa:
+        for prompt in PROMPTS:
+            assert _plain(plain, prompt) == _plain(gqa, prompt)
 
 
 def test_target_only_greedy_equals_transformers_generate(int4_gen, tiny_llama):
