@@ -25,9 +25,9 @@ def _add_export_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prefill-chunk", type=int, default=256, help="prefill chunk length (default 256)")
     parser.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32",
                         help="weights and KV dtype; fp16/bf16 are for GPU back ends (default fp32)")
-    parser.add_argument("--lowering", choices=["plain", "gqa"], default="plain",
-                        help="attention lowering: plain ops (portable, TensorRT input) or onnxruntime "
-                             "GroupQueryAttention with in-place KV (default plain)")
+    parser.add_argument("--lowering", choices=["plain", "gqa"], default=None,
+                        help="attention lowering: gqa = onnxruntime GroupQueryAttention with in-place KV (the "
+                             "default), plain = portable ops, the TensorRT input (the default with --engine)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
     engines = parser.add_argument_group("engines (on the GPU that will run them)")
@@ -68,7 +68,8 @@ def _export(args) -> None:
         out=args.out, target=args.target, draft=args.draft, draft_from_target=args.draft_from_target,
         draft_layers=args.draft_layers, no_draft=args.no_draft, max_seq_len=args.max_seq_len,
         max_batch=args.max_batch, gamma=args.gamma, gamma_max=args.gamma_max,
-        max_prefill_chunk=args.max_prefill_chunk, dtype=args.dtype, lowering=args.lowering, overwrite=args.overwrite,
+        max_prefill_chunk=args.max_prefill_chunk, dtype=args.dtype, overwrite=args.overwrite,
+        lowering=args.lowering or ("plain" if args.engine else "gqa"),
         check_parity=not args.skip_parity, progress=sys.stderr.isatty() or args.verbose,
     )
     out = export_bundle(config)

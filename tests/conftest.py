@@ -30,7 +30,7 @@ def _export(out, target, **options):
 
 @pytest.fixture(scope="session")
 def int4_bundle(tmp_path_factory, tiny_llama):
-    return _export(tmp_path_factory.mktemp("b") / "int4", tiny_llama, draft_from_target="int4")
+    return _export(tmp_path_factory.mktemp("b") / "int4", tiny_llama, draft_from_target="int4", lowering="plain")
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +41,7 @@ def gqa_int4_bundle(tmp_path_factory, tiny_llama):
 
 @pytest.fixture(scope="session")
 def random_draft_bundle(tmp_path_factory, tiny_llama, random_draft_dir):
-    return _export(tmp_path_factory.mktemp("b") / "random", tiny_llama, draft=str(random_draft_dir))
+    return _export(tmp_path_factory.mktemp("b") / "random", tiny_llama, draft=str(random_draft_dir), lowering="plain")
 
 
 @pytest.fixture(scope="session")

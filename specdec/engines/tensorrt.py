@@ -114,6 +114,11 @@ def build_engine(onnx_path, build: BuildConfig, entry: ModelEntry) -> bytes:
 
 
 def check_buildable(entry: ModelEntry) -> None:
+    if entry.lowering != "plain":
+        raise EngineBuildError(
+            f"{entry.role} carries the {entry.lowering!r} lowering (onnxruntime contrib ops), not TensorRT input",
+            "export with --lowering plain (the default when --engine tensorrt is given)",
+        )
     if entry.derived == "int4":
         raise EngineBuildError(
             f"{entry.role} is an int4 copy made of onnxruntime's MatMulNBits, which TensorRT does not parse",

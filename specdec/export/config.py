@@ -25,7 +25,7 @@ class ExportConfig:
     gamma_max: int = 8
     max_prefill_chunk: int = 256
     dtype: str = "fp32"
-    lowering: str = "plain"  # "gqa": GroupQueryAttention with in-place KV, for onnxruntime
+    lowering: str = "gqa"  # "gqa": onnxruntime GroupQueryAttention, in-place KV; "plain": portable, TensorRT input
     overwrite: bool = False
     check_parity: bool = True
     progress: bool = True

@@ -27,3 +27,13 @@ def test_load_with_tensorrt_backend_without_tensorrt(int4_bundle):
 def test_unknown_backend(int4_bundle):
     with pytest.raises(BackendError, match="not available"):
         specdec.load(int4_bundle, backend="openvino")
+
+
+def test_tensorrt_refuses_the_gqa_lowering(gqa_int4_bundle):
+    from specdec.engines.tensorrt import check_buildable
+    from specdec.errors import EngineBuildError
+    from specdec.manifest import read_manifest
+
+    with pytest.raises(EngineBuildError, match="gqa") as info:
+        check_buildable(read_manifest(gqa_int4_bundle).target)
+    assert "--lowering plain" in info.value.hint

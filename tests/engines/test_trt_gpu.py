@@ -73,7 +73,7 @@ def trt_bundle(tmp_path_factory, tiny_llama, export_tiny):
     _tensorrt_or_skip()
     from specdec.engines.tensorrt import build_bundle_engines
 
-    bundle = export_tiny(tmp_path_factory.mktemp("b") / "trt", tiny_llama, draft_layers=1)
+    bundle = export_tiny(tmp_path_factory.mktemp("b") / "trt", tiny_llama, draft_layers=1, lowering="plain")
     build_bundle_engines(bundle)
     return bundle
 

@@ -20,7 +20,7 @@ TOLERANCE = 1e-4  # relative to max |logit|, the fp32 export tolerance
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_bundle(request, tmp_path_factory, export_tiny):
     folder = save_tiny(tmp_path_factory.mktemp(request.param), request.param, init_range=0.2)
-    bundle = export_tiny(tmp_path_factory.mktemp("b") / request.param, folder, no_draft=True)
+    bundle = export_tiny(tmp_path_factory.mktemp("b") / request.param, folder, no_draft=True, lowering="plain")
     return request.param, folder, bundle
 
 
