@@ -118,11 +118,15 @@ class Architecture:
         # positions: [B, T] -> cos, sin: [B, T, rotary_dim]
         return self.model.model.rotary_emb(hidden, positions)
 
-    def attn_norm(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return layer.input_layernorm(hidden)
+    def attn_norm(self, layer: nn.Module) -> nn.Module:
+        return layer.input_layernorm
 
-    def mlp_norm(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return layer.post_attention_layernorm(hidden)
+    def mlp_norm(self, layer: nn.Module) -> nn.Module:
+        return layer.post_attention_layernorm
+
+    def rms_eps(self) -> float | None:
+        """The epsilon of the RMSNorm this family uses (None: LayerNorm)."""
+        return self.config.rms_norm_eps
 
     def qkv(self, layer: nn.Module, x: torch.Tensor):
         # x: [B, T, H] -> q: [B, T, Hq*D], k, v: [B, T, Hkv*D]
@@ -199,11 +203,14 @@ class Gpt2Architecture(Architecture):
     def rotary(self, hidden, positions):
         return None
 
-    def attn_norm(self, layer, hidden):
-        return layer.ln_1(hidden)
+    def attn_norm(self, layer):
+        return layer.ln_1
 
-    def mlp_norm(self, layer, hidden):
-        return layer.ln_2(hidden)
+    def mlp_norm(self, layer):
+        return layer.ln_2
+
+    def rms_eps(self):
+        return None
 
     def qkv(self, layer, x):
         return layer.attn.c_attn(x).split(self.dims.hidden_size, dim=-1)

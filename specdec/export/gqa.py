@@ -6,8 +6,9 @@ visible, causal among new tokens), but:
            past_key.i / past_value.i [B, Hkv, S, D] for every layer i
   outputs  logits [B, N, V], present_key.i / present_value.i [B, Hkv, S, D]
 Bind past and present to the same buffer (IO binding) and GroupQueryAttention writes the new K/V in place and
-reads only the valid length. onnxruntime's CPU kernel needs B = 1 when T > 1 with a past, so the runtime runs
-rows one at a time.
+reads only the valid length; where the rotary embedding covers the whole head, GroupQueryAttention applies it
+too (from cos/sin caches), and RMSNorm becomes SimplifiedLayerNormalization. onnxruntime's CPU kernel needs
+B = 1 when T > 1 with a past, so the runtime runs rows one at a time.
 """
 from __future__ import annotations
 
@@ -15,96 +16,161 @@ import torch
 
 from specdec.export.static_model import StaticKVDecoder
 
-MS_DOMAIN = "com.microsoft"
 STAGING_DOMAIN = "specdec.lowering"  # onnxscript has no schema for contrib ops: emit here, then rename
+TARGET_DOMAINS = {"GroupQueryAttention": "com.microsoft", "SimplifiedLayerNormalization": ""}
+
+
+def _rotate(x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, start: int) -> torch.Tensor:
+    # x: [T, N, D] at positions start.. ; caches: [S, D/2] (non-interleaved halves)
+    steps, half = x.shape[0], x.shape[-1] // 2
+    cos = cos_cache[start : start + steps, None].repeat(1, 1, 2)  # [T, 1, D]
+    sin = sin_cache[start : start + steps, None].repeat(1, 1, 2)
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _attend_row(q, k, v, past_k, past_v, start, num_heads, kv_num_heads, scale):
+    # q: [T, Hq, D]; k, v: [T, Hkv, D]; past_*: [Hkv, S, D] (written in place) -> [T, Hq*D]
+    steps = q.shape[0]
+    past_k[:, start : start + steps] = k.transpose(0, 1)
+    past_v[:, start : start + steps] = v.transpose(0, 1)
+    keys = past_k[:, : start + steps].repeat_interleave(num_heads // kv_num_heads, 0)  # [Hq, L, D]
+    values = past_v[:, : start + steps].repeat_interleave(num_heads // kv_num_heads, 0)
+    scores = q.transpose(0, 1) @ keys.transpose(1, 2) * scale  # [Hq, T, L]
+    causal = torch.arange(start + steps)[None, :] <= (start + torch.arange(steps))[:, None]
+    probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+    return (probs @ values).transpose(0, 1).reshape(steps, -1)
 
 
 @torch.library.custom_op("specdec::gqa", mutates_args=())
 def gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor,
-        seqlens_k: torch.Tensor, total_len: torch.Tensor, num_heads: int, kv_num_heads: int,
-        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Eager reference of GroupQueryAttention (BSH q/k/v, BNSH caches of length S, rows write at cache_len)."""
+        seqlens_k: torch.Tensor, total_len: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+        num_heads: int, kv_num_heads: int, scale: float, do_rotary: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eager reference of GroupQueryAttention: BSH q/k/v, BNSH caches of length S, row b writing at
+    seqlens_k[b] + 1 - T; with do_rotary, q and k are rotated at their positions first."""
     batch, steps, _ = q.shape
     head_dim = past_k.shape[-1]
     present_k, present_v = past_k.clone(), past_v.clone()
     out = torch.empty_like(q)
     for row in range(batch):
         start = int(seqlens_k[row]) + 1 - steps
-        present_k[row, :, start : start + steps] = k[row].view(steps, kv_num_heads, head_dim).transpose(0, 1)
-        present_v[row, :, start : start + steps] = v[row].view(steps, kv_num_heads, head_dim).transpose(0, 1)
-        keys = present_k[row, :, : start + steps].repeat_interleave(num_heads // kv_num_heads, 0)  # [Hq, L, D]
-        values = present_v[row, :, : start + steps].repeat_interleave(num_heads // kv_num_heads, 0)
-        query = q[row].view(steps, num_heads, head_dim).transpose(0, 1)  # [Hq, T, D]
-        scores = query @ keys.transpose(1, 2) * scale  # [Hq, T, L]
-        causal = torch.arange(start + steps)[None, :] <= (start + torch.arange(steps))[:, None]
-        probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-        out[row] = (probs @ values).transpose(0, 1).reshape(steps, -1)
+        query = q[row].view(steps, num_heads, head_dim)
+        key = k[row].view(steps, kv_num_heads, head_dim)
+        if do_rotary:
+            query, key = (_rotate(t, cos_cache, sin_cache, start) for t in (query, key))
+        value = v[row].view(steps, kv_num_heads, head_dim)
+        out[row] = _attend_row(query, key, value, present_k[row], present_v[row], start, num_heads, kv_num_heads, scale)
     return out, present_k, present_v
 
 
 @gqa.register_fake
-def _gqa_fake(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads, kv_num_heads, scale):
+def _gqa_fake(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, num_heads, kv_num_heads, scale,
+              do_rotary):
     return torch.empty_like(q), torch.empty_like(past_k), torch.empty_like(past_v)
 
 
-def _register_staging_schema() -> None:
-    """Give onnxscript a schema for the staged GroupQueryAttention (onnx ships none for contrib ops)."""
+@torch.library.custom_op("specdec::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Eager reference of SimplifiedLayerNormalization (RMSNorm over the last axis, computed in float32)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+@rms_norm.register_fake
+def _rms_norm_fake(x, weight, eps):
+    return torch.empty_like(x)
+
+
+def _register_staging_schemas() -> None:
+    """Give onnxscript schemas for the staged ops (onnx ships none for onnxruntime's contrib ops)."""
     import onnx
 
-    if onnx.defs.has("GroupQueryAttention", STAGING_DOMAIN):
-        return
-    param = onnx.defs.OpSchema.FormalParameter
-    attr = onnx.defs.OpSchema.Attribute
-    kinds = onnx.defs.OpSchema.AttrType
-    schema = onnx.defs.OpSchema(
-        "GroupQueryAttention", STAGING_DOMAIN, 1,
-        inputs=[param(n, "T" if n not in ("seqlens_k", "total_len") else "M")
-                for n in ("q", "k", "v", "past_k", "past_v", "seqlens_k", "total_len")],
-        outputs=[param(n, "T") for n in ("out", "present_k", "present_v")],
-        type_constraints=[("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], ""),
-                          ("M", ["tensor(int32)"], "")],
-        attributes=[attr("num_heads", kinds.INT, ""), attr("kv_num_heads", kinds.INT, ""),
-                    attr("scale", kinds.FLOAT, "")],
-    )
-    onnx.defs.register_schema(schema)
+    schema, param = onnx.defs.OpSchema, onnx.defs.OpSchema.FormalParameter
+    optional = onnx.defs.OpSchema.FormalParameterOption.Optional
+    attr, kinds = onnx.defs.OpSchema.Attribute, onnx.defs.OpSchema.AttrType
+    floats = ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "")
+    if not onnx.defs.has("GroupQueryAttention", STAGING_DOMAIN):
+        names = ("q", "k", "v", "past_k", "past_v", "seqlens_k", "total_len", "cos_cache", "sin_cache")
+        onnx.defs.register_schema(schema(
+            "GroupQueryAttention", STAGING_DOMAIN, 1,
+            inputs=[param(n, "M" if n in ("seqlens_k", "total_len") else "T",
+                          param_option=optional if n.endswith("cache") else onnx.defs.OpSchema.FormalParameterOption.Single)
+                    for n in names],
+            outputs=[param(n, "T") for n in ("out", "present_k", "present_v")],
+            type_constraints=[floats, ("M", ["tensor(int32)"], "")],
+            attributes=[attr(n, kinds.INT, "") for n in ("num_heads", "kv_num_heads", "do_rotary")]
+            + [attr("scale", kinds.FLOAT, "")],
+        ))
+    if not onnx.defs.has("SimplifiedLayerNormalization", STAGING_DOMAIN):
+        onnx.defs.register_schema(schema(
+            "SimplifiedLayerNormalization", STAGING_DOMAIN, 1, inputs=[param("x", "T"), param("w", "T")],
+            outputs=[param("y", "T")], type_constraints=[floats],
+            attributes=[attr("axis", kinds.INT, ""), attr("epsilon", kinds.FLOAT, "")],
+        ))
 
 
 def gqa_translation():
-    """torch.onnx custom translation: specdec::gqa -> com.microsoft GroupQueryAttention."""
+    """torch.onnx custom translations: specdec::gqa -> GroupQueryAttention, specdec::rms_norm -> SLN."""
     import onnxscript
 
-    _register_staging_schema()
-    msft = onnxscript.values.Opset(STAGING_DOMAIN, 1)
+    _register_staging_schemas()
+    staged = onnxscript.values.Opset(STAGING_DOMAIN, 1)
 
-    def lower(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, kv_num_heads: int, scale: float):
-        return msft.GroupQueryAttention(
-            q, k, v, past_k, past_v, seqlens_k, total_len, num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale
+    def lower_gqa(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, num_heads: int,
+                  kv_num_heads: int, scale: float, do_rotary: int):
+        caches = (cos_cache, sin_cache) if do_rotary else (None, None)
+        return staged.GroupQueryAttention(
+            q, k, v, past_k, past_v, seqlens_k, total_len, *caches,
+            num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale, do_rotary=do_rotary,
         )
 
-    return {torch.ops.specdec.gqa.default: lower}
+    def lower_rms_norm(x, weight, eps: float):
+        return staged.SimplifiedLayerNormalization(x, weight, axis=-1, epsilon=eps)
+
+    return {torch.ops.specdec.gqa.default: lower_gqa, torch.ops.specdec.rms_norm.default: lower_rms_norm}
 
 
-def move_to_ms_domain(model) -> None:
-    """Rename the staged nodes of an onnx_ir model to com.microsoft (done before saving)."""
+def move_to_target_domains(model) -> None:
+    """Move the staged nodes of an onnx_ir model to their onnxruntime domains (done before saving)."""
     for node in model.graph.all_nodes():
         if node.domain == STAGING_DOMAIN:
-            node.domain = MS_DOMAIN
+            node.domain = TARGET_DOMAINS[node.op_type]
     model.opset_imports.pop(STAGING_DOMAIN, None)
-    model.opset_imports[MS_DOMAIN] = 1
+    model.opset_imports["com.microsoft"] = 1
 
 
 class GqaDecoder(StaticKVDecoder):
-    """The decoder with GroupQueryAttention and per-layer, shared-buffer KV inputs/outputs."""
+    """The decoder with GroupQueryAttention, fused RMSNorm and per-layer, shared-buffer KV inputs/outputs."""
+
+    def __init__(self, arch, max_seq_len: int):
+        super().__init__(arch, max_seq_len)
+        self.fused_rotary = False
+        positions = torch.arange(max_seq_len)[None]
+        rotary = arch.rotary(torch.zeros(1, max_seq_len, arch.dims.hidden_size), positions)
+        # onnxruntime's fused rotary needs the whole head rotated and a head size that is a multiple of 16
+        if rotary is not None and rotary[0].shape[-1] == arch.dims.head_dim and arch.dims.head_dim % 16 == 0:
+            half = arch.dims.head_dim // 2
+            self.register_buffer("cos_cache", rotary[0][0, :, :half].contiguous(), persistent=False)  # [S, D/2]
+            self.register_buffer("sin_cache", rotary[1][0, :, :half].contiguous(), persistent=False)
+            self.fused_rotary = True
+        else:
+            self.register_buffer("cos_cache", torch.zeros(1, 1), persistent=False)
+            self.register_buffer("sin_cache", torch.zeros(1, 1), persistent=False)
+
+    def norm(self, module, x):
+        eps = self.arch.rms_eps()
+        return module(x) if eps is None else torch.ops.specdec.rms_norm(x, module.weight, float(eps))
 
     def attention_gqa(self, layer, x, cos, sin, past_k, past_v, seqlens_k, total_len):
         # x: [B, T, H]; past_*: [B, Hkv, S, D] -> attention output [B, T, H], present_k, present_v
         dims = self.arch.dims
         batch, steps, _ = x.shape
-        q, k, v = self.project(layer, x, cos, sin)  # rotary applied here, as in the plain graph
+        rotate_here = not self.fused_rotary
+        q, k, v = self.project(layer, x, cos if rotate_here else None, sin if rotate_here else None)
         flat = lambda t: t.transpose(1, 2).reshape(batch, steps, -1)  # noqa: E731  [B, N, T, D] -> [B, T, N*D]
         out, present_k, present_v = torch.ops.specdec.gqa(
-            flat(q), flat(k), flat(v), past_k, past_v, seqlens_k, total_len,
-            dims.num_heads, dims.num_kv_heads, self.arch.attn_scale(),
+            flat(q), flat(k), flat(v), past_k, past_v, seqlens_k, total_len, self.cos_cache, self.sin_cache,
+            dims.num_heads, dims.num_kv_heads, self.arch.attn_scale(), int(self.fused_rotary),
         )
         return self.arch.out_proj(layer, out), present_k, present_v
 
@@ -117,11 +183,11 @@ class GqaDecoder(StaticKVDecoder):
         presents_k, presents_v = [], []
         for index, layer in enumerate(self.arch.layers()):
             attn_out, present_k, present_v = self.attention_gqa(
-                layer, self.arch.attn_norm(layer, hidden), cos, sin, past_keys[index], past_values[index],
+                layer, self.norm(self.arch.attn_norm(layer), hidden), cos, sin, past_keys[index], past_values[index],
                 seqlens_k, total_len,
             )
             hidden = hidden + attn_out
-            hidden = hidden + self.arch.mlp(layer, self.arch.mlp_norm(layer, hidden))
+            hidden = hidden + self.arch.mlp(layer, self.norm(self.arch.mlp_norm(layer), hidden))
             presents_k.append(present_k)
             presents_v.append(present_v)
         logits = self.head(torch.index_select(hidden, 1, logit_positions))  # [B, N, V]

@@ -9,7 +9,7 @@ import torch
 
 from specdec.errors import ExportError
 from specdec.export.architectures import Architecture
-from specdec.export.gqa import GqaDecoder, check_gqa_supported, gqa_io_names, gqa_translation, move_to_ms_domain
+from specdec.export.gqa import GqaDecoder, check_gqa_supported, gqa_io_names, gqa_translation, move_to_target_domains
 from specdec.export.static_model import StaticKVDecoder
 from specdec.manifest import TensorSpec
 
@@ -73,7 +73,7 @@ def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: st
             "run with -v for the full trace; this architecture may need a quirk class in specdec/export/architectures.py",
         ) from exc
     if lowering == "gqa":
-        move_to_ms_domain(program.model)
+        move_to_target_domains(program.model)
     path.parent.mkdir(parents=True, exist_ok=True)
     program.save(str(path), external_data=True)
     return path

@@ -48,6 +48,10 @@ class StaticKVDecoder(nn.Module):
         self.model = arch.model  # registers the HF weights as submodule parameters
         self.max_seq_len = max_seq_len
 
+    def norm(self, module, x):
+        # x: [B, T, H]; the HF norm module as it is (the gqa lowering fuses RMSNorm)
+        return module(x)
+
     def project(self, layer, x, cos, sin):
         # x: [B, T, H] -> q: [B, Hq, T, D], k, v: [B, Hkv, T, D] (normalized and rotated)
         dims = self.arch.dims
@@ -87,7 +91,7 @@ class StaticKVDecoder(nn.Module):
 
     def head(self, hidden):
         # hidden: [B, N, H] -> logits [B, N, V] (float32); tied weights stay one initializer (Gemm transB)
-        hidden = self.arch.final_norm()(hidden)
+        hidden = self.norm(self.arch.final_norm(), hidden)
         batch, steps, width = hidden.shape
         logits = nn.functional.linear(hidden.reshape(batch * steps, width), self.arch.lm_head_weight())
         return logits.reshape(batch, steps, -1).float()
@@ -99,10 +103,11 @@ class StaticKVDecoder(nn.Module):
         new_keys, new_values = [], []
         for index, layer in enumerate(self.arch.layers()):
             attn_out, k, v = self.attention(
-                layer, self.arch.attn_norm(layer, hidden), cos, sin, past_keys[index], past_values[index], visible
+                layer, self.norm(self.arch.attn_norm(layer), hidden), cos, sin, past_keys[index], past_values[index],
+                visible,
             )
             hidden = hidden + attn_out
-            hidden = hidden + self.arch.mlp(layer, self.arch.mlp_norm(layer, hidden))
+            hidden = hidden + self.arch.mlp(layer, self.norm(self.arch.mlp_norm(layer), hidden))
             new_keys.append(k)
             new_values.append(v)
         # new_keys: [L, B, Hkv, T, D]

@@ -24,19 +24,24 @@ def family_bundle(request, tmp_path_factory, export_tiny):
     return request.param, folder, bundle
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_gqa_lowering_parity(family, tmp_path, export_tiny):
-    """The GroupQueryAttention graph passes the same parity plan (run row by row, B = 1)."""
-    folder = save_tiny(tmp_path / family, family, init_range=0.2)
-    manifest = read_manifest(export_tiny(tmp_path / "b", folder, no_draft=True, lowering="gqa"))
+@pytest.mark.parametrize("family,hidden", [(f, 32) for f in FAMILIES] + [("llama", 64), ("qwen2", 64)])
+def test_gqa_lowering_parity(family, hidden, tmp_path, export_tiny):
+    """The GroupQueryAttention graph passes the same parity plan (run row by row, B = 1). Head size 16
+    (hidden 64) takes the fused-rotary path; head size 8 keeps rotary outside the attention op."""
+    folder = save_tiny(tmp_path / family, family, init_range=0.2, hidden=hidden)
+    bundle = export_tiny(tmp_path / "b", folder, no_draft=True, lowering="gqa")
+    manifest = read_manifest(bundle)
     assert manifest.target.lowering == "gqa"
     steps = manifest.target.parity
     assert len(steps) == 7 and all(s.enforced and s.max_abs_diff <= s.tolerance for s in steps), steps
     assert [t.name for t in manifest.target.inputs][:3] == ["input_ids", "cache_len", "logit_positions"]
-
-
-def test_supported_families_are_registered():
-    assert set(FAMILIES) <= set(supported_model_types())
+    graph = onnx.load(str(bundle / manifest.target.onnx_path), load_external_data=False).graph
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == manifest.target.dims.num_layers and attention[0].domain == "com.microsoft"
+    rotary = {a.name: a.i for a in attention[0].attribute}.get("do_rotary")
+    assert rotary == int(hidden == 64 and family != "gpt2")
+    fused_norms = [n for n in graph.node if n.op_type == "SimplifiedLayerNormalization"]
+    assert len(fused_norms) == (0 if family == "gpt2" else 2 * manifest.target.dims.num_layers + 1)
 
 
 def test_export_parity_is_recorded_and_within_tolerance(family_bundle):
