@@ -17,7 +17,7 @@ from specdec.errors import ManifestError
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8-qdq", "int4")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8-qdq", "fp8-qdq", "int4")
 KV_DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -75,6 +75,7 @@ class ModelEntry:
     parity_note: str = ""  # "checked", or why parity was not enforced or not run
     engines: list = field(default_factory=list)  # built engines, see specdec.engines
     size_bytes: int = 0
+    calibration: dict = field(default_factory=dict)  # method, calibration data, γ calibration
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from specdec.errors import ConfigError
 
 DRAFTERS = ("auto", "model", "prompt_lookup", "none")
+GAMMA_POLICIES = ("fixed", "adaptive", "heuristic")
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class GenerationConfig:
     top_p: float = 1.0  # 1: off
     seed: int | None = None
     gamma: int | None = None  # None: the bundle's calibrated default
+    gamma_policy: str = "fixed"  # "adaptive": from running per-position acceptance; "heuristic": HF's +2/-1
     drafter: str = "auto"
     stop: tuple = ()  # stop strings
     eos_token_ids: tuple | None = None  # None: the bundle's EOS ids
@@ -35,6 +37,8 @@ class GenerationConfig:
             raise ConfigError(f"top_k must be >= 0, got {self.top_k!r}", "use 0 to turn top-k off")
         if self.gamma is not None and (not isinstance(self.gamma, int) or self.gamma < 1):
             raise ConfigError(f"gamma must be >= 1, got {self.gamma!r}", "pass gamma=1 or more, or None for the default")
+        if self.gamma_policy not in GAMMA_POLICIES:
+            raise ConfigError(f"gamma_policy {self.gamma_policy!r} is unknown", f"choose one of {', '.join(GAMMA_POLICIES)}")
         if self.drafter not in DRAFTERS:
             raise ConfigError(f"drafter {self.drafter!r} is unknown", f"choose one of {', '.join(DRAFTERS)}")
         if not 1 <= self.lookup_min_ngram <= self.lookup_ngram:

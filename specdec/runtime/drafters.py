@@ -168,15 +168,15 @@ class ChainDrafter:
 
     name = "auto"
 
-    def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None, gate: ModelGate, gamma: int):
+    def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None, gate: ModelGate, policy):
         self.lookup = lookup_drafter
         self.model = model
         self.gate = gate
-        self.gamma = gamma
+        self.policy = policy
 
     def propose(self, rows: list, limits: list) -> list:
         proposals = self.lookup.propose(rows, limits)
-        if self.model is None or not self.gate.pays(self.gamma):
+        if self.model is None or not self.gate.pays(self.policy.gamma):
             return proposals
         need = [lim if p.tokens.size == 0 else 0 for p, lim in zip(proposals, limits)]
         if not any(need):

@@ -10,6 +10,7 @@ import numpy as np
 
 from specdec.errors import BackendError, CapacityError, ConfigError
 from specdec.manifest import Manifest, check_bundle_files, read_manifest
+from specdec.runtime.adaptive_gamma import AdaptiveGamma, FixedGamma, HeuristicGamma
 from specdec.runtime.backend import OrtBackend
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.drafters import ChainDrafter, ModelDrafter, ModelGate, PromptLookupDrafter
@@ -118,7 +119,18 @@ class Generator:
             rows.append(Row(tokens=ids, prompt_len=len(ids), rng=np.random.default_rng(seed)))
         return rows
 
-    def _drafter(self, config: GenerationConfig, gamma: int):
+    def _policy(self, config: GenerationConfig, gamma: int):
+        """The γ policy of a request; adaptive starts from the bundle's γ calibration when it has one."""
+        gamma_max = self.manifest.defaults.gamma_max
+        if config.gamma_policy == "heuristic":
+            return HeuristicGamma(gamma, gamma_max)
+        if config.gamma_policy == "adaptive":
+            record = self.manifest.draft.calibration.get("gamma", {}) if self.manifest.draft is not None else {}
+            cost = record.get("cost_ratio") or self.gate.cost_ratio or 0.5
+            return AdaptiveGamma(gamma_max, cost, np.resize(record.get("alphas") or [0.7], gamma_max))
+        return FixedGamma(gamma)
+
+    def _drafter(self, config: GenerationConfig, policy):
         kind = config.drafter
         if kind == "none":
             return None, None
@@ -131,18 +143,18 @@ class Generator:
         model = ModelDrafter(self.draft, config, chunk) if self.draft is not None else None
         if kind == "model":
             return model, None
-        return ChainDrafter(lookup, model, self.gate, gamma), self.gate
+        return ChainDrafter(lookup, model, self.gate, policy), self.gate
 
     # --- running ---------------------------------------------------------------------------------
     def _start(self, prompts: list, config: GenerationConfig):
-        gamma = self._gamma(config)
+        policy = self._policy(config, self._gamma(config))
         rows = self._rows(prompts, config)
-        drafter, gate = self._drafter(config, gamma)
+        drafter, gate = self._drafter(config, policy)
         self.target.reset(len(rows))
         if self.draft is not None:
             self.draft.reset(len(rows))
         eos = config.eos_token_ids if config.eos_token_ids is not None else self.manifest.tokenizer.eos_token_ids
-        loop = SpeculativeLoop(self.target, drafter, config, gamma, self.manifest.defaults.max_prefill_chunk, eos, gate)
+        loop = SpeculativeLoop(self.target, drafter, config, policy, self.manifest.defaults.max_prefill_chunk, eos, gate)
         return loop, rows
 
     def _rounds(self, prompts: list, config: GenerationConfig) -> Iterator[tuple]:

@@ -16,11 +16,11 @@ from specdec.runtime.state import Row, Stats, feed_chunks, forward_padded
 
 
 class SpeculativeLoop:
-    def __init__(self, target, drafter, config: GenerationConfig, gamma: int, chunk: int, eos_ids, gate=None):
+    def __init__(self, target, drafter, config: GenerationConfig, policy, chunk: int, eos_ids, gate=None):
         self.target = target  # a Timed backend
         self.drafter = drafter  # None: plain decoding
         self.config = config
-        self.gamma = gamma
+        self.policy = policy  # γ for the next round (specdec.runtime.adaptive_gamma)
         self.chunk = chunk
         self.eos_ids = set(eos_ids)
         self.gate = gate
@@ -41,9 +41,10 @@ class SpeculativeLoop:
         size = self.target.max_seq_len
         active = [row for row in rows if not row.finish]
         shared_room = min(size - len(row.tokens) for row in active)
+        gamma = self.policy.gamma
         return [
             0 if row.finish or self.drafter is None
-            else max(0, min(self.gamma, self.config.max_new_tokens - row.generated - 1,
+            else max(0, min(gamma, self.config.max_new_tokens - row.generated - 1,
                             size - len(row.tokens) - 1, shared_room))
             for row in rows
         ]
@@ -123,6 +124,7 @@ class SpeculativeLoop:
             if prop is not None and prop.source == "model":
                 model_counts[0] += proposed
                 model_counts[1] += accepted
+                self.policy.observe(proposed, accepted)
             committed.append(self.commit(row, prop, accepted, token))
         if self.gate is not None and model_counts[0]:
             self.gate.observe(*model_counts, draft_s, verify_s)

@@ -58,6 +58,14 @@ def test_greedy_equality_with_a_draft_built_to_be_rejected(random_gen, drafter):
     assert rejected > (100 if drafter == "model" else 10)
 
 
+@pytest.mark.parametrize("policy", ["adaptive", "heuristic"])
+def test_greedy_equality_under_gamma_policies(random_gen, int4_gen, policy):
+    for gen in (random_gen, int4_gen):
+        for prompt in PROMPTS[:10]:
+            config = GenerationConfig(max_new_tokens=NEW_TOKENS, drafter="model", gamma=2, gamma_policy=policy)
+            assert gen.generate(prompt, config).token_ids == _plain(gen, prompt), (prompt, policy)
+
+
 def test_batch_of_three_equals_three_single_runs(random_gen, int4_gen):
     prompts = [PROMPTS[0], PROMPTS[16], PROMPTS[5]]  # ragged prompt lengths
     for gen in (random_gen, int4_gen):

@@ -1,0 +1,118 @@
+"""γ calibration: per-position acceptance on calibration prompts and the draft/target step-time ratio c on this
+machine -> the γ of DESIGN §1, written into the manifest's defaults.gamma."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specdec.calibration.bundle_io import write_manifest
+from specdec.calibration.quality import DEFAULT_PROMPTS, step_ms
+from specdec.errors import ConfigError
+from specdec.manifest import read_manifest
+from specdec.runtime.adaptive_gamma import best_gamma, conditional_from_cumulative, speedup_table
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GammaConfig:
+    prompts: tuple = DEFAULT_PROMPTS
+    max_new_tokens: int = 64
+    gamma_max: int | None = None  # None: the bundle's gamma_max
+    with_verify_cost: bool = False  # False: the paper's model, a verify pass costs one target step
+    chat: bool = True
+    progress: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "prompts", tuple(self.prompts))
+        if not self.prompts or any(not isinstance(p, str) or not p for p in self.prompts):
+            raise ConfigError("γ calibration needs at least one non-empty prompt", "pass --prompt TEXT (repeatable)")
+        if self.max_new_tokens < 8:
+            raise ConfigError(f"max_new_tokens {self.max_new_tokens} is too few to measure acceptance", "use 64")
+
+
+@dataclass(frozen=True)
+class GammaCalibration:
+    gamma: int
+    cumulative: list  # A_j: fraction of rounds whose first j drafts were all accepted, j = 1..γ_max
+    alphas: list  # conditional α_j
+    cost_ratio: float  # c: draft step / target step (T = 1)
+    verify_cost: list  # r(γ): target pass of γ+1 tokens / target pass of 1, γ = 1..γ_max
+    speedups: list  # expected speedup per γ under the chosen model
+    rounds: int
+
+    def record(self) -> dict:
+        return {**dataclasses.asdict(self), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def measure_acceptance(gen, config: GammaConfig, gamma_max: int) -> tuple[np.ndarray, int]:
+    """Greedy rounds of γ_max drafts on the prompts -> (cumulative acceptance [γ_max], rounds)."""
+    from tqdm.auto import tqdm
+
+    from specdec import GenerationConfig
+
+    proposed = np.zeros(gamma_max)
+    accepted = np.zeros(gamma_max)
+    rounds = 0
+    run = GenerationConfig(max_new_tokens=config.max_new_tokens, drafter="model", gamma=gamma_max, chat=config.chat)
+    for prompt in tqdm(config.prompts, disable=not config.progress, desc="acceptance", unit="prompt"):
+        stats = gen.generate(prompt, run).stats
+        count = len(stats.position_proposed)
+        proposed[:count] += stats.position_proposed
+        accepted[:count] += stats.position_accepted
+        rounds += stats.verify_passes
+    if not proposed.any():
+        raise ConfigError("no drafts were proposed on the calibration prompts", "use longer prompts or max_new_tokens")
+    cumulative = np.divide(accepted, proposed, out=np.zeros(gamma_max), where=proposed > 0)
+    return np.minimum.accumulate(cumulative), rounds  # A_j never grows with j; unmeasured tail stays at 0
+
+
+def measure_costs(gen, gamma_max: int, context: int = 64) -> tuple[float, np.ndarray]:
+    """(c, r[γ_max]) from median forward times of both models at cache_len = context."""
+    target, draft = gen.target.backend, gen.draft.backend
+    one = step_ms(target, 1, context)
+    cost_ratio = step_ms(draft, 1, context) / one
+    verify = np.array([step_ms(target, g + 1, context) / one for g in range(1, gamma_max + 1)])
+    target.reset(1)
+    draft.reset(1)
+    return cost_ratio, verify
+
+
+def tune_gamma(bundle: Path, config: GammaConfig) -> GammaCalibration:
+    """Measure and choose γ; does not write anything."""
+    import specdec
+
+    with specdec.load(bundle, verify=False) as gen:
+        if gen.draft is None:
+            raise ConfigError(f"bundle {str(bundle)!r} has no draft model", "γ calibration needs a model draft")
+        gamma_max = config.gamma_max or gen.manifest.defaults.gamma_max
+        if not 1 <= gamma_max <= gen.manifest.defaults.gamma_max:
+            raise ConfigError(f"gamma_max {gamma_max} is outside 1..{gen.manifest.defaults.gamma_max}",
+                              "pass a --gamma-max the bundle's verify profile allows")
+        cumulative, rounds = measure_acceptance(gen, config, gamma_max)
+        cost_ratio, verify = measure_costs(gen, gamma_max)
+    verify_cost = verify if config.with_verify_cost else None
+    speedups = speedup_table(cumulative, cost_ratio, verify_cost)
+    gamma = best_gamma(cumulative, cost_ratio, verify_cost)
+    log.info("γ=%d: c=%.3f, A=%s, speedups=%s", gamma, cost_ratio, np.round(cumulative, 3), np.round(speedups, 2))
+    return GammaCalibration(gamma, cumulative.tolist(), conditional_from_cumulative(cumulative).tolist(),
+                            float(cost_ratio), verify.tolist(), speedups.tolist(), rounds)
+
+
+def calibrate_gamma(bundle: Path, config: GammaConfig) -> GammaCalibration:
+    """tune_gamma, then write defaults.gamma (and the measurements, in the draft's calibration record)."""
+    bundle = Path(bundle)
+    result = tune_gamma(bundle, config)
+    manifest = read_manifest(bundle)
+    draft = manifest.draft
+    draft = dataclasses.replace(draft, calibration={**draft.calibration, "gamma": result.record()})
+    write_manifest(bundle, dataclasses.replace(
+        manifest, defaults=dataclasses.replace(manifest.defaults, gamma=result.gamma),
+        models={**manifest.models, "draft": draft},
+    ))
+    return result

@@ -1,0 +1,122 @@
+"""An INT4 draft that keeps a Q4_1 model's float block minimum (DESIGN §7).
+
+A GGUF Q4_1 weight block is w = d·q + m (32 values along K, float scale d and float minimum m, q in 0..15).
+MatMulNBits dequantizes (q − zp)·d with an integer zp, which moves each block by up to half a step. Here every
+block keeps its exact codes and scale; zp is the nearest integer to −m/d, and the rest of the minimum,
+r = m + zp·d, is added back through the activation block sums:
+
+    x @ W = MatMulNBits(x; q, d, zp) + blocksum(x) @ r,    blocksum(x)[.., b] = sum of x[.., 32b : 32b + 32]
+
+The block sum is a Reshape + ReduceSum shared by all MatMuls of one input (x: [B, T, K], rank 3 in our graphs);
+the correction MatMul is small ([K/32, N]).
+Weights that are not on a Q4_1 grid still quantize (with a float-min correction, like RTN plus a better minimum).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from specdec.errors import missing_dependency
+
+log = logging.getLogger(__name__)
+
+BLOCK = 32
+ACCURACY_LEVEL = 4  # int8 compute in MatMulNBits: the fast path on x86 CPUs
+GRID_TOLERANCE = 1e-3  # max |w − dequant| / d for a block to count as on the grid
+
+
+def q41_from_weight(weight: np.ndarray) -> dict:
+    """Quantize a [K, N] weight (K % 32 == 0) to Q4_1 codes. -> codes [nb, 32, N] uint8, scale, zp, residual,
+    each [nb, N], and grid_error (max |w − d·q − m| / d)."""
+    k, n = weight.shape
+    blocks = weight.astype(np.float32).reshape(k // BLOCK, BLOCK, n)  # [nb, 32, N]
+    low, high = blocks.min(axis=1), blocks.max(axis=1)  # [nb, N]
+    scale = (high - low) / 15.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    codes = np.clip(np.rint((blocks - low[:, None]) / scale[:, None]), 0, 15)
+    error = np.abs(codes * scale[:, None] + low[:, None] - blocks).max(axis=1) / scale
+    zero_point = np.clip(np.rint(-low / scale), 0, 15)
+    residual = (low + zero_point * scale).astype(np.float32)  # (q − zp)·d + residual == d·q + m
+    return {"codes": codes.astype(np.uint8), "scale": scale, "zero_point": zero_point.astype(np.uint8),
+            "residual": residual, "grid_error": float(error.max())}
+
+
+def _pack_nibbles(values: np.ndarray) -> np.ndarray:
+    # values: [..., 2m] uint8 in 0..15 -> [..., m] uint8, element 2i in the low nibble
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+
+
+def matmulnbits_tensors(q: dict) -> tuple:
+    """MatMulNBits inputs: B [N, nb, 16] uint8, scales [N, nb] f32, zero_points [N, ceil(nb/2)] uint8."""
+    codes = q["codes"].transpose(2, 0, 1)  # [N, nb, 32]
+    packed = _pack_nibbles(codes)  # [N, nb, 16]
+    zero_point = q["zero_point"].T  # [N, nb]
+    if zero_point.shape[1] % 2:
+        zero_point = np.concatenate([zero_point, np.zeros_like(zero_point[:, :1])], axis=1)
+    return packed, np.ascontiguousarray(q["scale"].T), _pack_nibbles(zero_point)
+
+
+def _replace(node, weight: np.ndarray, sums: dict, add_init, helper, accuracy_level: int) -> tuple:
+    """(nodes that replace MatMul(x, W): [block sum of x (first use)], MatMulNBits, correction MatMul, Add;
+    grid error)."""
+    k, n = weight.shape
+    q = q41_from_weight(weight)
+    packed, scales, zero_points = matmulnbits_tensors(q)
+    x, out, base = node.input[0], node.output[0], node.name or node.output[0]
+    nodes = []
+    if x not in sums:  # x: [B, T, K] -> [B, T, nb, 32] -> block sums [B, T, nb]
+        sums[x] = f"{base}_blocksum"
+        add_init(f"{base}_blockshape", np.array([0, 0, k // BLOCK, BLOCK], np.int64))
+        add_init(f"{base}_lastaxis", np.array([-1], np.int64))
+        nodes.append(helper.make_node("Reshape", [x, f"{base}_blockshape"], [f"{base}_blocks"], name=f"{base}_blocks"))
+        nodes.append(helper.make_node("ReduceSum", [f"{base}_blocks", f"{base}_lastaxis"], [sums[x]],
+                                      name=f"{base}_blocksum", keepdims=0))
+    for suffix, value in (("Q4", packed), ("scales", scales), ("zp", zero_points), ("min", q["residual"])):
+        add_init(f"{base}_{suffix}", value)
+    nodes.append(helper.make_node(
+        "MatMulNBits", [x, f"{base}_Q4", f"{base}_scales", f"{base}_zp"], [f"{out}_q4"], name=f"{base}_Q4",
+        domain="com.microsoft", K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=accuracy_level))
+    nodes.append(helper.make_node("MatMul", [sums[x], f"{base}_min"], [f"{out}_min"], name=f"{base}_min"))
+    nodes.append(helper.make_node("Add", [f"{out}_q4", f"{out}_min"], [out], name=f"{base}_add"))
+    return nodes, q["grid_error"]
+
+
+def q41_from_onnx(source: Path, dest: Path, progress: bool = False, accuracy_level: int = ACCURACY_LEVEL) -> dict:
+    """Rewrite every constant-weight MatMul of `source` (K % 32 == 0) as Q4_1-grid MatMulNBits + correction.
+    -> {"quantized": count, "on_grid": count, "max_grid_error": float}"""
+    try:
+        import onnx
+        from onnx import helper, numpy_helper
+        from tqdm.auto import tqdm
+    except ImportError as exc:
+        raise missing_dependency("onnx", "export") from exc
+    model = onnx.load(str(source))
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    new_inits, sums, nodes, errors = [], {}, [], []
+    add_init = lambda name, value: new_inits.append(numpy_helper.from_array(value, name))  # noqa: E731
+    for node in tqdm(list(graph.node), disable=not progress, desc="q4_1 grid", unit="node"):
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+        array = numpy_helper.to_array(weight) if weight is not None else None
+        if array is None or array.ndim != 2 or array.shape[0] % BLOCK or array.dtype != np.float32:
+            nodes.append(node)
+            continue
+        replaced, error = _replace(node, array, sums, add_init, helper, accuracy_level)
+        nodes.extend(replaced)
+        errors.append(error)
+    used = {name for node in nodes for name in node.input}
+    kept = [init for init in graph.initializer if init.name in used]
+    del graph.node[:], graph.initializer[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(kept + new_inits)
+    if not any(op.domain == "com.microsoft" for op in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in (dest, dest.with_name(dest.name + ".data")):  # onnx appends to an existing data file
+        stale.unlink(missing_ok=True)
+    onnx.save(model, str(dest), save_as_external_data=True, location=dest.name + ".data", size_threshold=1024)
+    on_grid = sum(e <= GRID_TOLERANCE for e in errors)
+    log.info("q4_1 grid: %d MatMuls quantized, %d on the grid", len(errors), on_grid)
+    return {"quantized": len(errors), "on_grid": int(on_grid), "max_grid_error": float(max(errors, default=0.0))}

@@ -1,0 +1,162 @@
+"""Quantization methods: an fp32 static-KV graph -> a quantized graph for a bundle's draft or target.
+
+| method        | precision | kind                                         | back ends              |
+| int4-rtn      | int4      | MatMulNBits, round to nearest (block 32)     | onnxruntime            |
+| int4-hqq      | int4      | MatMulNBits, half-quadratic (data-free)      | onnxruntime            |
+| int4-gptq     | int4      | MatMulNBits, GPTQ with calibration data      | onnxruntime            |
+| int4-q41      | int4      | MatMulNBits on a Q4_1 grid + float-min term  | onnxruntime            |
+| int8-qdq      | int8-qdq  | quantize_static Q/DQ, MinMax, per channel    | onnxruntime, tensorrt  |
+| modelopt-int8 | int8-qdq  | NVIDIA ModelOpt Q/DQ (calibrated on CPU)     | onnxruntime, tensorrt  |
+| modelopt-fp8  | fp8-qdq   | NVIDIA ModelOpt FP8 Q/DQ                     | tensorrt               |
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.calibration.data import DataConfig
+from specdec.errors import ConfigError, missing_dependency
+
+log = logging.getLogger(__name__)
+
+BLOCK = 32
+ACCURACY_LEVEL = 4
+METHODS = {  # method -> (manifest precision, needs calibration data)
+    "int4-rtn": ("int4", False), "int4-hqq": ("int4", False), "int4-gptq": ("int4", True),
+    "int4-q41": ("int4", False), "int8-qdq": ("int8-qdq", True), "modelopt-int8": ("int8-qdq", True),
+    "modelopt-fp8": ("fp8-qdq", True),
+}
+BACKENDS = {
+    "onnxruntime": ("int4-rtn", "int4-hqq", "int4-gptq", "int4-q41", "int8-qdq", "modelopt-int8"),
+    "tensorrt": ("int8-qdq", "modelopt-int8", "modelopt-fp8"),
+}
+ROLES = ("draft", "target")
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    method: str
+    role: str = "draft"  # which model of the new bundle the quantized graph becomes
+    backend: str = "onnxruntime"  # the back end that will run it
+    data: DataConfig = field(default_factory=DataConfig)
+    verify_len: int = 5  # T of the verify-shaped calibration feeds (γ + 1)
+    accuracy_level: int = ACCURACY_LEVEL  # MatMulNBits compute: 4 = int8 (fast on x86), 1 = fp32 (exact)
+    progress: bool = False
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigError(f"quantization method {self.method!r} is unknown", f"choose one of {', '.join(METHODS)}")
+        if self.role not in ROLES:
+            raise ConfigError(f"role {self.role!r} is unknown", "use --role draft or --role target")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"back end {self.backend!r} is unknown", f"choose one of {', '.join(BACKENDS)}")
+        if self.method not in BACKENDS[self.backend]:
+            others = [b for b, methods in BACKENDS.items() if self.method in methods]
+            raise ConfigError(
+                f"{self.precision} ({self.method}) is not supported by the {self.backend} back end",
+                f"for {self.backend} use one of {', '.join(BACKENDS[self.backend])}; "
+                f"{self.method} runs on {', '.join(others)}",
+            )
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ConfigError(f"accuracy_level {self.accuracy_level} is not 0..4", "use 4 (int8) or 1 (fp32)")
+
+    @property
+    def precision(self) -> str:
+        return METHODS[self.method][0]
+
+    @property
+    def needs_data(self) -> bool:
+        return METHODS[self.method][1]
+
+
+def _gptq_block(model) -> int:
+    """Block size for onnxruntime's GPTQ, whose zero-point packing fails when K / block is odd: 32, else 16."""
+    inits = {init.name: init for init in model.graph.initializer}
+    ks = [inits[n.input[1]].dims[0] for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    for block in (BLOCK, 16):
+        if all(k % block == 0 and (k // block) % 2 == 0 for k in ks):
+            return block
+    raise ConfigError(f"GPTQ cannot quantize MatMuls with K = {sorted(set(ks))} (K / 16 must be even)",
+                      "use --method int4-rtn or int4-hqq for this model")
+
+
+def _matmul_nbits(source: Path, dest: Path, algo_config, accuracy_level: int) -> int:
+    try:
+        import onnx
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    except ImportError as exc:
+        raise missing_dependency("onnxruntime", "cpu") from exc
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    model = onnx.load(str(source))
+    block = _gptq_block(model) if getattr(algo_config, "algorithm", "") == "GPTQ" else BLOCK
+    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=False,
+                                     accuracy_level=accuracy_level, algo_config=algo_config)
+    quantizer.process()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    quantizer.model.save_model_to_file(str(dest), use_external_data_format=True)
+    return block
+
+
+def _int4(source: Path, dest: Path, config: QuantizeConfig, reader) -> dict:
+    from onnxruntime.quantization import matmul_nbits_quantizer as nbits
+
+    if config.method == "int4-q41":
+        from specdec.calibration.q41 import q41_from_onnx
+
+        return q41_from_onnx(source, dest, config.progress, config.accuracy_level)
+    algo = None
+    if config.method == "int4-hqq":
+        algo = nbits.HQQWeightOnlyQuantConfig(block_size=BLOCK, bits=4)
+    elif config.method == "int4-gptq":
+        algo = nbits.GPTQWeightOnlyQuantConfig(calibration_data_reader=reader, percdamp=0.01, block_size=128)
+    return {"block_size": _matmul_nbits(source, dest, algo, config.accuracy_level)}
+
+
+def _int8_static(source: Path, dest: Path, reader) -> dict:
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    # a ModelProto, not a path: given a path, quantize_static writes model-inferred.onnx beside the source
+    quantize_static(
+        onnx.load(str(source)), str(dest), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
+        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+        use_external_data_format=True, calibrate_method=CalibrationMethod.MinMax,
+        extra_options={"MatMulConstBOnly": True, "ActivationSymmetric": False,
+                       "OpTypesToExcludeOutputQuantization": ["MatMul"]},  # outputs feed the fp32 residual stream
+    )
+    return {"activations": "uint8 per tensor (MinMax), MatMul inputs only", "weights": "int8 per channel",
+            "ops": "MatMul (constant B)"}
+
+
+def _modelopt(source: Path, dest: Path, mode: str, reader) -> dict:
+    try:
+        from modelopt.onnx.quantization import quantize as modelopt_quantize
+    except ImportError as exc:
+        raise missing_dependency("modelopt", "modelopt") from exc
+    modelopt_quantize(str(source), quantize_mode=mode, calibration_data_reader=reader, calibration_eps=["cpu"],
+                      op_types_to_quantize=["MatMul"], use_external_data_format=True, output_path=str(dest),
+                      high_precision_dtype="fp32", log_level="WARNING")
+    return {"tool": "nvidia-modelopt", "mode": mode}
+
+
+def quantize_onnx(source: Path, dest: Path, config: QuantizeConfig, reader=None) -> dict:
+    """Quantize the fp32 graph `source` into `dest` (+ external data). `reader` feeds data-aware methods.
+    -> method details for the manifest."""
+    if config.needs_data and reader is None:
+        raise ConfigError(f"{config.method} needs calibration data", "pass a StaticKVReader (--data)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in (dest, dest.with_name(dest.name + ".data")):
+        stale.unlink(missing_ok=True)
+    log.info("quantizing %s with %s", source, config.method)
+    if config.method.startswith("int4"):
+        return _int4(source, dest, config, reader)
+    if config.method == "int8-qdq":
+        return _int8_static(source, dest, reader)
+    return _modelopt(source, dest, config.method.split("-", 1)[1], reader)
+
+
+def scratch_dir(near: Path) -> tempfile.TemporaryDirectory:
+    """A temporary directory beside `near` (same file system: quantizers write large files)."""
+    return tempfile.TemporaryDirectory(prefix=".calibrate.", dir=near)

@@ -1,0 +1,125 @@
+"""`specdec calibrate quantize | gamma | report | policies`: quantized bundles, γ calibration, quality tables."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _add_data_args(parser: argparse.ArgumentParser, seq_len: int, samples: int) -> None:
+    group = parser.add_argument_group("calibration data")
+    group.add_argument("--data", default="builtin", help="a .txt/.md, .jsonl or .parquet file, or 'builtin' (default)")
+    group.add_argument("--field", default="text", help="text field of JSONL / parquet rows (default text)")
+    group.add_argument("--seq-len", type=int, default=seq_len, help=f"tokens per window (default {seq_len})")
+    group.add_argument("--samples", type=int, default=samples, help=f"windows to use (default {samples})")
+    group.add_argument("--held-out", type=float, default=0.25, help="fraction of texts held out (default 0.25)")
+
+
+def add_calibrate_parser(commands) -> None:
+    parser = commands.add_parser("calibrate", help="quantize models, calibrate γ, report quality")
+    actions = parser.add_subparsers(dest="action", required=True)
+    quantize = actions.add_parser("quantize", help="a copy of BUNDLE with its draft or target quantized")
+    quantize.add_argument("bundle")
+    quantize.add_argument("--method", required=True, choices=["int4-rtn", "int4-hqq", "int4-gptq", "int4-q41",
+                                                              "int8-qdq", "modelopt-int8", "modelopt-fp8"])
+    quantize.add_argument("--out", required=True, help="bundle directory to write")
+    quantize.add_argument("--role", choices=["draft", "target"], default="draft", help="model to replace (default draft)")
+    quantize.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default="onnxruntime",
+                          help="the back end that will run the model (default onnxruntime)")
+    quantize.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits compute: 4 int8 (default), 1 fp32")
+    quantize.add_argument("--verify-len", type=int, default=5, help="T of verify-shaped calibration feeds (default 5)")
+    quantize.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    _add_data_args(quantize, 64, 16)
+    quantize.set_defaults(run=run_quantize)
+    gamma = actions.add_parser("gamma", help="measure acceptance and c; write the best γ into the manifest")
+    gamma.add_argument("bundle")
+    _add_run_args(gamma)
+    gamma.add_argument("--gamma-max", type=int, default=None, help="largest γ to consider (default: the bundle's)")
+    gamma.add_argument("--with-verify-cost", action="store_true", help="count the measured cost of a γ+1 verify pass")
+    gamma.add_argument("--dry-run", action="store_true", help="print the choice without writing the manifest")
+    gamma.set_defaults(run=run_gamma)
+    report = actions.add_parser("report", help="quality table of quantized models (markdown; --csv for CSV)")
+    report.add_argument("bundles", nargs="+")
+    report.add_argument("--reference", required=True, help="bundle whose fp32 target is the reference")
+    report.add_argument("--out", help="write the markdown table here (default: stdout)")
+    report.add_argument("--csv", help="also write the table as CSV")
+    _add_run_args(report)
+    _add_data_args(report, 32, 16)
+    report.set_defaults(run=run_report)
+    policies = actions.add_parser("policies", help="tokens/s of fixed, calibrated and adaptive γ policies")
+    policies.add_argument("bundle")
+    _add_run_args(policies)
+    policies.set_defaults(run=run_policies)
+
+
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", action="append", default=[], help="a calibration prompt (repeatable)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+
+
+def _data(args):
+    from specdec.calibration.data import DataConfig
+
+    return DataConfig(source=args.data, field=args.field, seq_len=args.seq_len, num_samples=args.samples,
+                      held_out=args.held_out)
+
+
+def _prompts(args) -> tuple:
+    from specdec.calibration.quality import DEFAULT_PROMPTS
+
+    return tuple(args.prompt) or DEFAULT_PROMPTS
+
+
+def run_quantize(args) -> int:
+    from specdec.calibration.bundle_io import quantized_bundle
+    from specdec.calibration.quantize import QuantizeConfig
+
+    config = QuantizeConfig(method=args.method, role=args.role, backend=args.backend, data=_data(args),
+                            verify_len=args.verify_len, accuracy_level=args.accuracy_level,
+                            progress=sys.stderr.isatty() or args.verbose)
+    out = quantized_bundle(args.bundle, args.out, config, overwrite=args.overwrite)
+    print(f"wrote bundle {out} ({args.role} = {args.method})", file=sys.stderr)
+    return 0
+
+
+def run_gamma(args) -> int:
+    from specdec.calibration.gamma import GammaConfig, calibrate_gamma, tune_gamma
+
+    config = GammaConfig(prompts=_prompts(args), max_new_tokens=args.max_new_tokens, gamma_max=args.gamma_max,
+                         with_verify_cost=args.with_verify_cost, progress=sys.stderr.isatty() or args.verbose)
+    result = (tune_gamma if args.dry_run else calibrate_gamma)(args.bundle, config)
+    print(f"c = {result.cost_ratio:.3f} (draft/target step), rounds = {result.rounds}")
+    print("γ  A_γ    α_γ    expected speedup")
+    for g, (a, alpha, s) in enumerate(zip(result.cumulative, result.alphas, result.speedups), 1):
+        print(f"{g:<2} {a:.3f}  {alpha:.3f}  {s:.2f}{'  <- chosen' if g == result.gamma else ''}")
+    print(f"γ = {result.gamma}" + (" (dry run: manifest unchanged)" if args.dry_run else " written to defaults.gamma"))
+    return 0
+
+
+def run_report(args) -> int:
+    from pathlib import Path
+
+    from specdec.calibration.quality import csv_table, markdown_table
+    from specdec.calibration.report import ReportConfig, quality_report
+
+    config = ReportConfig(reference=args.reference, data=_data(args), prompts=_prompts(args),
+                          max_new_tokens=args.max_new_tokens, progress=sys.stderr.isatty() or args.verbose)
+    rows = quality_report(args.bundles, config)
+    table = markdown_table(rows)
+    if args.out:
+        Path(args.out).write_text(table, encoding="utf-8")
+    else:
+        sys.stdout.write(table)
+    if args.csv:
+        Path(args.csv).write_text(csv_table(rows), encoding="utf-8")
+    return 0
+
+
+def run_policies(args) -> int:
+    from specdec.calibration.policies import compare_policies
+
+    results = compare_policies(args.bundle, list(_prompts(args)), args.max_new_tokens, sys.stderr.isatty() or args.verbose)
+    print("| policy | tok/s | acceptance | MAL | greedy = plain |\n|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r.name} | {r.tokens_per_s:.1f} | {r.acceptance_rate:.3f} | {r.mean_acceptance_length:.2f} | "
+              f"{'yes' if r.matches_plain else 'NO'} |")
+    return 0

@@ -1,0 +1,41 @@
+"""`specdec calibrate ...` end to end, and its error path (message + Hint, exit code 1)."""
+from __future__ import annotations
+
+import argparse
+
+from specdec.cli import _dispatch
+from specdec.cli_calibrate import add_calibrate_parser
+from specdec.manifest import read_manifest
+
+
+def _run(argv):
+    parser = argparse.ArgumentParser(prog="specdec")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    add_calibrate_parser(parser.add_subparsers(dest="command", required=True))
+    return _dispatch(parser, argv)
+
+
+def test_quantize_report_and_gamma(int4_bundle, tmp_path, capsys):
+    out = tmp_path / "q41"
+    assert _run(["calibrate", "quantize", str(int4_bundle), "--method", "int4-q41", "--out", str(out)]) == 0
+    assert read_manifest(out).draft.derived == "int4-q41"
+    table = tmp_path / "report.md"
+    assert _run(["calibrate", "report", str(out), "--reference", str(int4_bundle), "--out", str(table), "--csv",
+                 str(tmp_path / "r.csv"), "--seq-len", "16", "--max-new-tokens", "12", "--prompt", "Once upon"]) == 0
+    text = table.read_text()
+    assert "top-1 agr." in text and "q41/draft" in text and (tmp_path / "r.csv").read_text().startswith("name,")
+    assert _run(["calibrate", "gamma", str(out), "--dry-run", "--max-new-tokens", "12", "--prompt", "Once upon"]) == 0
+    assert "dry run" in capsys.readouterr().out
+
+
+def test_errors_print_a_hint_and_exit_1(int4_bundle, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    argv = ["calibrate", "quantize", str(int4_bundle), "--method", "int8-qdq", "--out", str(tmp_path / "o"),
+            "--data", str(empty)]
+    assert _run(argv) == 1
+    err = capsys.readouterr().err
+    assert "error: calibration data" in err and "Hint:" in err and "Traceback" not in err
+    assert _run(["calibrate", "quantize", str(int4_bundle), "--method", "int4-rtn", "--backend", "tensorrt",
+                 "--out", str(tmp_path / "o")]) == 1
+    assert "not supported by the tensorrt back end" in capsys.readouterr().err
