@@ -2,6 +2,7 @@
 distributions q; prompt lookup returns point masses (q = None)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,10 +64,11 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, backend, config: GenerationConfig, chunk: int):
+    def __init__(self, backend, config: GenerationConfig, chunk: int, gate=None):
         self.backend = backend
         self.config = config
         self.chunk = chunk
+        self.gate = gate  # told the time of every one-token draft step
 
     def _choose(self, logits: np.ndarray, row: Row):
         # logits: [V] -> (token, q or None)
@@ -102,7 +104,10 @@ class ModelDrafter:
     def _step(self, rows: list, drafts: list, feeding: list) -> np.ndarray:
         seqs = [[drafts[b][-1]] if feeding[b] else None for b in range(len(rows))]
         starts = [row.draft_len if not row.finish else 0 for row in rows]
+        started = time.perf_counter()
         logits = feed_chunks(self.backend, seqs, starts, 1)
+        if self.gate is not None:
+            self.gate.observe_draft_step(time.perf_counter() - started)
         for b, row in enumerate(rows):
             if feeding[b]:
                 row.draft_len += 1
@@ -127,25 +132,31 @@ def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
 
 
 class ModelGate:
-    """Decides from measured acceptance α and cost ratio c whether model drafts beat plain decoding.
+    """Decides from measured acceptance α and cost ratio c whether model drafts beat plain decoding, and
+    whether they beat prompt lookup.
 
     It lives as long as its generator: α and c describe the model pair on this machine, not one request.
-    c is the draft's time per drafted token over the target's time per verify pass, both measured in rounds
-    that drafted with the model.
+    c is the draft's time per one-token step over the target's time per verify pass, both measured in rounds
+    that drafted with the model (catching the draft up after lookup rounds is not a step and is left out).
     """
 
     def __init__(self, warmup_rounds: int = 4, prior_alpha: float = 0.7, prior_weight: float = 4.0):
         self.warmup_rounds = warmup_rounds
         self.prior = (prior_alpha * prior_weight, prior_weight)
         self.rounds = self.proposed = self.accepted = 0
-        self.draft_s = self.verify_s = 0.0
+        self.verify_s = self.step_s = 0.0
+        self.steps = 0
+        self.lookup_counts = [1.2, 4.0]  # accepted, proposed of prompt-lookup drafts (prior α 0.3)
 
-    def observe(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, proposed: int, accepted: int, verify_s: float) -> None:
         self.rounds += 1
         self.proposed += proposed
         self.accepted += accepted
-        self.draft_s += draft_s
         self.verify_s += verify_s
+
+    def observe_draft_step(self, seconds: float) -> None:
+        self.step_s += seconds
+        self.steps += 1
 
     @property
     def alpha(self) -> float:
@@ -153,14 +164,26 @@ class ModelGate:
 
     @property
     def cost_ratio(self) -> float:
-        if not self.proposed or not self.verify_s:
+        if not self.steps or not self.verify_s:
             return 0.0
-        return (self.draft_s / self.proposed) / (self.verify_s / self.rounds)
+        return (self.step_s / self.steps) / (self.verify_s / self.rounds)
+
+    def observe_lookup(self, proposed: int, accepted: int) -> None:
+        self.lookup_counts[0] += accepted
+        self.lookup_counts[1] += proposed
 
     def pays(self, gamma: int) -> bool:
-        if self.rounds < self.warmup_rounds:
+        if self.rounds < self.warmup_rounds or not self.steps:
             return True
         return expected_speedup(self.alpha, gamma, self.cost_ratio) > 1.0
+
+    def beats_lookup(self, gamma: int) -> bool:
+        """Whether a model draft is expected to gain more than a (free) prompt-lookup draft would."""
+        if self.rounds < self.warmup_rounds:
+            return False
+        lookup_alpha = self.lookup_counts[0] / self.lookup_counts[1]
+        model = expected_speedup(self.alpha, gamma, self.cost_ratio)
+        return model > expected_speedup(lookup_alpha, gamma, 0.0)
 
 
 class ChainDrafter:
@@ -175,8 +198,12 @@ class ChainDrafter:
         self.policy = policy
 
     def propose(self, rows: list, limits: list) -> list:
+        gamma = self.policy.gamma
+        model_pays = self.model is not None and self.gate.pays(gamma)
+        if model_pays and self.gate.beats_lookup(gamma):
+            return self.model.propose(rows, limits)
         proposals = self.lookup.propose(rows, limits)
-        if self.model is None or not self.gate.pays(self.policy.gamma):
+        if not model_pays:
             return proposals
         need = [lim if p.tokens.size == 0 else 0 for p, lim in zip(proposals, limits)]
         if not any(need):

@@ -140,7 +140,7 @@ class Generator:
         if self.draft is None and kind == "model":
             raise ConfigError("this bundle has no draft model", "use drafter='prompt_lookup' or 'auto', or re-export")
         chunk = self.manifest.defaults.max_prefill_chunk
-        model = ModelDrafter(self.draft, config, chunk) if self.draft is not None else None
+        model = ModelDrafter(self.draft, config, chunk, self.gate) if self.draft is not None else None
         if kind == "model":
             return model, None
         return ChainDrafter(lookup, model, self.gate, policy), self.gate

@@ -108,10 +108,10 @@ class SpeculativeLoop:
 
     def step(self, rows: list) -> list:
         """One round for every active row; returns the tokens each row committed (lists)."""
-        draft_s, verify_s = self.stats.draft_s, self.stats.verify_s
+        verify_s = self.stats.verify_s
         proposals = self.draft(rows, self.limits(rows))
         logits = self.verify(rows, proposals)
-        draft_s, verify_s = self.stats.draft_s - draft_s, self.stats.verify_s - verify_s
+        verify_s = self.stats.verify_s - verify_s
         model_counts = [0, 0]
         committed = []
         for b, (row, prop) in enumerate(zip(rows, proposals)):
@@ -125,7 +125,9 @@ class SpeculativeLoop:
                 model_counts[0] += proposed
                 model_counts[1] += accepted
                 self.policy.observe(proposed, accepted)
+            elif prop is not None and prop.source == "lookup" and self.gate is not None:
+                self.gate.observe_lookup(proposed, accepted)
             committed.append(self.commit(row, prop, accepted, token))
         if self.gate is not None and model_counts[0]:
-            self.gate.observe(*model_counts, draft_s, verify_s)
+            self.gate.observe(*model_counts, verify_s)
         return committed

@@ -98,9 +98,15 @@ def test_gate_turns_the_model_off_when_it_does_not_pay():
     assert max(values, key=values.get) == 6
     slow = ModelGate(warmup_rounds=2)
     for _ in range(4):
-        slow.observe(proposed=4, accepted=1, draft_s=4 * 0.03, verify_s=0.04)  # c = 0.75, α low
+        slow.observe(proposed=4, accepted=1, verify_s=0.04)  # α low
+        slow.observe_draft_step(0.03)  # c = 0.75
     assert not slow.pays(4)
     fast = ModelGate(warmup_rounds=2)
     for _ in range(4):
-        fast.observe(proposed=4, accepted=4, draft_s=4 * 0.004, verify_s=0.04)  # c = 0.1, α high
+        fast.observe(proposed=4, accepted=4, verify_s=0.04)  # α high
+        fast.observe_draft_step(0.004)  # c = 0.1
     assert fast.pays(4)
+    assert fast.beats_lookup(4)  # lookup's prior α of 0.3 gains less than the model
+    for _ in range(50):
+        fast.observe_lookup(proposed=4, accepted=4)  # a perfect, free lookup beats any model
+    assert not fast.beats_lookup(4)
