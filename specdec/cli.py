@@ -97,6 +97,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from specdec.cli_generate import add_generate_parser
 
     add_generate_parser(commands)
+    from specdec.cli_bench import add_bench_parser
+
+    add_bench_parser(commands)
     from specdec.cli_calibrate import add_calibrate_parser
 
     add_calibrate_parser(commands)

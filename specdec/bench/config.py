@@ -1,0 +1,78 @@
+"""BenchConfig: the options of one benchmark run, checked once; Mode: one way of decoding."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.errors import ConfigError
+from specdec.runtime.config import DRAFTERS
+
+BASELINE = "target-only"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way of decoding: `drafter` as in GenerationConfig, `gamma` None for the bundle's default."""
+
+    name: str
+    drafter: str
+    gamma: int | None = None
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    bundle: str
+    out: str
+    prompts: str = "benchmarks/prompts"  # a folder of *.jsonl prompt sets, or one .jsonl file
+    per_class: int = 0  # prompts taken from each class (0: all)
+    max_new_tokens: int = 96
+    repeats: int = 2
+    warmup: int = 1  # warm-up requests per mode, not recorded
+    seed: int = 0
+    drafters: tuple = ("model", "prompt_lookup", "auto")
+    gammas: tuple = (1, 2, 4, 6, 8)  # γ sweep of the model drafter
+    temperature: float = 0.0
+    threads: int | None = None
+    verify: bool = True  # check the bundle's file hashes
+    peers: str | None = None  # a folder of peer results (*.jsonl) to merge into the table
+    plots: bool = True
+    truncate: bool = False  # cut a prompt longer than the bundle leaves to its last tokens (else skip it)
+    progress: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "drafters", tuple(self.drafters))
+        object.__setattr__(self, "gammas", tuple(sorted(set(self.gammas))))
+        if not Path(self.bundle).is_dir():
+            raise ConfigError(f"bundle {self.bundle!r} is not a directory", "export one with specdec-export --out DIR")
+        for name, value, low in (("max_new_tokens", self.max_new_tokens, 1), ("repeats", self.repeats, 1),
+                                 ("warmup", self.warmup, 0), ("per_class", self.per_class, 0)):
+            if not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}", f"pass {name}={low} or more")
+        bad = [d for d in self.drafters if d not in DRAFTERS or d == "none"]
+        if bad:
+            raise ConfigError(f"drafter {bad[0]!r} is unknown", "choose from model, prompt_lookup, auto")
+        if any(not isinstance(g, int) or g < 1 for g in self.gammas):
+            raise ConfigError(f"every gamma must be an integer >= 1, got {self.gammas!r}", "e.g. --gammas 1,2,4,8")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}", "use 0 for greedy decoding")
+
+    @classmethod
+    def quick(cls, bundle: str, out: str, **options) -> "BenchConfig":
+        """A small smoke run: the shortest prompt of each class (cut to fit), few tokens, one repeat, γ ∈ {1, 2}."""
+        base = dict(per_class=1, max_new_tokens=12, repeats=1, warmup=1, gammas=(1, 2), truncate=True)
+        base.update(options)
+        return cls(bundle=bundle, out=out, **base)
+
+
+def plan_modes(config: BenchConfig, has_draft: bool, gamma_default: int, gamma_max: int) -> list:
+    """Target-only, each drafter at the bundle's γ, and the model drafter's γ sweep (γ ≤ γ_max)."""
+    modes = [Mode(BASELINE, "none")]
+    for drafter in config.drafters:
+        if drafter == "model" and not has_draft:
+            continue
+        modes.append(Mode(f"{drafter} γ={gamma_default}", drafter, gamma_default))
+    if has_draft and "model" in config.drafters:
+        for gamma in config.gammas:
+            if gamma != gamma_default and gamma <= gamma_max:
+                modes.append(Mode(f"model γ={gamma}", "model", gamma))
+    return modes

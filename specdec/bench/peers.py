@@ -1,0 +1,37 @@
+"""Peer results: JSONL records written by benchmarks/peers/*.py in their own virtual environments.
+
+A record has the columns of specdec.bench.table.COLUMNS that the peer can measure; the rest are left empty.
+`status` is "ok", or "unsupported" / "failed" with the reason in `note` (one record per such mode, no timings).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdec.errors import ConfigError
+
+REQUIRED = ("system", "mode", "status")
+
+
+def peer_record_from_json(line: str, where: str) -> dict:
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not JSON ({exc})", "peer result files hold one JSON object per line") from exc
+    missing = [k for k in REQUIRED if k not in record]
+    if missing:
+        raise ConfigError(f"{where}: the record lacks {', '.join(missing)}", "rerun the peer with benchmarks/run_peers.py")
+    return record
+
+
+def read_peer_results(folder: Path) -> list:
+    """Every record of every *.jsonl file in `folder`."""
+    files = sorted(Path(folder).glob("*.jsonl"))
+    if not files:
+        raise ConfigError(f"no peer results (*.jsonl) in {folder}", "run benchmarks/run_peers.py first")
+    records = []
+    for file in files:
+        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                records.append(peer_record_from_json(line, f"{file}:{number}"))
+    return records
