@@ -17,6 +17,7 @@ class Proposal:
     tokens: np.ndarray  # [k] int64
     q: np.ndarray | None  # [k, V] warped draft probabilities, or None for point masses (and greedy)
     source: str  # "model" or "lookup"
+    strong: bool = False  # a lookup that matched the longest n-gram and filled the whole limit
 
 
 EMPTY = Proposal(np.zeros(0, dtype=np.int64), None, "none")
@@ -25,8 +26,13 @@ EMPTY = Proposal(np.zeros(0, dtype=np.int64), None, "none")
 def lookup(tokens: list, limit: int, max_ngram: int, min_ngram: int = 1) -> np.ndarray:
     """Prompt lookup: the tokens that followed the latest earlier match of the context's last n-gram,
     trying the longest n-gram first (max_ngram down to min_ngram)."""
+    return lookup_match(tokens, limit, max_ngram, min_ngram)[0]
+
+
+def lookup_match(tokens: list, limit: int, max_ngram: int, min_ngram: int = 1) -> tuple[np.ndarray, int]:
+    """(proposed tokens, size of the n-gram that matched; 0 when nothing did)."""
     if limit <= 0 or len(tokens) < 2:
-        return EMPTY.tokens
+        return EMPTY.tokens, 0
     context = np.asarray(tokens, dtype=np.int64)
     for size in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
         pattern = context[-size:]
@@ -36,8 +42,8 @@ def lookup(tokens: list, limit: int, max_ngram: int, min_ngram: int = 1) -> np.n
             start = int(hits[-1]) + size
             found = context[start : start + limit]
             if found.size:
-                return found
-    return EMPTY.tokens
+                return found, size
+    return EMPTY.tokens, 0
 
 
 class PromptLookupDrafter:
@@ -49,11 +55,12 @@ class PromptLookupDrafter:
         self.config = config
 
     def propose(self, rows: list, limits: list) -> list:
-        return [
-            Proposal(lookup(row.tokens, lim, self.config.lookup_ngram, self.config.lookup_min_ngram), None, "lookup")
-            if lim > 0 else EMPTY
-            for row, lim in zip(rows, limits)
-        ]
+        return [self._one(row, lim) if lim > 0 else EMPTY for row, lim in zip(rows, limits)]
+
+    def _one(self, row: Row, limit: int) -> Proposal:
+        longest = self.config.lookup_ngram
+        found, size = lookup_match(row.tokens, limit, longest, self.config.lookup_min_ngram)
+        return Proposal(found, None, "lookup", strong=size == longest and found.size == limit)
 
     def commit(self, row: Row, kept: int) -> None:
         """Called after verification: `kept` tokens of the row are known valid."""
@@ -132,21 +139,22 @@ def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
 
 
 class ModelGate:
-    """Decides from measured acceptance α and cost ratio c whether model drafts beat plain decoding, and
-    whether they beat prompt lookup.
+    """Decides from measured acceptance α and cost ratio c whether model drafts beat plain decoding.
 
     It lives as long as its generator: α and c describe the model pair on this machine, not one request.
     c is the draft's time per one-token step over the target's time per verify pass, both measured in rounds
     that drafted with the model (catching the draft up after lookup rounds is not a step and is left out).
     """
 
-    def __init__(self, warmup_rounds: int = 4, prior_alpha: float = 0.7, prior_weight: float = 4.0):
+    def __init__(self, warmup_rounds: int = 4, prior_alpha: float = 0.7, prior_weight: float = 4.0,
+                 probe_every: int = 16):
         self.warmup_rounds = warmup_rounds
+        self.probe_every = probe_every  # while the model does not pay, still try it every n-th round
+        self.refusals = 0
         self.prior = (prior_alpha * prior_weight, prior_weight)
         self.rounds = self.proposed = self.accepted = 0
         self.verify_s = self.step_s = 0.0
         self.steps = 0
-        self.lookup_counts = [1.2, 4.0]  # accepted, proposed of prompt-lookup drafts (prior α 0.3)
 
     def observe(self, proposed: int, accepted: int, verify_s: float) -> None:
         self.rounds += 1
@@ -168,22 +176,14 @@ class ModelGate:
             return 0.0
         return (self.step_s / self.steps) / (self.verify_s / self.rounds)
 
-    def observe_lookup(self, proposed: int, accepted: int) -> None:
-        self.lookup_counts[0] += accepted
-        self.lookup_counts[1] += proposed
-
     def pays(self, gamma: int) -> bool:
+        """Whether to draft with the model this round (the measured gain, or a periodic probe)."""
         if self.rounds < self.warmup_rounds or not self.steps:
             return True
-        return expected_speedup(self.alpha, gamma, self.cost_ratio) > 1.0
-
-    def beats_lookup(self, gamma: int) -> bool:
-        """Whether a model draft is expected to gain more than a (free) prompt-lookup draft would."""
-        if self.rounds < self.warmup_rounds:
-            return False
-        lookup_alpha = self.lookup_counts[0] / self.lookup_counts[1]
-        model = expected_speedup(self.alpha, gamma, self.cost_ratio)
-        return model > expected_speedup(lookup_alpha, gamma, 0.0)
+        if expected_speedup(self.alpha, gamma, self.cost_ratio) > 1.0:
+            return True
+        self.refusals += 1
+        return self.refusals % self.probe_every == 0
 
 
 class ChainDrafter:
@@ -198,14 +198,12 @@ class ChainDrafter:
         self.policy = policy
 
     def propose(self, rows: list, limits: list) -> list:
-        gamma = self.policy.gamma
-        model_pays = self.model is not None and self.gate.pays(gamma)
-        if model_pays and self.gate.beats_lookup(gamma):
-            return self.model.propose(rows, limits)
+        # a strong lookup (longest n-gram, full length) is free and usually right: it always goes first;
+        # elsewhere the model drafts while it pays, and weak lookups fill in when it does not
         proposals = self.lookup.propose(rows, limits)
-        if not model_pays:
+        if self.model is None or not self.gate.pays(self.policy.gamma):
             return proposals
-        need = [lim if p.tokens.size == 0 else 0 for p, lim in zip(proposals, limits)]
+        need = [0 if p.strong else lim for p, lim in zip(proposals, limits)]
         if not any(need):
             return proposals
         drafted = self.model.propose(rows, need)

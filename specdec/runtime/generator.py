@@ -142,7 +142,7 @@ class Generator:
         chunk = self.manifest.defaults.max_prefill_chunk
         model = ModelDrafter(self.draft, config, chunk, self.gate) if self.draft is not None else None
         if kind == "model":
-            return model, None
+            return model, self.gate  # model rounds teach the gate too
         return ChainDrafter(lookup, model, self.gate, policy), self.gate
 
     # --- running ---------------------------------------------------------------------------------

@@ -125,8 +125,6 @@ class SpeculativeLoop:
                 model_counts[0] += proposed
                 model_counts[1] += accepted
                 self.policy.observe(proposed, accepted)
-            elif prop is not None and prop.source == "lookup" and self.gate is not None:
-                self.gate.observe_lookup(proposed, accepted)
             committed.append(self.commit(row, prop, accepted, token))
         if self.gate is not None and model_counts[0]:
             self.gate.observe(*model_counts, verify_s)

@@ -106,7 +106,5 @@ def test_gate_turns_the_model_off_when_it_does_not_pay():
         fast.observe(proposed=4, accepted=4, verify_s=0.04)  # α high
         fast.observe_draft_step(0.004)  # c = 0.1
     assert fast.pays(4)
-    assert fast.beats_lookup(4)  # lookup's prior α of 0.3 gains less than the model
-    for _ in range(50):
-        fast.observe_lookup(proposed=4, accepted=4)  # a perfect, free lookup beats any model
-    assert not fast.beats_lookup(4)
+    probes = [slow.pays(4) for _ in range(32)]  # still tried every 16th refusal (the assert above was the 1st)
+    assert probes.count(True) == 2 and probes[14] and probes[30]
