@@ -26,7 +26,6 @@ $(BUNDLE)/manifest.json: $(STAMP)
 # the measured best draft on this CPU: the target's exact INT4 copy on its GGUF's Q4_1 grid (README, Performance)
 $(DEMO_BUNDLE)/manifest.json: $(BUNDLE)/manifest.json
 	$(VENV)/bin/specdec calibrate quantize $(BUNDLE) --method int4-q41 --out $(DEMO_BUNDLE) --overwrite
-	$(VENV)/bin/specdec calibrate gamma $(DEMO_BUNDLE)
 
 bundle: $(DEMO_BUNDLE)/manifest.json
 

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("bundle")
     parser.add_argument("--new-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
     with specdec.load(args.bundle) as generator:
         generator.generate("Hello", GenerationConfig(max_new_tokens=4))  # warm-up
