@@ -31,6 +31,8 @@ def add_bench_parser(commands) -> None:
     parser.add_argument("--drafters", type=_names, default=("model", "prompt_lookup", "auto"),
                         help="comma-separated drafters besides target-only (default model,prompt_lookup,auto)")
     parser.add_argument("--gammas", type=_ints, default=(1, 2, 4, 6, 8), help="γ sweep of the model drafter")
+    parser.add_argument("--gamma-policies", type=_names, default=(),
+                        help="γ policies of the model drafter to add: adaptive,heuristic (default none)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     parser.add_argument("--peers", default=None, help="folder of peer results (*.jsonl) to merge into the table")
     parser.add_argument("--quick", action="store_true", help="smoke run: shortest prompt per class, 12 tokens, "
@@ -45,6 +47,7 @@ def config_from_args(args: argparse.Namespace):
     from specdec.bench.config import BenchConfig
 
     common = dict(prompts=args.prompts, seed=args.seed, temperature=args.temperature, drafters=args.drafters,
+                  policies=args.gamma_policies,
                   threads=args.threads, verify=not args.no_verify, peers=args.peers, plots=not args.no_plots,
                   progress=not args.no_progress and sys.stderr.isatty())
     if args.quick:
@@ -62,6 +65,8 @@ def command_from_args(args: argparse.Namespace) -> str:
         parts += ["--per-class", str(args.per_class), "--new-tokens", str(args.new_tokens), "--repeats",
                   str(args.repeats), "--warmup", str(args.warmup), "--gammas", ",".join(map(str, args.gammas))]
     parts += ["--drafters", ",".join(args.drafters)]
+    if args.gamma_policies:
+        parts += ["--gamma-policies", ",".join(args.gamma_policies)]
     for flag, value in (("--prompts", args.prompts), ("--threads", args.threads), ("--peers", args.peers)):
         if value is not None and not (flag == "--prompts" and value == "benchmarks/prompts"):
             parts += [flag, str(value)]

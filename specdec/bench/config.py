@@ -17,6 +17,7 @@ class Mode:
     name: str
     drafter: str
     gamma: int | None = None
+    gamma_policy: str = "fixed"  # or "adaptive" / "heuristic" (GenerationConfig.gamma_policy)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class BenchConfig:
     seed: int = 0
     drafters: tuple = ("model", "prompt_lookup", "auto")
     gammas: tuple = (1, 2, 4, 6, 8)  # γ sweep of the model drafter
+    policies: tuple = ()  # γ policies of the model drafter besides fixed: "adaptive", "heuristic"
     temperature: float = 0.0
     threads: int | None = None
     verify: bool = True  # check the bundle's file hashes
@@ -42,6 +44,10 @@ class BenchConfig:
     def __post_init__(self):
         object.__setattr__(self, "drafters", tuple(self.drafters))
         object.__setattr__(self, "gammas", tuple(sorted(set(self.gammas))))
+        object.__setattr__(self, "policies", tuple(self.policies))
+        bad_policies = [p for p in self.policies if p not in ("adaptive", "heuristic")]
+        if bad_policies:
+            raise ConfigError(f"unknown γ policies {bad_policies}", "use --gamma-policies adaptive,heuristic")
         if not Path(self.bundle).is_dir():
             raise ConfigError(f"bundle {self.bundle!r} is not a directory", "export one with specdec-export --out DIR")
         for name, value, low in (("max_new_tokens", self.max_new_tokens, 1), ("repeats", self.repeats, 1),
@@ -75,4 +81,6 @@ def plan_modes(config: BenchConfig, has_draft: bool, gamma_default: int, gamma_m
         for gamma in config.gammas:
             if gamma != gamma_default and gamma <= gamma_max:
                 modes.append(Mode(f"model γ={gamma}", "model", gamma))
+        for policy in config.policies:
+            modes.append(Mode(f"model {policy} γ from {gamma_default}", "model", gamma_default, policy))
     return modes

@@ -45,7 +45,8 @@ def run_one(generator, config: BenchConfig, mode: Mode, prompt, ids: list, repea
 
     gamma = mode.gamma or generator.manifest.defaults.gamma
     request = GenerationConfig(max_new_tokens=new_tokens, temperature=config.temperature, seed=seed,
-                               gamma=gamma if mode.drafter != "none" else None, drafter=mode.drafter)
+                               gamma=gamma if mode.drafter != "none" else None, drafter=mode.drafter,
+                               gamma_policy=mode.gamma_policy)
     started = time.perf_counter()
     result = generator.generate(ids, request)
     elapsed = time.perf_counter() - started

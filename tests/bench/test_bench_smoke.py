@@ -30,7 +30,7 @@ def run_cli(argv: list) -> int:
 def quick_run(int4_bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "out"
     assert run_cli(["bench", str(int4_bundle), "--quick", "--out", str(out), "--prompts", str(PROMPTS),
-                    "--no-progress"]) == 0
+                    "--no-progress", "--gamma-policies", "adaptive,heuristic"]) == 0
     return out
 
 
@@ -46,8 +46,9 @@ def test_requests_table(quick_run):
     requests = pl.read_parquet(quick_run / "requests.parquet")
     assert list(requests.columns) == list(COLUMNS)
     modes = requests["mode"].unique().to_list()
-    # target-only, model γ=3 (the bundle's), prompt_lookup, auto, and the sweep's γ = 1, 2
-    assert len(modes) == 6 and BASELINE in modes
+    # target-only, model γ=3 (the bundle's), prompt_lookup, auto, the sweep's γ = 1, 2, adaptive and heuristic γ
+    assert len(modes) == 8 and BASELINE in modes
+    assert {"model adaptive γ from 3", "model heuristic γ from 3"} <= set(modes)
     assert requests.height == len(modes) * len(CLASSES)  # one repeat, the shortest prompt of each class
     assert set(requests["cls"].to_list()) == CLASSES
     assert (requests["status"] == "ok").all()
@@ -60,7 +61,7 @@ def test_requests_table(quick_run):
 
 def test_summary_outputs(quick_run):
     summary = pl.read_parquet(quick_run / "summary.parquet")
-    assert summary.height == 6
+    assert summary.height == 8  # one row per mode
     for column in ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_p50_ms", "speedup", "predicted_speedup",
                    "alpha", "cost_ratio", "identical", "token_agreement"):
         assert column in summary.columns
