@@ -125,9 +125,11 @@ class Generator:
         if config.gamma_policy == "heuristic":
             return HeuristicGamma(gamma, gamma_max)
         if config.gamma_policy == "adaptive":
+            # prior: the bundle's γ calibration, else what this generator has measured so far (the gate)
             record = self.manifest.draft.calibration.get("gamma", {}) if self.manifest.draft is not None else {}
             cost = record.get("cost_ratio") or self.gate.cost_ratio or 0.5
-            return AdaptiveGamma(gamma_max, cost, np.resize(record.get("alphas") or [0.7], gamma_max))
+            alphas = record.get("alphas") or [self.gate.alpha]
+            return AdaptiveGamma(gamma_max, cost, np.resize(alphas, gamma_max))
         return FixedGamma(gamma)
 
     def _drafter(self, config: GenerationConfig, policy):
