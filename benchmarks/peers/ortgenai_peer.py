@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from peer_common import PeerMode, parse_args, run_modes
+from peer_common import PeerMode, peer_main
 
 SYSTEM = "onnxruntime-genai"
 
@@ -68,12 +68,5 @@ def modes(args) -> list:
     return [plain, ngram, draft]
 
 
-def main() -> int:
-    args = parse_args(__doc__)
-    count = run_modes(SYSTEM, modes(args), args)
-    print(f"[{SYSTEM}] wrote {count} records to {args.out}")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(peer_main(SYSTEM, __doc__, modes))

@@ -110,3 +110,11 @@ def run_modes(system: str, modes: list, args: argparse.Namespace) -> int:
         print(f"[{system}] repeat {repeat + 1}/{args.repeats} done", flush=True)
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return len(records)
+
+
+def peer_main(system: str, description: str, modes) -> int:
+    """The entry point of a peer script: parse the shared options, run `modes(args)`, write the JSONL."""
+    args = parse_args(description)
+    count = run_modes(system, modes(args), args)
+    print(f"[{system}] wrote {count} records to {args.out}")
+    return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdec.bench.prompts import read_jsonl
 from specdec.errors import ConfigError
 
 REQUIRED = ("system", "mode", "status")
@@ -29,9 +30,4 @@ def read_peer_results(folder: Path) -> list:
     files = sorted(Path(folder).glob("*.jsonl"))
     if not files:
         raise ConfigError(f"no peer results (*.jsonl) in {folder}", "run benchmarks/run_peers.py first")
-    records = []
-    for file in files:
-        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                records.append(peer_record_from_json(line, f"{file}:{number}"))
-    return records
+    return read_jsonl(files, peer_record_from_json)

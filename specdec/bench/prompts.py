@@ -31,17 +31,23 @@ def prompt_from_json(line: str, where: str) -> Prompt:
     return prompt
 
 
+def read_jsonl(files: list, parse) -> list:
+    """parse(line, "file:line") for every non-blank line of every file, in order."""
+    records = []
+    for file in files:
+        for number, line in enumerate(Path(file).read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                records.append(parse(line, f"{file}:{number}"))
+    return records
+
+
 def read_prompts(path: str | Path) -> list:
     """All prompts of a .jsonl file or of every *.jsonl file in a folder (sorted by file name)."""
     root = Path(path)
     files = sorted(root.glob("*.jsonl")) if root.is_dir() else [root]
     if not files or not files[0].is_file():
         raise ConfigError(f"no prompt files at {root}", "pass --prompts DIR holding *.jsonl (e.g. benchmarks/prompts)")
-    prompts = []
-    for file in files:
-        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                prompts.append(prompt_from_json(line, f"{file}:{number}"))
+    prompts = read_jsonl(files, prompt_from_json)
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
