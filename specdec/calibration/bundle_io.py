@@ -14,9 +14,19 @@ from specdec.calibration.data import DataConfig, describe_source, split_texts, t
 from specdec.calibration.quantize import QuantizeConfig, quantize_onnx
 from specdec.calibration.reader import StaticKVReader
 from specdec.errors import ConfigError
-from specdec.manifest import MANIFEST_NAME, Manifest, json_from_manifest, read_manifest, sha256_file, validate_manifest
+from specdec.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ModelEntry,
+    json_from_manifest,
+    read_manifest,
+    sha256_file,
+    validate_manifest,
+)
 
 log = logging.getLogger(__name__)
+
+SOURCES = ("target", "draft")  # the fp32 model of the input bundle that is quantized
 
 
 def write_manifest(bundle: Path, manifest: Manifest) -> None:
@@ -65,23 +75,42 @@ def calibration_windows(bundle: Path, data: DataConfig):
     return token_windows(calibration, codec.encode, data.seq_len, data.num_samples, data.source), held_out
 
 
-def _entry_for(manifest: Manifest, root: Path, config: QuantizeConfig, record: dict):
-    base = manifest.models.get(config.role) or manifest.target
+def _entry_for(source: ModelEntry, root: Path, config: QuantizeConfig, record: dict) -> ModelEntry:
+    """The quantized model's entry: the source's dims, sizes and lowering, with new files, precision and record."""
     files = {f"{config.role}/{p.name}": sha256_file(p) for p in sorted((root / config.role).iterdir()) if p.is_file()}
+    derived = f"{source.derived}+{config.method}" if source.derived else config.method
     return dataclasses.replace(
-        base, role=config.role, derived=config.method, precision=config.precision, onnx_path=f"{config.role}/model.onnx",
+        source, role=config.role, derived=derived, precision=config.precision, onnx_path=f"{config.role}/model.onnx",
         files=files, size_bytes=sum((root / rel).stat().st_size for rel in files), parity=[],
         parity_note="informational: quantized graph; see `specdec calibrate report`", engines=[], calibration=record,
     )
 
 
-def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite: bool = False) -> Path:
-    """Copy `bundle` to `out` with its `config.role` model replaced by the target quantized with `config`."""
+def source_entry(manifest: Manifest, bundle: Path, config: QuantizeConfig, source: str) -> ModelEntry:
+    """The fp32 model of `bundle` that `config` quantizes: its target, or (source='draft') its draft."""
+    if source not in SOURCES:
+        raise ConfigError(f"quantization source {source!r} is unknown", "use --source target or --source draft")
+    if source == "draft" and config.role != "draft":
+        raise ConfigError(f"--source draft with --role {config.role}", "a quantized draft can only replace the draft: "
+                          "use --role draft, or --source target to quantize the target")
+    entry = manifest.models.get(source)
+    if entry is None:
+        raise ConfigError(f"{bundle} has no {source} to quantize",
+                          "export one first (specdec-export --draft-layers K), or use --source target")
+    if entry.precision != "fp32":
+        how = "export it with --draft-layers K or --draft MODEL" if source == "draft" else "specdec-export --dtype fp32"
+        raise ConfigError(f"the {source} of {bundle} is {entry.precision} ({entry.derived or 'exported'})",
+                          f"quantize from a bundle whose {source} is fp32 ({how})")
+    return entry
+
+
+def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite: bool = False,
+                     source: str = "target") -> Path:
+    """Copy `bundle` to `out` with its `config.role` model replaced by its fp32 `source` model (target or draft)
+    quantized with `config`."""
     bundle, out = Path(bundle), Path(out)
     manifest = read_manifest(bundle)
-    if manifest.target.precision != "fp32":
-        raise ConfigError(f"the target of {bundle} is {manifest.target.precision}",
-                          "quantize from a bundle whose target is fp32 (specdec-export --dtype fp32)")
+    entry = source_entry(manifest, bundle, config, source)
     if out.exists() and not overwrite:
         raise ConfigError(f"output {str(out)!r} already exists", "pass --overwrite, or choose another --out")
     if out.resolve() == bundle.resolve():
@@ -91,15 +120,16 @@ def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite:
     try:
         _copy_tree(bundle, tmp, config.role)
         windows, _ = calibration_windows(bundle, config.data)
-        source = bundle / manifest.target.onnx_path
-        reader = StaticKVReader(source, manifest.target, windows, config.verify_len) if config.needs_data else None
-        details = quantize_onnx(source, tmp / config.role / "model.onnx", config, reader)
+        graph = bundle / entry.onnx_path
+        reader = StaticKVReader(graph, entry, windows, config.verify_len) if config.needs_data else None
+        details = quantize_onnx(graph, tmp / config.role / "model.onnx", config, reader)
+        origin = f"fp32 {source}" + (f", {entry.derived}" if entry.derived else "")
         record = {"method": config.method, "precision": config.precision, "backend": config.backend,
-                  "from": f"{manifest.target.onnx_path} (fp32)", "details": details,
+                  "from": f"{entry.onnx_path} ({origin})", "details": details,
                   "data": describe_source(config.data, windows) if config.needs_data else None}
         if config.method.startswith("int4"):
             record["accuracy_level"] = config.accuracy_level
-        models = {**manifest.models, config.role: _entry_for(manifest, tmp, config, record)}
+        models = {**manifest.models, config.role: _entry_for(entry, tmp, config, record)}
         write_manifest(tmp, dataclasses.replace(manifest, models=models))
         _publish(tmp, out)
     except BaseException:

@@ -246,8 +246,26 @@ def _load_draft(config: ExportConfig, target_arch, draft_source, dtype):
     return arch, arch.model, draft_source, ""
 
 
+def _export_quantized(config: ExportConfig) -> Path:
+    """The fp32 export in a staging directory, then the bundle with config.quantize.role quantized, published at
+    config.out by specdec.calibration (as `specdec calibrate quantize`); the staging directory is always removed."""
+    from specdec.calibration.bundle_io import quantized_bundle
+    from specdec.calibration.data import texts_from_source
+
+    texts_from_source(config.quantize.data.source, config.quantize.data.field)  # a bad file fails before the export
+    staging = _prepare_out(config)
+    try:
+        fp32 = export_bundle(config.fp32_export(staging / "fp32"))
+        return quantized_bundle(fp32, config.out, config.quantize, config.overwrite, config.quantize_source)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def export_bundle(config: ExportConfig) -> Path:
-    """Build the bundle of DESIGN §3 at config.out; nothing is left behind on error."""
+    """Build the bundle of DESIGN §3 at config.out (with config.quantize: its draft or target quantized);
+    nothing is left behind on error."""
+    if config.quantize is not None:
+        return _export_quantized(config)
     source, draft_source, tokenizer = _preflight(config)
     tmp = _prepare_out(config)
     try:

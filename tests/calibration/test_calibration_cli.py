@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
+from specdec.calibration.bundle_io import write_manifest
 from specdec.cli import _dispatch
 from specdec.cli_calibrate import add_calibrate_parser
 from specdec.manifest import read_manifest
@@ -39,3 +41,14 @@ def test_errors_print_a_hint_and_exit_1(int4_bundle, tmp_path, capsys):
     assert _run(["calibrate", "quantize", str(int4_bundle), "--method", "int4-rtn", "--backend", "tensorrt",
                  "--out", str(tmp_path / "o")]) == 1
     assert "not supported by the tensorrt back end" in capsys.readouterr().err
+
+
+def test_source_draft_of_a_bundle_without_draft_is_refused(bundle_copy, tmp_path, capsys):
+    manifest = read_manifest(bundle_copy)
+    write_manifest(bundle_copy, dataclasses.replace(manifest, models={"target": manifest.target}))
+    argv = ["calibrate", "quantize", str(bundle_copy), "--method", "int4-rtn", "--source", "draft",
+            "--out", str(tmp_path / "o")]
+    assert _run(argv) == 1
+    err = capsys.readouterr().err
+    assert "has no draft to quantize" in err and "Hint:" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()

@@ -1,6 +1,7 @@
 """Quantized tiny models as drafts (and a quantized target) keep greedy equality; the manifest records the method."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -10,12 +11,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from specdec import GenerationConfig, load
-from specdec.calibration.bundle_io import quantized_bundle
+from specdec.calibration.bundle_io import quantized_bundle, write_manifest
 from specdec.calibration.data import DataConfig
 from specdec.calibration.q41 import q41_from_onnx, q41_from_weight
 from specdec.calibration.quantize import QuantizeConfig, quantize_onnx
 from specdec.errors import ConfigError, MissingDependencyError
-from specdec.manifest import check_bundle_files, read_manifest
+from specdec.manifest import check_bundle_files, read_manifest, sha256_file
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Summarize the following text", "a + b\n"]
 DATA = DataConfig(seq_len=16, num_samples=4)  # the tiny tokenizer's built-in-set windows
@@ -49,6 +50,30 @@ def test_quantized_target_serves_with_the_existing_draft(int4_bundle, tmp_path):
     manifest = read_manifest(out)
     assert manifest.target.precision == "int8-qdq" and manifest.draft.precision == "int4"
     _greedy_equal(out, gammas=(2,))
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "tensorrt"])
+def test_int8_keeps_the_mlp_down_projections_fp32(int4_bundle, tmp_path, backend):
+    out = quantized_bundle(int4_bundle, tmp_path / backend, QuantizeConfig(method="int8-qdq", data=DATA, backend=backend))
+    manifest = read_manifest(out)
+    graph = onnx.load(str(out / manifest.draft.onnx_path)).graph
+    producers = {o: node for node in graph.node for o in node.output}
+    constants = {init.name for init in graph.initializer}
+    weights = constants | {node.output[0] for node in graph.node
+                           if node.op_type == "DequantizeLinear" and node.input[0] in constants}
+    matmuls = [node for node in graph.node if node.op_type == "MatMul" and node.input[1] in weights]  # linear layers
+    plain = [node for node in matmuls if producers[node.input[0]].op_type != "DequantizeLinear"]
+    assert len(plain) == manifest.target.dims.num_layers  # one down projection per layer, nothing else
+    assert all(producers[node.input[0]].op_type == "Mul" for node in plain)
+    assert len(matmuls) - len(plain) == 6 * manifest.target.dims.num_layers  # q k v o gate up are int8
+    inits = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    activation_zps = [inits[n.input[2]] for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert activation_zps
+    if backend == "tensorrt":  # TensorRT takes symmetric int8 only
+        assert all(zp.dtype == np.int8 and not zp.any() for zp in activation_zps)
+    else:
+        assert all(zp.dtype == np.uint8 for zp in activation_zps)
+    assert manifest.draft.calibration["details"]["kept_fp32"].startswith(f"{manifest.target.dims.num_layers} ")
 
 
 def _single_matmul(path, weight):
@@ -99,6 +124,29 @@ def test_data_aware_method_without_data_and_missing_modelopt(tmp_path, monkeypat
     assert "pip install 'specdec[modelopt]'" in str(err.value)
 
 
+def test_modelopt_int8_and_fp8_drafts_on_the_cpu(int4_bundle, tmp_path):
+    """ModelOpt calibrates on the CPU; its INT8 draft runs on onnxruntime with greedy equality, its FP8 graph carries
+    float8 Q/DQ for TensorRT. It must leave the input bundle untouched and onnxruntime's own quantizer working."""
+    pytest.importorskip("modelopt.onnx.quantization", reason="the [modelopt] extra is not installed")
+    before = sha256_file(int4_bundle / "target" / "model.onnx")
+    int8 = quantized_bundle(int4_bundle, tmp_path / "mo8", QuantizeConfig(method="modelopt-int8", data=DATA))
+    fp8 = quantized_bundle(int4_bundle, tmp_path / "mo-fp8",
+                           QuantizeConfig(method="modelopt-fp8", backend="tensorrt", data=DATA))
+    assert sha256_file(int4_bundle / "target" / "model.onnx") == before
+    for bundle, precision, zero_point in ((int8, "int8-qdq", TensorProto.INT8), (fp8, "fp8-qdq", TensorProto.FLOAT8E4M3FN)):
+        manifest = read_manifest(bundle)
+        check_bundle_files(bundle, manifest)
+        assert manifest.draft.precision == precision and manifest.draft.calibration["details"]["tool"].startswith(
+            "nvidia-modelopt")
+        graph = onnx.load(str(bundle / manifest.draft.onnx_path)).graph
+        inits = {init.name: init for init in graph.initializer}
+        types = {inits[n.input[2]].data_type for n in graph.node if n.op_type == "QuantizeLinear" and len(n.input) > 2}
+        assert types == {zero_point}
+    _greedy_equal(int8, gammas=(3,))
+    after = quantized_bundle(int4_bundle, tmp_path / "q8", QuantizeConfig(method="int8-qdq", data=DATA))
+    assert read_manifest(after).draft.precision == "int8-qdq"  # onnxruntime's quantizer, un-patched
+
+
 def test_bundle_errors(int4_bundle, tmp_path):
     config = QuantizeConfig(method="int4-rtn", data=DATA)
     with pytest.raises(ConfigError, match="already exists"):
@@ -113,3 +161,32 @@ def test_quantized_draft_of_a_gqa_bundle_keeps_greedy_equality(gqa_int4_bundle, 
     out = quantized_bundle(gqa_int4_bundle, tmp_path / method, QuantizeConfig(method=method, data=DATA))
     assert read_manifest(out).draft.lowering == "gqa"
     _greedy_equal(out, gammas=(1, 4))
+
+
+@pytest.mark.parametrize("method", ["int4-rtn", "int4-q41", "int8-qdq"])
+def test_quantized_layer_draft_keeps_greedy_equality(layer_draft_bundle, tmp_path, method):
+    out = quantized_bundle(layer_draft_bundle, tmp_path / method, QuantizeConfig(method=method, data=DATA),
+                           source="draft")
+    manifest = read_manifest(out)
+    check_bundle_files(out, manifest)
+    draft, fp32 = manifest.draft, read_manifest(layer_draft_bundle).draft
+    assert (draft.dims.num_layers, manifest.target.dims.num_layers) == (1, 2)
+    assert draft.derived == f"layers:1+{method}" and draft.lowering == fp32.lowering
+    assert draft.calibration["from"] == "draft/model.onnx (fp32 draft, layers:1)"
+    assert manifest.target.files == read_manifest(layer_draft_bundle).target.files  # the target is untouched
+    _greedy_equal(out, gammas=(1, 4))
+
+
+def test_source_draft_errors(bundle_copy, tmp_path):
+    with pytest.raises(ConfigError, match="--source draft with --role target") as err:
+        quantized_bundle(bundle_copy, tmp_path / "o", QuantizeConfig(method="int4-rtn", role="target"), source="draft")
+    assert "Hint: " in str(err.value)
+    with pytest.raises(ConfigError, match=r"draft of .* is int4 \(int4\)") as err:
+        quantized_bundle(bundle_copy, tmp_path / "o", QuantizeConfig(method="int4-rtn"), source="draft")
+    assert "--draft-layers K" in str(err.value)
+    manifest = read_manifest(bundle_copy)
+    write_manifest(bundle_copy, dataclasses.replace(manifest, models={"target": manifest.target}))
+    with pytest.raises(ConfigError, match="has no draft to quantize") as err:
+        quantized_bundle(bundle_copy, tmp_path / "o", QuantizeConfig(method="int4-rtn"), source="draft")
+    assert "--draft-layers K" in str(err.value) and "--source target" in str(err.value)
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))

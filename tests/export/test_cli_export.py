@@ -128,3 +128,55 @@ def test_cli_entry_point_prints_no_traceback(tmp_path):
     verbose = subprocess.run([sys.executable, "-m", "specdec.cli", "-v", "inspect", str(tmp_path / "none")],
                              capture_output=True, text=True, env=env)
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
+
+
+def test_quantized_layer_draft_export(capsys, tmp_path, tiny_llama):
+    out = tmp_path / "o"
+    argv = ["--target", str(tiny_llama), "--out", str(out), "--draft-layers", "1", "--quantize", "int4-rtn",
+            "--max-seq-len", "64", "--skip-parity", "--calibration-seq-len", "16"]
+    assert export_main(argv) == 0
+    assert "draft = draft quantized with int4-rtn" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]  # no staging or partial directory is left
+    manifest = read_manifest(out)
+    draft = manifest.draft
+    assert (manifest.target.dims.num_layers, draft.dims.num_layers) == (2, 1)
+    assert (draft.derived, draft.precision, draft.calibration["method"]) == ("layers:1+int4-rtn", "int4", "int4-rtn")
+    assert draft.calibration["from"] == "draft/model.onnx (fp32 draft, layers:1)"
+    assert main(["inspect", str(out)]) == 0 and "hashes: verified" in capsys.readouterr().out
+
+
+def test_quantized_target_as_draft_export(capsys, tmp_path, tiny_llama):
+    out = tmp_path / "o"
+    argv = ["--target", str(tiny_llama), "--out", str(out), "--quantize", "int4-q41", "--max-seq-len", "64",
+            "--skip-parity"]
+    assert export_main(argv) == 0
+    draft = read_manifest(out).draft
+    assert (draft.dims.num_layers, draft.derived, draft.calibration["from"]) == (2, "int4-q41",
+                                                                                 "target/model.onnx (fp32 target)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--draft-from-target", "int4"], "conflicts with --draft-from-target"),
+    (["--no-draft"], "conflicts with --no-draft"),
+    (["--draft", "some/draft"], "conflicts with --draft"),
+    (["--dtype", "fp16"], "--quantize int4-rtn with --dtype fp16"),
+    (["--engine", "tensorrt"], "not supported by the tensorrt back end"),
+    (["--calibration-data", "missing.jsonl"], "does not exist"),
+])
+def test_quantize_option_errors(capsys, tmp_path, tiny_llama, extra, expected):
+    argv = ["--target", str(tiny_llama), "--out", str(tmp_path / "o"), "--quantize", "int4-rtn"] + extra
+    _fails(capsys, argv, expected)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_calibration_options_need_quantize(capsys, tmp_path, tiny_llama):
+    _fails(capsys, ["--target", str(tiny_llama), "--out", str(tmp_path / "o"), "--calibration-samples", "4"],
+           "without --quantize")
+
+
+def test_quantize_error_after_the_export_leaves_nothing(capsys, tmp_path, tiny_llama):
+    argv = ["--target", str(tiny_llama), "--out", str(tmp_path / "o"), "--quantize", "int4-rtn", "--max-seq-len", "64",
+            "--skip-parity", "--calibration-seq-len", "100000"]  # too long for the built-in texts: fails at quantize
+    _fails(capsys, argv, "one window needs 100000")
+    assert list(tmp_path.iterdir()) == []
