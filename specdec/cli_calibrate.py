@@ -39,7 +39,9 @@ def add_calibrate_parser(commands) -> None:
     gamma.add_argument("bundle")
     _add_run_args(gamma)
     gamma.add_argument("--gamma-max", type=int, default=None, help="largest γ to consider (default: the bundle's)")
-    gamma.add_argument("--with-verify-cost", action="store_true", help="count the measured cost of a γ+1 verify pass")
+    gamma.add_argument("--paper-cost", action="store_true",
+                       help="the paper's cost model, a γ+1 verify pass costs one target step (default: the measured "
+                            "cost of each verify length)")
     gamma.add_argument("--dry-run", action="store_true", help="print the choice without writing the manifest")
     gamma.set_defaults(run=run_gamma)
     report = actions.add_parser("report", help="quality table of quantized models (markdown; --csv for CSV)")
@@ -90,7 +92,7 @@ def run_gamma(args) -> int:
     from specdec.calibration.gamma import GammaConfig, calibrate_gamma, tune_gamma
 
     config = GammaConfig(prompts=_prompts(args), max_new_tokens=args.max_new_tokens, gamma_max=args.gamma_max,
-                         with_verify_cost=args.with_verify_cost, progress=sys.stderr.isatty() or args.verbose)
+                         with_verify_cost=not args.paper_cost, progress=sys.stderr.isatty() or args.verbose)
     result = (tune_gamma if args.dry_run else calibrate_gamma)(args.bundle, config)
     print(f"c = {result.cost_ratio:.3f} (draft/target step), rounds = {result.rounds}")
     print("γ  A_γ    α_γ    expected speedup")

@@ -24,7 +24,7 @@ class GammaConfig:
     prompts: tuple = DEFAULT_PROMPTS
     max_new_tokens: int = 64
     gamma_max: int | None = None  # None: the bundle's gamma_max
-    with_verify_cost: bool = False  # False: the paper's model, a verify pass costs one target step
+    with_verify_cost: bool = True  # the measured r(γ); False: the paper's model, a verify pass costs one target step
     chat: bool = True
     progress: bool = False
 
@@ -45,6 +45,7 @@ class GammaCalibration:
     verify_cost: list  # r(γ): target pass of γ+1 tokens / target pass of 1, γ = 1..γ_max
     speedups: list  # expected speedup per γ under the chosen model
     rounds: int
+    verify_cost_used: bool = True  # speedups and γ count r(γ) (else the paper's r = 1)
 
     def record(self) -> dict:
         return {**dataclasses.asdict(self), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -101,7 +102,7 @@ def tune_gamma(bundle: Path, config: GammaConfig) -> GammaCalibration:
     gamma = best_gamma(cumulative, cost_ratio, verify_cost)
     log.info("γ=%d: c=%.3f, A=%s, speedups=%s", gamma, cost_ratio, np.round(cumulative, 3), np.round(speedups, 2))
     return GammaCalibration(gamma, cumulative.tolist(), conditional_from_cumulative(cumulative).tolist(),
-                            float(cost_ratio), verify.tolist(), speedups.tolist(), rounds)
+                            float(cost_ratio), verify.tolist(), speedups.tolist(), rounds, config.with_verify_cost)
 
 
 def calibrate_gamma(bundle: Path, config: GammaConfig) -> GammaCalibration:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.runtime.adaptive_gamma import AdaptiveGamma, FixedGamma, HeuristicGamma
+from specdec.runtime.adaptive_gamma import FixedGamma, HeuristicGamma, adaptive_from_record
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.drafters import ModelDrafter
 from specdec.runtime.loop import SpeculativeLoop
@@ -47,9 +47,7 @@ def policy_factories(gamma: int, gamma_max: int, calibration: dict) -> dict:
     """name -> zero-argument factory, for fixed γ = 1..γ_max, the calibrated γ, ours and the HF heuristic."""
     policies = {f"fixed γ={g}": (lambda g=g: FixedGamma(g)) for g in range(1, gamma_max + 1)}
     policies[f"calibrated γ={gamma}"] = lambda: FixedGamma(gamma)
-    alphas = calibration.get("alphas") or [0.7]
-    cost = calibration.get("cost_ratio", 0.3)
-    policies["adaptive (ours)"] = lambda: AdaptiveGamma(gamma_max, cost, np.resize(alphas, gamma_max))
+    policies["adaptive (ours)"] = lambda: adaptive_from_record(calibration, gamma_max, 0.7, 0.3)
     policies["heuristic (HF)"] = lambda: HeuristicGamma(gamma, gamma_max)
     return policies
 

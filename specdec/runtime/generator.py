@@ -10,7 +10,7 @@ import numpy as np
 
 from specdec.errors import BackendError, CapacityError, ConfigError
 from specdec.manifest import Manifest, check_bundle_files, read_manifest
-from specdec.runtime.adaptive_gamma import AdaptiveGamma, FixedGamma, HeuristicGamma
+from specdec.runtime.adaptive_gamma import FixedGamma, HeuristicGamma, adaptive_from_record
 from specdec.runtime.backend import OrtBackend
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.drafters import ChainDrafter, ModelDrafter, ModelGate, PromptLookupDrafter
@@ -127,9 +127,7 @@ class Generator:
         if config.gamma_policy == "adaptive":
             # prior: the bundle's γ calibration, else what this generator has measured so far (the gate)
             record = self.manifest.draft.calibration.get("gamma", {}) if self.manifest.draft is not None else {}
-            cost = record.get("cost_ratio") or self.gate.cost_ratio or 0.5
-            alphas = record.get("alphas") or [self.gate.alpha]
-            return AdaptiveGamma(gamma_max, cost, np.resize(alphas, gamma_max))
+            return adaptive_from_record(record, gamma_max, self.gate.alpha, self.gate.cost_ratio or 0.5)
         return FixedGamma(gamma)
 
     def _drafter(self, config: GenerationConfig, policy):

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from specdec import GenerationConfig, load
 from specdec.calibration.bundle_io import quantized_bundle, write_manifest
 from specdec.calibration.data import DataConfig
-from specdec.calibration.q41 import q41_from_onnx, q41_from_weight
+from specdec.calibration.q41 import q41_from_onnx, q41_from_weight, q8_0_from_weight
 from specdec.calibration.quantize import QuantizeConfig, quantize_onnx
 from specdec.errors import ConfigError, MissingDependencyError
 from specdec.manifest import check_bundle_files, read_manifest, sha256_file
@@ -101,6 +101,31 @@ def test_q41_grid_weight_is_reproduced_exactly(tmp_path):
     session = ort.InferenceSession(str(tmp_path / "q41" / "model.onnx"), providers=["CPUExecutionProvider"])
     got = session.run(None, {"x": x})[0]
     assert np.abs(got - x @ weight).max() <= 1e-5 * np.abs(x @ weight).max()
+
+
+def test_q8_0_lm_head_is_reproduced_exactly(tmp_path):
+    """The tied LM head Gemm(x, E, transB=1) becomes 8-bit MatMulNBits; a weight on the Q8_0 grid stays exact."""
+    rng = np.random.default_rng(1)
+    n, k = 40, 64
+    scale = rng.uniform(0.01, 0.05, (n, k // 32, 1)).astype(np.float16).astype(np.float32)
+    codes = rng.integers(-127, 128, (n, k // 32, 32))
+    codes[:, :, 0] = 127  # Q8_0 puts the block's largest |w| at ±127
+    weight = (codes * scale).reshape(n, k).astype(np.float32)
+    assert q8_0_from_weight(weight)["grid_error"] < 1e-3
+    assert q8_0_from_weight(rng.standard_normal((n, k)).astype(np.float32))["grid_error"] > 0.01  # off the grid
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "E"], ["y"], name="head", transB=1, alpha=1.0, transA=0)], "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])], [numpy_helper.from_array(weight, "E")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "head.onnx"))
+    stats = q41_from_onnx(tmp_path / "head.onnx", tmp_path / "q8" / "model.onnx", accuracy_level=1)
+    assert stats["quantized"] == 0 and stats["lm_head"] == {"bits": 8, "grid": "Q8_0", "max_grid_error": 0.0}
+    ops = [node.op_type for node in onnx.load(str(tmp_path / "q8" / "model.onnx")).graph.node]
+    assert ops == ["MatMulNBits"]
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    session = ort.InferenceSession(str(tmp_path / "q8" / "model.onnx"), providers=["CPUExecutionProvider"])
+    got, want = session.run(None, {"x": x})[0], x @ weight.T
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
 def test_precision_the_backend_does_not_run_is_refused():
