@@ -124,9 +124,25 @@ def _is_plain_head(node, inits: dict) -> bool:
             and weight.data_type == 1)
 
 
-def q41_from_onnx(source: Path, dest: Path, progress: bool = False, accuracy_level: int = ACCURACY_LEVEL) -> dict:
+def _replace_group(group: list, weights: list, sums: dict, add_init, helper, accuracy_level: int):
+    """MatMuls that share their input (q/k/v, gate/up) as one Q4_1 MatMulNBits over the weights side by side, then a
+    Split into the original outputs: fewer, larger kernels at T = 1. Each column keeps its own blocks, so the codes
+    are those of the MatMuls one by one. -> (nodes, grid error)"""
+    first = group[0]
+    base = first.name or first.output[0]
+    fused = helper.make_node("MatMul", [first.input[0], f"{base}_fusedW"], [f"{base}_fused_y"], name=f"{base}_fused")
+    replaced, error = _replace(fused, np.concatenate(weights, axis=1), sums, add_init, helper, accuracy_level)
+    sizes = np.array([w.shape[1] for w in weights], np.int64)
+    outputs = [node.output[0] for node in group]
+    add_init(f"{base}_split", sizes)
+    split = helper.make_node("Split", [f"{base}_fused_y", f"{base}_split"], outputs, name=f"{base}_split", axis=-1)
+    return replaced + [split], error
+
+
+def q41_from_onnx(source: Path, dest: Path, progress: bool = False, accuracy_level: int = ACCURACY_LEVEL,
+                  fuse: bool = True) -> dict:
     """Rewrite every constant-weight MatMul of `source` (K % 32 == 0) as Q4_1-grid MatMulNBits + correction, and
-    the tied LM head Gemm as 8-bit MatMulNBits on the Q8_0 grid.
+    the tied LM head Gemm as 8-bit MatMulNBits on the Q8_0 grid. fuse: MatMuls sharing an input become one.
     -> {"quantized": count, "on_grid": count, "max_grid_error": float}"""
     try:
         import onnx
@@ -140,21 +156,40 @@ def q41_from_onnx(source: Path, dest: Path, progress: bool = False, accuracy_lev
     new_inits, sums, nodes, errors = [], {}, [], []
     add_init = lambda name, value: new_inits.append(numpy_helper.from_array(value, name))  # noqa: E731
     head_errors = []
-    for node in tqdm(list(graph.node), disable=not progress, desc="q4_1 grid", unit="node"):
+
+    def weight_of(node):
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        array = numpy_helper.to_array(weight) if weight is not None else None
+        usable = array is not None and array.ndim == 2 and array.shape[0] % BLOCK == 0 and array.dtype == np.float32
+        return array if usable else None
+
+    originals = list(graph.node)
+    weights = {i: w for i, node in enumerate(originals) if (w := weight_of(node)) is not None}
+    groups = {}  # input name -> indices of the MatMuls reading it
+    for i in weights:
+        groups.setdefault(originals[i].input[0], []).append(i)
+    opset = next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), 1)
+    fuse = fuse and opset >= 13  # Split takes its sizes as an input from opset 13
+    for index, node in enumerate(tqdm(originals, disable=not progress, desc="q4_1 grid", unit="node")):
         if _is_plain_head(node, inits):
             replaced, error = _replace_head(node, numpy_helper.to_array(inits[node.input[1]]), add_init, helper,
                                             accuracy_level)
             nodes.extend(replaced)
             head_errors.append(error)
             continue
-        weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
-        array = numpy_helper.to_array(weight) if weight is not None else None
-        if array is None or array.ndim != 2 or array.shape[0] % BLOCK or array.dtype != np.float32:
+        if index not in weights:
             nodes.append(node)
             continue
-        replaced, error = _replace(node, array, sums, add_init, helper, accuracy_level)
+        group = groups[node.input[0]] if fuse else [index]
+        if group[0] != index:
+            continue  # fused with the group's first MatMul
+        if len(group) == 1:
+            replaced, error = _replace(node, weights[index], sums, add_init, helper, accuracy_level)
+        else:
+            replaced, error = _replace_group([originals[i] for i in group], [weights[i] for i in group], sums,
+                                             add_init, helper, accuracy_level)
         nodes.extend(replaced)
-        errors.append(error)
+        errors.extend([error] * len(group))
     used = {name for node in nodes for name in node.input}
     kept = [init for init in graph.initializer if init.name in used]
     del graph.node[:], graph.initializer[:]

@@ -103,6 +103,31 @@ def test_q41_grid_weight_is_reproduced_exactly(tmp_path):
     assert np.abs(got - x @ weight).max() <= 1e-5 * np.abs(x @ weight).max()
 
 
+def test_q41_fuses_matmuls_that_share_an_input(tmp_path):
+    """q/k/v-like MatMuls over one input become one MatMulNBits and a Split, with the same outputs as one by one."""
+    rng = np.random.default_rng(2)
+    k, widths = 64, (16, 8, 8)
+    weights = [rng.standard_normal((k, n)).astype(np.float32) for n in widths]
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"mm{i}") for i in range(3)]
+    graph = helper.make_graph(
+        nodes, "three", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", k])],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["B", "T", n]) for i, n in enumerate(widths)],
+        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "three.onnx"))
+    x = rng.standard_normal((2, 3, k)).astype(np.float32)
+    outputs = {}
+    for fuse in (True, False):
+        dest = tmp_path / f"fuse{fuse}" / "model.onnx"
+        stats = q41_from_onnx(tmp_path / "three.onnx", dest, accuracy_level=1, fuse=fuse)
+        assert stats["quantized"] == 3
+        ops = [node.op_type for node in onnx.load(str(dest)).graph.node]
+        assert ops.count("MatMulNBits") == (1 if fuse else 3) and ops.count("Split") == (1 if fuse else 0)
+        session = ort.InferenceSession(str(dest), providers=["CPUExecutionProvider"])
+        outputs[fuse] = session.run(None, {"x": x})
+    for fused, single in zip(outputs[True], outputs[False]):
+        assert fused.shape == single.shape and np.abs(fused - single).max() <= 1e-5 * np.abs(single).max()
+
+
 def test_q8_0_lm_head_is_reproduced_exactly(tmp_path):
     """The tied LM head Gemm(x, E, transB=1) becomes 8-bit MatMulNBits; a weight on the Q8_0 grid stays exact."""
     rng = np.random.default_rng(1)
