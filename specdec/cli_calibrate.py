@@ -37,7 +37,7 @@ def add_calibrate_parser(commands) -> None:
     quantize.set_defaults(run=run_quantize)
     gamma = actions.add_parser("gamma", help="measure acceptance and c; write the best γ into the manifest")
     gamma.add_argument("bundle")
-    _add_run_args(gamma)
+    _add_run_args(gamma, 128)
     gamma.add_argument("--gamma-max", type=int, default=None, help="largest γ to consider (default: the bundle's)")
     gamma.add_argument("--paper-cost", action="store_true",
                        help="the paper's cost model, a γ+1 verify pass costs one target step (default: the measured "
@@ -58,9 +58,10 @@ def add_calibrate_parser(commands) -> None:
     policies.set_defaults(run=run_policies)
 
 
-def _add_run_args(parser: argparse.ArgumentParser) -> None:
+def _add_run_args(parser: argparse.ArgumentParser, max_new_tokens: int = 64) -> None:
     parser.add_argument("--prompt", action="append", default=[], help="a calibration prompt (repeatable)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                        help=f"tokens per prompt (default {max_new_tokens})")
 
 
 def _data(args):
@@ -95,9 +96,10 @@ def run_gamma(args) -> int:
                          with_verify_cost=not args.paper_cost, progress=sys.stderr.isatty() or args.verbose)
     result = (tune_gamma if args.dry_run else calibrate_gamma)(args.bundle, config)
     print(f"c = {result.cost_ratio:.3f} (draft/target step), rounds = {result.rounds}")
-    print("γ  A_γ    α_γ    expected speedup")
-    for g, (a, alpha, s) in enumerate(zip(result.cumulative, result.alphas, result.speedups), 1):
-        print(f"{g:<2} {a:.3f}  {alpha:.3f}  {s:.2f}{'  <- chosen' if g == result.gamma else ''}")
+    print("γ  A_γ    α_γ    r(γ)   expected speedup")
+    rows = zip(result.cumulative, result.alphas, result.verify_cost, result.speedups)
+    for g, (a, alpha, r, s) in enumerate(rows, 1):
+        print(f"{g:<2} {a:.3f}  {alpha:.3f}  {r:.2f}   {s:.2f}{'  <- chosen' if g == result.gamma else ''}")
     print(f"γ = {result.gamma}" + (" (dry run: manifest unchanged)" if args.dry_run else " written to defaults.gamma"))
     return 0
 

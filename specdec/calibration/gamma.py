@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class GammaConfig:
     prompts: tuple = DEFAULT_PROMPTS
-    max_new_tokens: int = 64
+    max_new_tokens: int = 128  # 4 prompts x 128 tokens: about 60 rounds at γ_max 8
     gamma_max: int | None = None  # None: the bundle's gamma_max
     with_verify_cost: bool = True  # the measured r(γ); False: the paper's model, a verify pass costs one target step
     chat: bool = True
