@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from specdec.calibration.data import DataConfig, describe_source, split_texts, texts_from_source, token_windows
-from specdec.calibration.quantize import QuantizeConfig, quantize_onnx
+from specdec.calibration.quantize import QuantizeConfig, check_lowering, quantize_onnx
 from specdec.calibration.reader import StaticKVReader
 from specdec.errors import ConfigError
 from specdec.manifest import (
@@ -111,6 +111,7 @@ def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite:
     bundle, out = Path(bundle), Path(out)
     manifest = read_manifest(bundle)
     entry = source_entry(manifest, bundle, config, source)
+    check_lowering(config, entry.lowering)
     if out.exists() and not overwrite:
         raise ConfigError(f"output {str(out)!r} already exists", "pass --overwrite, or choose another --out")
     if out.resolve() == bundle.resolve():

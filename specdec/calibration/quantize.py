@@ -74,6 +74,17 @@ class QuantizeConfig:
         return METHODS[self.method][1]
 
 
+def check_lowering(config: QuantizeConfig, lowering: str) -> None:
+    """TensorRT and ModelOpt read standard ONNX only: the gqa lowering's onnxruntime contrib ops (GroupQueryAttention,
+    SimplifiedLayerNormalization) stop them, so their methods need a `plain` graph."""
+    if lowering != "gqa":
+        return
+    if config.backend == "tensorrt" or config.method.startswith("modelopt"):
+        who = "the tensorrt back end" if config.backend == "tensorrt" else "ModelOpt"
+        raise ConfigError(f"{config.method} for {who} needs the plain lowering; this graph is gqa "
+                          "(onnxruntime contrib ops)", "export with specdec-export --lowering plain, then quantize that")
+
+
 def _gptq_block(model) -> int:
     """Block size for onnxruntime's GPTQ, whose zero-point packing fails when K / block is odd: 32, else 16."""
     inits = {init.name: init for init in model.graph.initializer}

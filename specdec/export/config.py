@@ -73,7 +73,10 @@ class ExportConfig:
             raise ConfigError(f"--draft-layers must be positive, got {self.draft_layers}", "pass --draft-layers 1 or more")
 
     def _check_quantize(self):
+        from specdec.calibration.quantize import check_lowering
+
         method, role = self.quantize.method, self.quantize.role
+        check_lowering(self.quantize, self.lowering)
         if self.dtype != "fp32":
             raise ConfigError(f"--quantize {method} with --dtype {self.dtype}",
                               "quantization starts from fp32 weights: drop --dtype (fp32 is the default)")

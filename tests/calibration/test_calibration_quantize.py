@@ -197,6 +197,13 @@ def test_modelopt_int8_and_fp8_drafts_on_the_cpu(int4_bundle, tmp_path):
     assert read_manifest(after).draft.precision == "int8-qdq"  # onnxruntime's quantizer, un-patched
 
 
+@pytest.mark.parametrize("method, backend", [("modelopt-int8", "onnxruntime"), ("int8-qdq", "tensorrt")])
+def test_modelopt_and_tensorrt_need_the_plain_lowering(gqa_int4_bundle, tmp_path, method, backend):
+    with pytest.raises(ConfigError, match="needs the plain lowering") as err:
+        quantized_bundle(gqa_int4_bundle, tmp_path / "o", QuantizeConfig(method=method, backend=backend, data=DATA))
+    assert "--lowering plain" in str(err.value) and not (tmp_path / "o").exists()
+
+
 def test_bundle_errors(int4_bundle, tmp_path):
     config = QuantizeConfig(method="int4-rtn", data=DATA)
     with pytest.raises(ConfigError, match="already exists"):

@@ -163,6 +163,7 @@ def test_quantized_target_as_draft_export(capsys, tmp_path, tiny_llama):
     (["--dtype", "fp16"], "--quantize int4-rtn with --dtype fp16"),
     (["--engine", "tensorrt"], "not supported by the tensorrt back end"),
     (["--calibration-data", "missing.jsonl"], "does not exist"),
+    (["--quantize", "modelopt-int8"], "needs the plain lowering"),
 ])
 def test_quantize_option_errors(capsys, tmp_path, tiny_llama, extra, expected):
     argv = ["--target", str(tiny_llama), "--out", str(tmp_path / "o"), "--quantize", "int4-rtn"] + extra
