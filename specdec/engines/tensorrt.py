@@ -119,9 +119,10 @@ def check_buildable(entry: ModelEntry) -> None:
             f"{entry.role} carries the {entry.lowering!r} lowering (onnxruntime contrib ops), not TensorRT input",
             "export with --lowering plain (the default when --engine tensorrt is given)",
         )
-    if entry.derived == "int4":
+    if entry.precision == "int4":  # every int4 method (export's, calibrate's RTN/HQQ/GPTQ/Q4_1) writes MatMulNBits
         raise EngineBuildError(
-            f"{entry.role} is an int4 copy made of onnxruntime's MatMulNBits, which TensorRT does not parse",
+            f"{entry.role} is an int4 model ({entry.derived}) made of onnxruntime's MatMulNBits, which TensorRT "
+            "does not parse",
             "build only the target (roles=('target',)), or export the draft with --draft-layers K",
         )
 

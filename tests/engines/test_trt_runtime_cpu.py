@@ -1,6 +1,7 @@
 """What the TensorRT path does on a machine without TensorRT, cuda-python or a GPU, and the KV write-back math."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -59,9 +60,11 @@ def test_cuda_glue_without_cuda_python():
 
 
 def test_the_int4_draft_is_not_a_tensorrt_graph(int4_bundle):
-    with pytest.raises(EngineBuildError, match="MatMulNBits") as info:
-        check_buildable(read_manifest(int4_bundle).draft)
-    assert "--draft-layers" in info.value.hint
+    draft = read_manifest(int4_bundle).draft
+    for derived in (draft.derived, "int4-q41", "layers:1+int4-rtn"):  # export's and calibrate's int4 drafts
+        with pytest.raises(EngineBuildError, match="MatMulNBits") as info:
+            check_buildable(dataclasses.replace(draft, derived=derived))
+        assert "--draft-layers" in info.value.hint
 
 
 def test_importing_the_backend_loads_no_gpu_module_nor_torch():
