@@ -114,7 +114,8 @@ def markdown_table(rows: list[QualityRow]) -> str:
     fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
     for r in rows:
         cells = [r.name, r.precision, r.method, fmt(r.size_mb, ".1f"), fmt(r.ms_per_step, ".1f"),
-                 fmt(r.top1_agreement, ".3f"), fmt(r.perplexity, ".2f"), fmt(r.acceptance_rate, ".3f"),
+                 fmt(r.top1_agreement, ".3f"), fmt(r.perplexity, ".2f" if r.perplexity < 1e5 else ".2e"),
+                 fmt(r.acceptance_rate, ".3f"),
                  fmt(r.mean_acceptance_length, ".2f"), fmt(r.speedup, ".2f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,12 +197,17 @@ def _modelopt(source: Path, dest: Path, mode: str, reader) -> dict:
         raise missing_dependency("modelopt", "modelopt") from exc
     with scratch_dir(dest.parent) as scratch, _ort_quantization_restored():
         copy = Path(scratch) / "source.onnx"  # ModelOpt shape-infers its input file in place: never the bundle's
-        onnx.save(onnx.load(str(source)), str(copy), save_as_external_data=True, location=copy.name + ".data")
+        model = onnx.load(str(source))
+        kept = mlp_output_matmuls(model)  # node names, as anchored regular expressions
+        onnx.save(model, str(copy), save_as_external_data=True, location=copy.name + ".data")
         modelopt_quantize(str(copy), quantize_mode=mode, calibration_data_reader=reader, calibration_eps=["cpu"],
-                          calibration_method="entropy", op_types_to_quantize=["MatMul"], use_external_data_format=True,
-                          output_path=str(dest), high_precision_dtype="fp32", log_level="WARNING")
+                          calibration_method="entropy", op_types_to_quantize=["MatMul"],
+                          nodes_to_exclude=[f"^{re.escape(name)}$" for name in kept], dq_only=True,
+                          use_external_data_format=True, output_path=str(dest), high_precision_dtype="fp32",
+                          log_level="WARNING")
     return {"tool": f"nvidia-modelopt {modelopt.__version__}", "mode": mode, "ops": "MatMul",
-            "calibration": "entropy (per-tensor activations), per-channel weights"}
+            "calibration": "entropy (per-tensor activations), per-channel weights stored quantized (DQ only)",
+            "kept_fp32": f"{len(kept)} MLP down projections (activation outliers)"}
 
 
 def quantize_onnx(source: Path, dest: Path, config: QuantizeConfig, reader=None) -> dict:

@@ -192,6 +192,11 @@ def test_modelopt_int8_and_fp8_drafts_on_the_cpu(int4_bundle, tmp_path):
         inits = {init.name: init for init in graph.initializer}
         types = {inits[n.input[2]].data_type for n in graph.node if n.op_type == "QuantizeLinear" and len(n.input) > 2}
         assert types == {zero_point}
+        layers = manifest.target.dims.num_layers
+        assert manifest.draft.calibration["details"]["kept_fp32"].startswith(f"{layers} MLP down projections")
+        producers = {o: node for node in graph.node for o in node.output}
+        down = [n for n in graph.node if n.op_type == "MatMul" and producers[n.input[0]].op_type == "Mul"]
+        assert len(down) == layers  # their activations are not quantized
     _greedy_equal(int8, gammas=(3,))
     after = quantized_bundle(int4_bundle, tmp_path / "q8", QuantizeConfig(method="int8-qdq", data=DATA))
     assert read_manifest(after).draft.precision == "int8-qdq"  # onnxruntime's quantizer, un-patched
