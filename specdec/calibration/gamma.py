@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.calibration.bundle_io import write_manifest
-from specdec.calibration.quality import DEFAULT_PROMPTS, step_ms
+from specdec.calibration.quality import DEFAULT_PROMPTS, interleaved_ms
 from specdec.errors import ConfigError
 from specdec.manifest import read_manifest
 from specdec.runtime.adaptive_gamma import best_gamma, conditional_from_cumulative, speedup_table
@@ -74,11 +74,12 @@ def measure_acceptance(gen, config: GammaConfig, gamma_max: int) -> tuple[np.nda
 
 
 def measure_costs(gen, gamma_max: int, context: int = 64) -> tuple[float, np.ndarray]:
-    """(c, r[γ_max]) from median forward times of both models at cache_len = context."""
+    """(c, r[γ_max]) from median forward times of both models at cache_len = context, measured in turn."""
     target, draft = gen.target.backend, gen.draft.backend
-    one = step_ms(target, 1, context)
-    cost_ratio = step_ms(draft, 1, context) / one
-    verify = np.array([step_ms(target, g + 1, context) / one for g in range(1, gamma_max + 1)])
+    calls = [(target, 1), (draft, 1)] + [(target, g + 1) for g in range(1, gamma_max + 1)]
+    one, drafted, *passes = interleaved_ms(calls, context, repeats=20)
+    cost_ratio = drafted / one
+    verify = np.array(passes) / one
     target.reset(1)
     draft.reset(1)
     return cost_ratio, verify

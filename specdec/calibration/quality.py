@@ -66,15 +66,23 @@ def teacher_forced(reference: OrtBackend, candidate: OrtBackend, windows: np.nda
 
 def step_ms(backend: OrtBackend, steps: int = 1, context: int = 64, repeats: int = 12) -> float:
     """Median ms of one forward of T=`steps` tokens at cache_len=`context` (batch 1)."""
-    backend.reset(1)
-    ids = np.ones((1, steps), np.int64)
+    return interleaved_ms([(backend, steps)], context, repeats)[0]
+
+
+def interleaved_ms(calls: list, context: int = 64, repeats: int = 12) -> list[float]:
+    """Median ms of each (backend, T) forward at cache_len=`context` (batch 1), the calls taken in turn every
+    repeat so that a slow spell of a shared machine falls on all of them alike; 2 warm-up rounds."""
+    for backend in {id(b): b for b, _ in calls}.values():
+        backend.reset(1)
     cache = np.full(1, context, np.int64)
-    times = []
+    times = [[] for _ in calls]
     for _ in range(repeats + 2):
-        started = time.perf_counter()
-        backend.forward(ids, cache)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times[2:]) * 1e3
+        for (backend, steps), spent in zip(calls, times):
+            ids = np.ones((1, steps), np.int64)
+            started = time.perf_counter()
+            backend.forward(ids, cache)
+            spent.append(time.perf_counter() - started)
+    return [statistics.median(spent[2:]) * 1e3 for spent in times]
 
 
 def acceptance(bundle: Path, prompts, gamma: int | None = None, max_new_tokens: int = 64) -> dict:
