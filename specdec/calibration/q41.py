@@ -117,11 +117,24 @@ def _is_plain_head(node, inits: dict) -> bool:
     """A bias-free Gemm(x, W, transB=1) with a constant fp32 W [N, K], K % 32 == 0, and alpha 1."""
     if node.op_type != "Gemm" or len(node.input) != 2 or node.input[1] not in inits:
         return False
-    attrs = {a.name: a for a in node.attribute}
+    attrs = {a.name: (a.f if a.type == a.FLOAT else a.i) for a in node.attribute}
     weight = inits[node.input[1]]
-    return (attrs.get("transB") is not None and attrs["transB"].i == 1 and ("transA" not in attrs or attrs["transA"].i == 0)
-            and ("alpha" not in attrs or attrs["alpha"].f == 1.0) and len(weight.dims) == 2 and weight.dims[1] % BLOCK == 0
-            and weight.data_type == 1)
+    plain = attrs.get("transB") == 1 and attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0
+    return plain and len(weight.dims) == 2 and weight.dims[1] % BLOCK == 0 and weight.data_type == 1
+
+
+def _matmul_weights(nodes: list, inits: dict, numpy_helper) -> tuple[dict, dict]:
+    """-> ({node index: fp32 [K, N] weight} of the MatMuls q41 rewrites, {input name: their indices, in order})."""
+    weights = {}
+    for index, node in enumerate(nodes):
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        array = numpy_helper.to_array(weight) if weight is not None else None
+        if array is not None and array.ndim == 2 and array.shape[0] % BLOCK == 0 and array.dtype == np.float32:
+            weights[index] = array
+    groups = {}
+    for index in weights:
+        groups.setdefault(nodes[index].input[0], []).append(index)
+    return weights, groups
 
 
 def _replace_group(group: list, weights: list, sums: dict, add_init, helper, accuracy_level: int):
@@ -156,18 +169,8 @@ def q41_from_onnx(source: Path, dest: Path, progress: bool = False, accuracy_lev
     new_inits, sums, nodes, errors = [], {}, [], []
     add_init = lambda name, value: new_inits.append(numpy_helper.from_array(value, name))  # noqa: E731
     head_errors = []
-
-    def weight_of(node):
-        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        array = numpy_helper.to_array(weight) if weight is not None else None
-        usable = array is not None and array.ndim == 2 and array.shape[0] % BLOCK == 0 and array.dtype == np.float32
-        return array if usable else None
-
     originals = list(graph.node)
-    weights = {i: w for i, node in enumerate(originals) if (w := weight_of(node)) is not None}
-    groups = {}  # input name -> indices of the MatMuls reading it
-    for i in weights:
-        groups.setdefault(originals[i].input[0], []).append(i)
+    weights, groups = _matmul_weights(originals, inits, numpy_helper)
     opset = next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), 1)
     fuse = fuse and opset >= 13  # Split takes its sizes as an input from opset 13
     for index, node in enumerate(tqdm(originals, disable=not progress, desc="q4_1 grid", unit="node")):

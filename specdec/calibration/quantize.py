@@ -83,7 +83,8 @@ def check_lowering(config: QuantizeConfig, lowering: str) -> None:
     if config.backend == "tensorrt" or config.method.startswith("modelopt"):
         who = "the tensorrt back end" if config.backend == "tensorrt" else "ModelOpt"
         raise ConfigError(f"{config.method} for {who} needs the plain lowering; this graph is gqa "
-                          "(onnxruntime contrib ops)", "export with specdec-export --lowering plain, then quantize that")
+                          "(onnxruntime contrib ops)",
+                          "export with specdec-export --lowering plain, then quantize that")
 
 
 def _gptq_block(model) -> int:
