@@ -31,7 +31,7 @@ bundle: $(DEMO_BUNDLE)/manifest.json
 
 demo: bundle
 	$(VENV)/bin/specdec inspect $(DEMO_BUNDLE)
-	$(PY) -m specdec.demo $(DEMO_BUNDLE)
+	$(PY) -m specdec.cli.demo $(DEMO_BUNDLE)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:logging

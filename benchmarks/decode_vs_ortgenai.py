@@ -31,9 +31,9 @@ def prompt(length: int) -> list:
 
 def run_specdec(bundle: str) -> dict:
     from specdec.manifest import read_manifest
-    from specdec.runtime.generator import ort_backend_for
+    from specdec.runtime.ort_backend import OrtBackend
 
-    backend = ort_backend_for(Path(bundle), read_manifest(bundle).target, None)
+    backend = OrtBackend(Path(bundle), read_manifest(bundle).target).open()
     backend.reset(1)
     out = {}
     for length in LENGTHS:

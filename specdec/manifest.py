@@ -19,6 +19,7 @@ MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8-qdq", "fp8-qdq", "int4")
 KV_DTYPES = ("float32", "float16", "bfloat16")
+LOWERING_NAMES = ("plain", "gqa")  # specdec.lowering holds their objects
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,8 @@ def validate_manifest(manifest: Manifest) -> None:
             raise ManifestError(f"{role} precision {entry.precision!r} is unknown", f"one of {PRECISIONS}")
         if entry.kv_dtype not in KV_DTYPES:
             raise ManifestError(f"{role} kv_dtype {entry.kv_dtype!r} is unknown", f"one of {KV_DTYPES}")
+        if entry.lowering not in LOWERING_NAMES:
+            raise ManifestError(f"{role} lowering {entry.lowering!r} is unknown", f"one of {LOWERING_NAMES}")
         if entry.max_seq_len <= 0 or entry.max_batch <= 0:
             raise ManifestError(
                 f"{role} has max_seq_len={entry.max_seq_len}, max_batch={entry.max_batch}",

@@ -86,10 +86,10 @@ def prompt_ids(generator, prompts: list, keep_last: int | None = None) -> dict:
 def run_bench(config: BenchConfig, command: str = "") -> dict:
     """Run the benchmark and write its outputs into config.out; returns {output kind: path}.
     `command` is recorded in the markdown summary (how to reproduce the run)."""
-    import specdec
+    from specdec.runtime import load
     from specdec.bench.report import write_outputs
 
-    with specdec.load(config.bundle, verify=config.verify, threads=config.threads) as generator:
+    with load(config.bundle, verify=config.verify, threads=config.threads) as generator:
         manifest = generator.manifest
         every = read_prompts(config.prompts)
         room = manifest.target.max_seq_len - config.max_new_tokens - 1

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
-import tempfile
-import time
 from pathlib import Path
 
 from specdec.calibration.data import DataConfig, describe_source, split_texts, texts_from_source, token_windows
 from specdec.calibration.quantize import QuantizeConfig, check_lowering, quantize_onnx
 from specdec.calibration.reader import StaticKVReader
 from specdec.errors import ConfigError
+from specdec.publish import check_destination, staged_bundle, write_atomic
 from specdec.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -30,17 +28,9 @@ SOURCES = ("target", "draft")  # the fp32 model of the input bundle that is quan
 
 
 def write_manifest(bundle: Path, manifest: Manifest) -> None:
-    """Validate and replace bundle/manifest.json atomically (temp file in the same directory, then rename)."""
+    """Validate and replace bundle/manifest.json atomically."""
     validate_manifest(manifest)
-    fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".json", dir=bundle)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(json_from_manifest(manifest))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, Path(bundle) / MANIFEST_NAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(Path(bundle) / MANIFEST_NAME, json_from_manifest(manifest))
 
 
 def _copy_tree(src: Path, dest: Path, skip: str) -> None:
@@ -53,17 +43,6 @@ def _copy_tree(src: Path, dest: Path, skip: str) -> None:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{int(time.time())}")
-        out.rename(old)
-    tmp.chmod(0o755)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def calibration_windows(bundle: Path, data: DataConfig):
@@ -112,13 +91,8 @@ def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite:
     manifest = read_manifest(bundle)
     entry = source_entry(manifest, bundle, config, source)
     check_lowering(config, entry.lowering)
-    if out.exists() and not overwrite:
-        raise ConfigError(f"output {str(out)!r} already exists", "pass --overwrite, or choose another --out")
-    if out.resolve() == bundle.resolve():
-        raise ConfigError("--out is the input bundle", "write the quantized bundle to another directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
+    check_destination(out, overwrite, sources=[bundle])
+    with staged_bundle(out) as tmp:
         _copy_tree(bundle, tmp, config.role)
         windows, _ = calibration_windows(bundle, config.data)
         graph = bundle / entry.onnx_path
@@ -132,8 +106,4 @@ def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite:
             record["accuracy_level"] = config.accuracy_level
         models = {**manifest.models, config.role: _entry_for(entry, tmp, config, record)}
         write_manifest(tmp, dataclasses.replace(manifest, models=models))
-        _publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

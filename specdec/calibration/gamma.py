@@ -25,7 +25,7 @@ class GammaConfig:
     max_new_tokens: int = 128  # 4 prompts x 128 tokens: about 60 rounds at γ_max 8
     gamma_max: int | None = None  # None: the bundle's gamma_max
     with_verify_cost: bool = True  # the measured r(γ); False: the paper's model, a verify pass costs one target step
-    chat: bool = True
+    chat: bool = True  # wrap prompts in the chat template where the bundle's tokenizer has one
     progress: bool = False
 
     def __post_init__(self):
@@ -55,12 +55,13 @@ def measure_acceptance(gen, config: GammaConfig, gamma_max: int) -> tuple[np.nda
     """Greedy rounds of γ_max drafts on the prompts -> (cumulative acceptance [γ_max], rounds)."""
     from tqdm.auto import tqdm
 
-    from specdec import GenerationConfig
+    from specdec.runtime import GenerationConfig
 
     proposed = np.zeros(gamma_max)
     accepted = np.zeros(gamma_max)
     rounds = 0
-    run = GenerationConfig(max_new_tokens=config.max_new_tokens, drafter="model", gamma=gamma_max, chat=config.chat)
+    chat = config.chat and gen.codec.has_chat_template  # raw-text prompts where the tokenizer has no chat template
+    run = GenerationConfig(max_new_tokens=config.max_new_tokens, drafter="model", gamma=gamma_max, chat=chat)
     for prompt in tqdm(config.prompts, disable=not config.progress, desc="acceptance", unit="prompt"):
         stats = gen.generate(prompt, run).stats
         count = len(stats.position_proposed)
@@ -87,9 +88,9 @@ def measure_costs(gen, gamma_max: int, context: int = 64) -> tuple[float, np.nda
 
 def tune_gamma(bundle: Path, config: GammaConfig) -> GammaCalibration:
     """Measure and choose γ; does not write anything."""
-    import specdec
+    from specdec.runtime import load
 
-    with specdec.load(bundle, verify=False) as gen:
+    with load(bundle, verify=False) as gen:
         if gen.draft is None:
             raise ConfigError(f"bundle {str(bundle)!r} has no draft model", "γ calibration needs a model draft")
         gamma_max = config.gamma_max or gen.manifest.defaults.gamma_max

@@ -1,37 +1,20 @@
-"""Run the speculative loop under a γ policy (specdec.runtime.adaptive_gamma) and compare policies.
-
-The loop asks its policy for γ before each round and tells it (proposed, accepted) after each row's acceptance.
-Batch 1 here.
-"""
+"""Compare γ policies (specdec.runtime.adaptive_gamma) on one bundle: the same prompts under each, through the
+generator's public `run` (the loop asks its policy for γ before each round and shows it each round's record)."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from specdec.runtime.adaptive_gamma import FixedGamma, HeuristicGamma, adaptive_from_record
 from specdec.runtime.config import GenerationConfig
-from specdec.runtime.drafters import ModelDrafter
-from specdec.runtime.loop import SpeculativeLoop
-from specdec.runtime.state import Row
 
 
 def run_policy(gen, prompt: str, config: GenerationConfig, policy) -> tuple[list, object, float]:
-    """One greedy/sampled request with drafter='model' under `policy` -> (token ids, stats, seconds)."""
-    ids = gen.codec.chat(prompt) if config.chat else gen.codec.encode(prompt)
-    row = Row(tokens=list(ids), prompt_len=len(ids), rng=np.random.default_rng(config.seed))
-    chunk = gen.manifest.defaults.max_prefill_chunk
-    gen.target.reset(1)
-    gen.draft.reset(1)
-    loop = SpeculativeLoop(gen.target, ModelDrafter(gen.draft, config, chunk), config, policy, chunk,
-                           gen.manifest.tokenizer.eos_token_ids)
+    """One request with `config` (drafter='model') under `policy` -> (token ids, stats, seconds)."""
     started = time.perf_counter()
-    loop.prefill([row])
-    while not row.finish:
-        loop.step([row])
-    return row.tokens[row.prompt_len :], loop.stats, time.perf_counter() - started
+    result = gen.run([prompt], config, policy)[0]
+    return result.token_ids, result.stats, time.perf_counter() - started
 
 
 @dataclass(frozen=True)
@@ -53,14 +36,17 @@ def policy_factories(gamma: int, gamma_max: int, calibration: dict) -> dict:
 
 
 def compare_policies(bundle: Path, prompts, max_new_tokens: int = 64, progress: bool = False) -> list:
-    """Tokens/s of every policy of `policy_factories` on the same prompts (greedy, chat)."""
-    import specdec
+    """Tokens/s of every policy of `policy_factories` on the same prompts (greedy; chat where the tokenizer has a
+    template)."""
     from tqdm.auto import tqdm
 
-    config = GenerationConfig(max_new_tokens=max_new_tokens, drafter="model", chat=True)
+    from specdec.runtime import load
+
     results = []
-    with specdec.load(bundle, verify=False) as gen:
-        plain = [gen.generate(p, GenerationConfig(max_new_tokens=max_new_tokens, drafter="none", chat=True)).token_ids
+    with load(bundle, verify=False) as gen:
+        chat = gen.codec.has_chat_template
+        config = GenerationConfig(max_new_tokens=max_new_tokens, drafter="model", chat=chat)
+        plain = [gen.generate(p, GenerationConfig(max_new_tokens=max_new_tokens, drafter="none", chat=chat)).token_ids
                  for p in prompts]
         record = (gen.manifest.draft.calibration or {}).get("gamma", {})
         defaults = gen.manifest.defaults

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.manifest import ModelEntry
-from specdec.runtime.backend import OrtBackend
+from specdec.runtime.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def teacher_forced(reference: OrtBackend, candidate: OrtBackend, windows: np.ndarray, progress: bool = False) -> dict:
+def teacher_forced(reference: Backend, candidate: Backend, windows: np.ndarray, progress: bool = False) -> dict:
     """Both models over each window in one prefill. windows: [N, W]. -> agreement, ppl, reference ppl."""
     from tqdm.auto import tqdm
 
@@ -64,7 +64,7 @@ def teacher_forced(reference: OrtBackend, candidate: OrtBackend, windows: np.nda
             "reference_perplexity": float(np.exp(np.concatenate(ref_nll).mean()))}
 
 
-def step_ms(backend: OrtBackend, steps: int = 1, context: int = 64, repeats: int = 12) -> float:
+def step_ms(backend: Backend, steps: int = 1, context: int = 64, repeats: int = 12) -> float:
     """Median ms of one forward of T=`steps` tokens at cache_len=`context` (batch 1)."""
     return interleaved_ms([(backend, steps)], context, repeats)[0]
 
@@ -87,13 +87,13 @@ def interleaved_ms(calls: list, context: int = 64, repeats: int = 12) -> list[fl
 
 def acceptance(bundle: Path, prompts, gamma: int | None = None, max_new_tokens: int = 64) -> dict:
     """Greedy generation with drafter='model' and 'none' on the same prompts; the first prompt warms up."""
-    import specdec
-    from specdec import GenerationConfig
+    from specdec.runtime import GenerationConfig, load
 
-    with specdec.load(bundle, verify=False) as gen:
-        model = GenerationConfig(max_new_tokens=max_new_tokens, drafter="model", gamma=gamma, chat=True)
-        plain = GenerationConfig(max_new_tokens=max_new_tokens, drafter="none", chat=True)
-        gen.generate(prompts[0], GenerationConfig(max_new_tokens=8, drafter="model", chat=True))
+    with load(bundle, verify=False) as gen:
+        chat = gen.codec.has_chat_template
+        model = GenerationConfig(max_new_tokens=max_new_tokens, drafter="model", gamma=gamma, chat=chat)
+        plain = GenerationConfig(max_new_tokens=max_new_tokens, drafter="none", chat=chat)
+        gen.generate(prompts[0], GenerationConfig(max_new_tokens=8, drafter="model", chat=chat))
         totals = {"proposed": 0, "accepted": 0, "emitted": 0, "passes": 0, "spec_s": 0.0, "plain_s": 0.0}
         for prompt in prompts:
             spec = gen.generate(prompt, model)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from specdec.calibration.data import DataConfig
 from specdec.errors import ConfigError, missing_dependency
+from specdec.lowering import lowering_for
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +77,8 @@ class QuantizeConfig:
 
 
 def check_lowering(config: QuantizeConfig, lowering: str) -> None:
-    """TensorRT and ModelOpt read standard ONNX only: the gqa lowering's onnxruntime contrib ops (GroupQueryAttention,
-    SimplifiedLayerNormalization) stop them, so their methods need a `plain` graph."""
-    if lowering != "gqa":
-        return
-    if config.backend == "tensorrt" or config.method.startswith("modelopt"):
-        who = "the tensorrt back end" if config.backend == "tensorrt" else "ModelOpt"
-        raise ConfigError(f"{config.method} for {who} needs the plain lowering; this graph is gqa "
-                          "(onnxruntime contrib ops)",
-                          "export with specdec-export --lowering plain, then quantize that")
+    """TensorRT and ModelOpt read standard ONNX only: a lowering with onnxruntime contrib ops (gqa) stops them."""
+    lowering_for(lowering).check_quantization(config.method, config.backend)
 
 
 def _gptq_block(model) -> int:

@@ -1,10 +1,8 @@
 """A CalibrationDataReader that feeds real token windows through the static-KV contract (DESIGN §4).
 
 For each batch of windows it yields a prefill-shaped feed (cache_len 0, empty KV) and, after running the fp32
-graph on that prefill to fill the KV, a verify-shaped feed (T = verify_len) at cache_len = prefill length.
-Both lowerings: `plain` (past_keys / past_values [L, B, Hkv, S, D], outputs new_* [L, B, Hkv, T, D]) and `gqa`
-(past_key.i / past_value.i [B, Hkv, S, D] per layer, logit_positions [N], outputs present_* [B, Hkv, S, D];
-onnxruntime's CPU GroupQueryAttention needs B = 1 there).
+graph on that prefill to fill the KV, a verify-shaped feed (T = verify_len) at cache_len = prefill length. The
+feeds and the prefill run come from the model's lowering driver (specdec.lowering), the one the backends use.
 """
 from __future__ import annotations
 
@@ -14,11 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from specdec.errors import ConfigError, missing_dependency
+from specdec.lowering import lowering_for
 from specdec.manifest import ModelEntry
 
 log = logging.getLogger(__name__)
-
-NUMPY_KV = {"float32": np.float32, "float16": np.float16}
 
 try:
     from onnxruntime.quantization import CalibrationDataReader
@@ -53,8 +50,7 @@ class StaticKVReader(CalibrationDataReader):
         if width > self.entry.max_seq_len:
             raise ConfigError(f"windows of {width} tokens exceed the model's max_seq_len {self.entry.max_seq_len}",
                               "pass a smaller --seq-len")
-        if self.entry.lowering == "gqa" and self.batch != 1:
-            raise ConfigError(f"calibration batch {self.batch} with the gqa lowering", "use batch 1 for gqa graphs")
+        lowering_for(self.entry.lowering).calibration_batch(self.batch)
         if not 1 <= self.batch <= self.entry.max_batch:
             raise ConfigError(f"calibration batch {self.batch} is outside 1..{self.entry.max_batch}", "use batch 1")
         if not set(self.kinds) <= {"prefill", "verify"} or not self.kinds:
@@ -67,13 +63,7 @@ class StaticKVReader(CalibrationDataReader):
     def __len__(self) -> int:
         return -(-len(self.windows) // self.batch) * len(self.kinds)
 
-    def empty_kv(self, batch: int) -> np.ndarray:
-        """[L, B, Hkv, S, D] zeros (a gqa layer's buffer is one [B, Hkv, S, D] slice of it)."""
-        d = self.entry.dims
-        shape = (d.num_layers, batch, d.num_kv_heads, self.entry.max_seq_len, d.head_dim)  # [L, B, Hkv, S, D]
-        return np.zeros(shape, NUMPY_KV.get(self.entry.kv_dtype, np.float32))
-
-    def _session(self):
+    def _driver(self, batch: int):
         if self.session is None:
             try:
                 import onnxruntime as ort
@@ -83,39 +73,21 @@ class StaticKVReader(CalibrationDataReader):
 
             self.session = ort.InferenceSession(str(self.fp32_path), session_options(),
                                                 providers=["CPUExecutionProvider"])
-        return self.session
-
-    def _gqa_feeds(self, rows: np.ndarray, prefill: int) -> list[dict]:
-        # rows: [1, W]; KV per layer [1, Hkv, S, D]; present_* come back whole (the buffer updated in place)
-        layers = self.entry.dims.num_layers
-        names = [f"past_{kind}.{i}" for kind in ("key", "value") for i in range(layers)]
-        cache = {name: self.empty_kv(1)[0] for name in names}
-        first = {"input_ids": rows[:, :prefill].copy(), "cache_len": np.zeros(1, np.int64),
-                 "logit_positions": np.arange(prefill, dtype=np.int64), **cache}
-        feeds = [first] if "prefill" in self.kinds else []
-        if "verify" in self.kinds:
-            outputs = self._session().run(None, {k: (v.copy() if k in cache else v) for k, v in first.items()})
-            filled = dict(zip(names, outputs[1:]))  # outputs: logits, present_key.0.., present_value.0..
-            feeds.append({"input_ids": rows[:, prefill:].copy(), "cache_len": np.full(1, prefill, np.int64),
-                          "logit_positions": np.arange(self.verify_len, dtype=np.int64), **filled})
-        return feeds
+        entry = self.entry
+        driver = lowering_for(entry.lowering).driver(self.session, entry.dims, entry.max_seq_len, entry.kv_dtype)
+        driver.reset(batch)
+        return driver
 
     def feeds_of(self, rows: np.ndarray) -> list[dict]:
         # rows: [B, W] -> prefill feed (T = W - verify_len, cache 0) and verify feed (T = verify_len)
         batch, width = rows.shape
-        if self.entry.lowering == "gqa":
-            return self._gqa_feeds(rows, width - self.verify_len)
         prefill = width - self.verify_len
-        keys, values = self.empty_kv(batch), self.empty_kv(batch)
-        first = {"input_ids": rows[:, :prefill].copy(), "cache_len": np.zeros(batch, np.int64),
-                 "past_keys": keys, "past_values": values}
-        feeds = [first] if "prefill" in self.kinds else []
+        driver = self._driver(batch)
+        first_ids, first_len = rows[:, :prefill].copy(), np.zeros(batch, np.int64)
+        feeds = [driver.feeds(first_ids, first_len)] if "prefill" in self.kinds else []
         if "verify" in self.kinds:
-            _, new_keys, new_values = self._session().run(None, first)  # new_*: [L, B, Hkv, P, D]
-            keys, values = keys.copy(), values.copy()
-            keys[:, :, :, :prefill], values[:, :, :, :prefill] = new_keys, new_values
-            feeds.append({"input_ids": rows[:, prefill:].copy(), "cache_len": np.full(batch, prefill, np.int64),
-                          "past_keys": keys, "past_values": values})
+            driver.run(first_ids, first_len, last_only=True)  # fills the KV of the prefill
+            feeds.append(driver.feeds(rows[:, prefill:].copy(), np.full(batch, prefill, np.int64)))
         return feeds
 
     def _batches(self):

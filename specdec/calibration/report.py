@@ -17,7 +17,7 @@ from specdec.calibration.quality import (
 )
 from specdec.errors import ConfigError
 from specdec.manifest import read_manifest
-from specdec.runtime.generator import ort_backend_for
+from specdec.runtime.ort_backend import OrtBackend
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def _held_out_windows(config: ReportConfig):
 
 
 def _row(name, root, entry, reference, windows, config, as_draft: bool) -> QualityRow:
-    candidate = ort_backend_for(root, entry, None)
+    candidate = OrtBackend(root, entry).open()
     try:
         quality = teacher_forced(reference, candidate, windows, config.progress)
         ms = step_ms(candidate)
@@ -69,7 +69,7 @@ def quality_report(bundles: list, config: ReportConfig) -> list[QualityRow]:
         raise ConfigError(f"the reference target is {ref_manifest.target.precision}", "pass a bundle with an fp32 target")
     windows = _held_out_windows(config)
     rows = []
-    reference = ort_backend_for(config.reference, ref_manifest.target, None)
+    reference = OrtBackend(config.reference, ref_manifest.target).open()
     try:
         if config.include_reference:
             rows.append(_row(f"{config.reference.name}/target", config.reference, ref_manifest.target, reference,

@@ -34,6 +34,8 @@ from specdec.engines.trt_config import (
     with_engine,
 )
 from specdec.errors import EngineBuildError
+from specdec.lowering import lowering_for
+from specdec.publish import write_atomic
 from specdec.manifest import (
     MANIFEST_NAME,
     ModelEntry,
@@ -114,11 +116,7 @@ def build_engine(onnx_path, build: BuildConfig, entry: ModelEntry) -> bytes:
 
 
 def check_buildable(entry: ModelEntry) -> None:
-    if entry.lowering != "plain":
-        raise EngineBuildError(
-            f"{entry.role} carries the {entry.lowering!r} lowering (onnxruntime contrib ops), not TensorRT input",
-            "export with --lowering plain (the default when --engine tensorrt is given)",
-        )
+    lowering_for(entry.lowering).check_tensorrt(entry.role)
     if entry.precision == "int4":  # every int4 method (export's, calibrate's RTN/HQQ/GPTQ/Q4_1) writes MatMulNBits
         raise EngineBuildError(
             f"{entry.role} is an int4 model ({entry.derived}) made of onnxruntime's MatMulNBits, which TensorRT "
@@ -127,22 +125,17 @@ def check_buildable(entry: ModelEntry) -> None:
         )
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
 def build_bundle_engines(bundle, build: BuildConfig | None = None, roles=None, device: int = 0) -> list:
     """Build a plan per role (default: every model) into bundle/engines/, record them in the manifest.
 
-    Returns the new engine records. The default BuildConfig comes from the manifest, with its timing cache at
-    bundle/engines/timing.cache."""
+    Returns the new engine records. The default BuildConfig comes from the manifest; the timing cache is
+    bundle/engines/timing.cache unless the BuildConfig names one."""
     root = Path(bundle)
     manifest = read_manifest(root)
     check_bundle_files(root, manifest)
-    build = build or build_config_for(manifest, timing_cache=root / "engines" / "timing.cache")
+    build = build or build_config_for(manifest)
+    if build.timing_cache is None:  # reused by every later build of this bundle
+        build = dataclasses.replace(build, timing_cache=root / "engines" / "timing.cache")
     trt = import_tensorrt()
     capability = compute_capability(device)
     roles = tuple(roles or manifest.models)
@@ -154,10 +147,10 @@ def build_bundle_engines(bundle, build: BuildConfig | None = None, roles=None, d
     for role in roles:
         entry = models[role]
         plan = root / plan_name(role, capability, trt.__version__)
-        _write_atomic(plan, build_engine(root / entry.onnx_path, build, entry))
+        write_atomic(plan, build_engine(root / entry.onnx_path, build, entry))
         record = engine_record(build, entry, capability, trt.__version__, sha256_file(plan))
         models[role] = with_engine(entry, record)
         records.append(record)
     updated = dataclasses.replace(manifest, models=models)
-    _write_atomic(root / MANIFEST_NAME, json_from_manifest(updated).encode("utf-8"))
+    write_atomic(root / MANIFEST_NAME, json_from_manifest(updated).encode("utf-8"))
     return records

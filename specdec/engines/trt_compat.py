@@ -105,10 +105,9 @@ def save_timing_cache(config, path: Path | None) -> None:
     cache = config.get_timing_cache()
     if cache is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_bytes(bytes(memoryview(cache.serialize())))
-    tmp.replace(path)
+    from specdec.publish import write_atomic
+
+    write_atomic(path, bytes(memoryview(cache.serialize())))
 
 
 def create_runtime(trt, logger, version_compatible: bool):

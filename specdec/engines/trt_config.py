@@ -1,6 +1,6 @@
 """TensorRT build options, optimization profiles, plan names, manifest records and engine selection.
 
-Stdlib only: the builder (specdec.engines.tensorrt) and the runtime (specdec.runtime.trt_backend) share it, and
+No GPU module: the builder (specdec.engines.tensorrt) and the runtime (specdec.runtime.trt_backend) share it, and
 every function here is testable without TensorRT or a GPU.
 
 One engine serves one model with two optimization profiles (DESIGN §5), B from 1 to max_batch and S static:
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import BackendError, ConfigError, EngineBuildError
+from specdec.lowering import LOWERINGS
 from specdec.manifest import ROLES, Manifest, ModelEntry
 
 BACKEND = "tensorrt"
 PROFILE_NAMES = ("prefill", "step")  # optimization profile indices 0 and 1, in this order
-INPUT_NAMES = ("input_ids", "cache_len", "past_keys", "past_values")
-OUTPUT_NAMES = ("logits", "new_keys", "new_values")
+INPUT_NAMES, OUTPUT_NAMES = (tuple(names) for names in LOWERINGS["plain"].io_names(0))  # TensorRT's input
 HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
 RECORD_FIELDS = ("backend", "path", "compute_capability", "tensorrt_version", "sha256", "profiles")
 

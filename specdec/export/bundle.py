@@ -3,19 +3,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
-from specdec import __version__
 from specdec.errors import ExportError
 from specdec.export.architectures import architecture_for, dims_from_config, supported_model_types
 from specdec.export.config import ExportConfig
 from specdec.export.drafts import int4_from_onnx, layer_draft, layer_draft_range
-from specdec.export.onnx_graph import KV_DTYPE_NAMES, TORCH_DTYPES, io_specs, onnx_from_hf
+from specdec.export.onnx_graph import KV_DTYPE_NAMES, TORCH_DTYPES, onnx_from_hf
 from specdec.export.parity import check_parity, enforce_parity, runner_for
 from specdec.export.sources import ModelSource, load_config, load_model, load_tokenizer, resolve_source
+from specdec.lowering import lowering_for
 from specdec.manifest import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
@@ -25,8 +23,9 @@ from specdec.manifest import (
     TokenizerInfo,
     json_from_manifest,
     sha256_file,
-    validate_manifest,
 )
+from specdec.publish import check_destination, staged_bundle
+from specdec.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -93,33 +92,6 @@ def _preflight(config: ExportConfig):
     return source, draft_source, tokenizer
 
 
-def _prepare_out(config: ExportConfig) -> Path:
-    out = config.out
-    if out.exists() and not config.overwrite:
-        raise ExportError(f"output {str(out)!r} already exists", "pass --overwrite to replace it, or choose another --out")
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"output {str(out)!r} exists and is not a directory", "choose another --out")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    except OSError as exc:
-        raise ExportError(f"cannot write to {str(out.parent)!r}: {exc.strerror}", "choose a writable --out") from exc
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    """Replace `out` with `tmp` by renames, so readers never see a half-written bundle."""
-    tmp.chmod(0o755)
-    for path in tmp.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{int(time.time())}")
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def _files_of(root: Path, folder: str) -> dict:
     return {f"{folder}/{p.name}": sha256_file(p) for p in sorted((root / folder).iterdir()) if p.is_file()}
 
@@ -153,13 +125,13 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
             session, note = _session(path, config.dtype)
         if session is not None:
             enforced = derived != "int4"
-            runner = runner_for(session, arch.dims, config.max_seq_len, config.dtype, config.lowering)
+            runner = runner_for(session, arch.dims, config.max_seq_len, KV_DTYPE_NAMES[config.dtype], config.lowering)
             parity, _ = check_parity(runner, reference, arch.dims, config.max_seq_len, config.gamma_max,
                                      config.dtype, enforced)
             del session
             enforce_parity(role, parity)
             note = "checked" if enforced else "informational: quantized graph"
-    inputs, outputs = io_specs(arch, config.max_seq_len, config.dtype, config.lowering)
+    inputs, outputs = lowering_for(config.lowering).io_specs(arch.dims, config.max_seq_len, KV_DTYPE_NAMES[config.dtype])
     files = _files_of(root, role)
     return ModelEntry(
         role=role,
@@ -246,29 +218,18 @@ def _load_draft(config: ExportConfig, target_arch, draft_source, dtype):
     return arch, arch.model, draft_source, ""
 
 
-def _export_quantized(config: ExportConfig) -> Path:
-    """The fp32 export in a staging directory, then the bundle with config.quantize.role quantized, published at
-    config.out by specdec.calibration (as `specdec calibrate quantize`); the staging directory is always removed."""
-    from specdec.calibration.bundle_io import quantized_bundle
-    from specdec.calibration.data import texts_from_source
-
-    texts_from_source(config.quantize.data.source, config.quantize.data.field)  # a bad file fails before the export
-    staging = _prepare_out(config)
-    try:
-        fp32 = export_bundle(config.fp32_export(staging / "fp32"))
-        return quantized_bundle(fp32, config.out, config.quantize, config.overwrite, config.quantize_source)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+def sources_read(config: ExportConfig) -> list[Path]:
+    """The local paths an export reads (the default model's package included): --out must not overlap them."""
+    names = [config.target] + ([config.draft] if config.draft is not None else [])
+    sources = [resolve_source(name) for name in names]
+    return [source.path / source.gguf_file if source.gguf_file else source.path for source in sources]
 
 
 def export_bundle(config: ExportConfig) -> Path:
-    """Build the bundle of DESIGN §3 at config.out (with config.quantize: its draft or target quantized);
-    nothing is left behind on error."""
-    if config.quantize is not None:
-        return _export_quantized(config)
+    """Build the bundle of DESIGN §3 at config.out; nothing is left behind on error, nothing else is replaced."""
+    check_destination(config.out, config.overwrite, sources_read(config))
     source, draft_source, tokenizer = _preflight(config)
-    tmp = _prepare_out(config)
-    try:
+    with staged_bundle(config.out) as tmp:
         with _Steps(_step_names(config), config.progress) as steps:
             dtype = TORCH_DTYPES[config.dtype]
             with steps.step("load models"):
@@ -291,8 +252,4 @@ def export_bundle(config: ExportConfig) -> Path:
                     defaults=Defaults(config.gamma, config.gamma_max, config.max_prefill_chunk),
                 )
                 (tmp / MANIFEST_NAME).write_text(json_from_manifest(manifest), encoding="utf-8")
-                _publish(tmp, config.out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return config.out

@@ -1,18 +1,14 @@
 """Export options, checked once in __post_init__."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from specdec.errors import ConfigError
-
-if TYPE_CHECKING:
-    from specdec.calibration.quantize import QuantizeConfig
+from specdec.manifest import LOWERING_NAMES as LOWERINGS
 
 DTYPES = ("fp32", "fp16", "bf16")
 DRAFT_DERIVATIONS = ("int4",)
-LOWERINGS = ("plain", "gqa")
 
 
 @dataclass(frozen=True)
@@ -33,7 +29,6 @@ class ExportConfig:
     overwrite: bool = False
     check_parity: bool = True
     progress: bool = True
-    quantize: QuantizeConfig | None = None  # after the fp32 export, replace quantize.role by a quantized model
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))
@@ -47,7 +42,7 @@ class ExportConfig:
                 f"--draft-from-target {self.draft_from_target!r} is not supported",
                 f"choose one of {', '.join(DRAFT_DERIVATIONS)}",
             )
-        chosen = [name for name, on in self._draft_choices().items() if on]
+        chosen = [name for name, on in self.draft_choices().items() if on]
         if len(chosen) > 1:
             raise ConfigError(
                 f"conflicting draft options: {', '.join(chosen)}",
@@ -60,8 +55,6 @@ class ExportConfig:
                 f"--gamma-max {self.gamma_max} needs {self.gamma_max + 1} slots, more than --max-seq-len {self.max_seq_len}",
                 "raise --max-seq-len or lower --gamma-max",
             )
-        if self.quantize is not None:
-            self._check_quantize()
 
     def _check_positive(self):
         for name in ("max_seq_len", "max_batch", "gamma", "gamma_max", "max_prefill_chunk"):
@@ -72,42 +65,7 @@ class ExportConfig:
         if self.draft_layers is not None and self.draft_layers <= 0:
             raise ConfigError(f"--draft-layers must be positive, got {self.draft_layers}", "pass --draft-layers 1 or more")
 
-    def _check_quantize(self):
-        from specdec.calibration.quantize import check_lowering
-
-        method, role = self.quantize.method, self.quantize.role
-        check_lowering(self.quantize, self.lowering)
-        if self.dtype != "fp32":
-            raise ConfigError(f"--quantize {method} with --dtype {self.dtype}",
-                              "quantization starts from fp32 weights: drop --dtype (fp32 is the default)")
-        given = [name for name, on in self._draft_choices().items() if on and name != "--draft-layers"]
-        if role == "draft" and given:
-            raise ConfigError(
-                f"--quantize {method} makes the draft, which conflicts with {given[0]}",
-                f"drop {given[0]}; add --draft-layers K to quantize a K-layer draft, "
-                "or pass --quantize-role target to quantize the target instead",
-            )
-        seq_len, shortest = self.quantize.data.seq_len, self.quantize.verify_len + 1
-        if self.quantize.needs_data and not shortest <= seq_len <= self.max_seq_len:
-            raise ConfigError(
-                f"--calibration-seq-len {seq_len} is outside {shortest}..{self.max_seq_len} "
-                f"(a window is a prefill and a {shortest - 1}-token verify, within --max-seq-len)",
-                f"pass --calibration-seq-len from {shortest} to {self.max_seq_len}",
-            )
-
-    @property
-    def quantize_source(self) -> str:
-        """The fp32 model --quantize starts from: the layer draft for a quantized draft with --draft-layers K,
-        else the target."""
-        return "draft" if self.quantize.role == "draft" and self.draft_layers is not None else "target"
-
-    def fp32_export(self, out: Path) -> ExportConfig:
-        """The export that --quantize starts from, written to `out`: the same models, except that a draft about
-        to be replaced is not made twice (no default INT4 draft; a layer draft stays, as the source)."""
-        no_draft = self.no_draft or (self.quantize.role == "draft" and self.draft_layers is None)
-        return replace(self, out=out, overwrite=False, quantize=None, no_draft=no_draft)
-
-    def _draft_choices(self) -> dict:
+    def draft_choices(self) -> dict:
         return {
             "--draft": self.draft is not None,
             "--draft-from-target": self.draft_from_target is not None,

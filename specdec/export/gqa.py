@@ -194,14 +194,6 @@ class GqaDecoder(StaticKVDecoder):
         return (logits, *presents_k, *presents_v)
 
 
-def gqa_io_names(num_layers: int) -> tuple[list, list]:
-    inputs = ["input_ids", "cache_len", "logit_positions"]
-    inputs += [f"past_key.{i}" for i in range(num_layers)] + [f"past_value.{i}" for i in range(num_layers)]
-    outputs = ["logits"] + [f"present_key.{i}" for i in range(num_layers)]
-    outputs += [f"present_value.{i}" for i in range(num_layers)]
-    return inputs, outputs
-
-
 def check_gqa_supported(arch) -> None:
     from specdec.errors import ExportError
 

@@ -9,14 +9,12 @@ import torch
 
 from specdec.errors import ExportError
 from specdec.export.architectures import Architecture
-from specdec.export.gqa import GqaDecoder, check_gqa_supported, gqa_io_names, gqa_translation, move_to_target_domains
+from specdec.export.gqa import GqaDecoder, check_gqa_supported, gqa_translation, move_to_target_domains
 from specdec.export.static_model import StaticKVDecoder
-from specdec.manifest import TensorSpec
+from specdec.lowering import lowering_for
 
 log = logging.getLogger(__name__)
 
-INPUT_NAMES = ["input_ids", "cache_len", "past_keys", "past_values"]
-OUTPUT_NAMES = ["logits", "new_keys", "new_values"]
 OPSET = 18
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 KV_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -38,7 +36,8 @@ def _plain_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: t
     args = example_inputs(arch, max_seq_len, dtype)
     shapes = {"input_ids": {0: batch, 1: tokens}, "cache_len": {0: batch}, "past_keys": {1: batch},
               "past_values": {1: batch}}
-    return StaticKVDecoder(arch, max_seq_len).eval(), args, shapes, INPUT_NAMES, OUTPUT_NAMES, None
+    inputs, outputs = lowering_for("plain").io_names(arch.dims.num_layers)
+    return StaticKVDecoder(arch, max_seq_len).eval(), args, shapes, inputs, outputs, None
 
 
 def _gqa_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: torch.dtype):
@@ -49,8 +48,11 @@ def _gqa_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: tor
     shapes = {"input_ids": {0: batch, 1: tokens}, "cache_len": {0: batch},
               "logit_positions": {0: torch.export.Dim("logits", min=1, max=max_seq_len)},
               "past_keys": [{0: batch}] * layers, "past_values": [{0: batch}] * layers}
-    inputs, outputs = gqa_io_names(layers)
+    inputs, outputs = lowering_for("gqa").io_names(layers)
     return GqaDecoder(arch, max_seq_len).eval(), args, shapes, inputs, outputs, gqa_translation()
+
+
+PROGRAMS = {"plain": _plain_program, "gqa": _gqa_program}  # lowering name -> traced module and its I/O
 
 
 def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: str, path: Path,
@@ -58,8 +60,7 @@ def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: st
     """Write `path` (+ `path.data` external weights) for `arch`'s model; returns the path."""
     batch = torch.export.Dim("batch", min=1, max=max(2, max_batch))
     tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
-    program_for = _gqa_program if lowering == "gqa" else _plain_program
-    module, args, shapes, inputs, outputs, table = program_for(arch, max_seq_len, batch, tokens, TORCH_DTYPES[dtype])
+    module, args, shapes, inputs, outputs, table = PROGRAMS[lowering](arch, max_seq_len, batch, tokens, TORCH_DTYPES[dtype])
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
@@ -72,35 +73,8 @@ def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: st
             f"torch.onnx.export failed for {arch.dims.model_type}: {type(exc).__name__}: {str(exc)[:500]}",
             "run with -v for the full trace; this architecture may need a quirk class in specdec/export/architectures.py",
         ) from exc
-    if lowering == "gqa":
+    if lowering_for(lowering).contrib_ops:
         move_to_target_domains(program.model)
     path.parent.mkdir(parents=True, exist_ok=True)
     program.save(str(path), external_data=True)
     return path
-
-
-def io_specs(arch: Architecture, max_seq_len: int, dtype: str, lowering: str = "plain") -> tuple[list, list]:
-    """The graph's input and output specs for the manifest (strings are symbolic dims)."""
-    d = arch.dims
-    kv = KV_DTYPE_NAMES[dtype]
-    if lowering == "gqa":
-        names_in, names_out = gqa_io_names(d.num_layers)
-        cache = ["B", d.num_kv_heads, max_seq_len, d.head_dim]
-        inputs = [TensorSpec("input_ids", "int64", ["B", "T"]), TensorSpec("cache_len", "int64", ["B"]),
-                  TensorSpec("logit_positions", "int64", ["N"])] + [TensorSpec(n, kv, cache) for n in names_in[3:]]
-        outputs = [TensorSpec("logits", "float32", ["B", "N", d.vocab_size])]
-        return inputs, outputs + [TensorSpec(n, kv, cache) for n in names_out[1:]]
-    past = [d.num_layers, "B", d.num_kv_heads, max_seq_len, d.head_dim]
-    new = [d.num_layers, "B", d.num_kv_heads, "T", d.head_dim]
-    inputs = [
-        TensorSpec("input_ids", "int64", ["B", "T"]),
-        TensorSpec("cache_len", "int64", ["B"]),
-        TensorSpec("past_keys", kv, past),
-        TensorSpec("past_values", kv, past),
-    ]
-    outputs = [
-        TensorSpec("logits", "float32", ["B", "T", d.vocab_size]),
-        TensorSpec("new_keys", kv, new),
-        TensorSpec("new_values", kv, new),
-    ]
-    return inputs, outputs

@@ -5,7 +5,8 @@ were, and A_j = α_1···α_j. A round with γ drafts emits E(γ) = 1 + A_1 + .
 γ·c + r(γ) target-pass units (c: draft step / target step; r(γ): verify pass of γ+1 tokens / one-token pass,
 1 in the paper's model). With a constant α this is the paper's (1 − α^(γ+1)) / ((1 − α)(γc + 1)).
 
-Policies share one interface: `gamma` (drafts to ask for next round) and `observe(proposed, accepted)`.
+Policies share one interface: `gamma` (drafts to ask for next round) and `observe(round)`, which learns from the
+rows of a round record (specdec.runtime.state.Round) whose drafts came from the model.
 - `FixedGamma`: always the same γ.
 - `AdaptiveGamma` (ours): running per-position acceptance (a prior from calibration, decayed counts from this
   request), γ = the argmax of the formula over 1..γ_max after every round.
@@ -31,6 +32,12 @@ def speedup_table(cumulative, cost_ratio: float, verify_cost=None) -> np.ndarray
     return tokens / (gammas * cost_ratio + verify)
 
 
+def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
+    """DESIGN §1 with a constant α: (1 - α^(γ+1)) / ((1 - α)(γc + 1)), the speedup over plain decoding."""
+    cumulative = float(alpha) ** np.arange(1, gamma + 1)  # A_j = α^j
+    return float(speedup_table(cumulative, cost_ratio)[-1]) if gamma > 0 else 1.0
+
+
 def best_gamma(cumulative, cost_ratio: float, verify_cost=None) -> int:
     """The γ in 1..len(cumulative) with the highest expected speedup (ties go to the smaller γ)."""
     return int(np.argmax(speedup_table(cumulative, cost_ratio, verify_cost))) + 1
@@ -52,29 +59,39 @@ def conditional_from_cumulative(cumulative) -> np.ndarray:
     return alphas
 
 
-class FixedGamma:
-    def __init__(self, gamma: int):
-        self.gamma = gamma
+class GammaPolicy:
+    gamma: int
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, record) -> None:
+        """Learn from the model-drafted rows of a round record."""
+        for row in record.rows:
+            if row is not None and row.source == "model":
+                self.observe_row(row.proposed, row.accepted)
+
+    def observe_row(self, proposed: int, accepted: int) -> None:
         """Nothing to learn."""
 
 
-class HeuristicGamma:
+class FixedGamma(GammaPolicy):
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+
+
+class HeuristicGamma(GammaPolicy):
     """Hugging Face's schedule: γ += 2 after a round whose drafts were all accepted, γ −= 1 otherwise."""
 
     def __init__(self, gamma: int, gamma_max: int):
         self.gamma = gamma
         self.gamma_max = gamma_max
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe_row(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
         step = 2 if accepted == proposed else -1
         self.gamma = int(min(self.gamma_max, max(1, self.gamma + step)))
 
 
-class AdaptiveGamma:
+class AdaptiveGamma(GammaPolicy):
     """γ from running per-position acceptance. prior_alphas: [γ_max] conditional α_i from calibration (or one
     value for every position); prior_weight: pseudo-rounds the prior counts for; decay: weight of older rounds.
     A position this request has not reached yet takes the estimate of the deepest one it has (so γ can grow
@@ -104,7 +121,7 @@ class AdaptiveGamma:
     def _choose(self) -> int:
         return best_gamma(cumulative_from_conditional(self.alphas), self.cost_ratio, self.verify_cost)
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe_row(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
         self.reached *= self.decay

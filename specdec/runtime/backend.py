@@ -1,36 +1,19 @@
-"""The backend interface every engine implements, and the onnxruntime CPU backend.
+"""The Backend contract every engine implements (DESIGN §5), and the onnxruntime session options.
 
-forward(input_ids[B,T], cache_len[B]) -> logits[B,T,V]; the backend owns the static KV buffers
-[L, B, Hkv, S, D] and writes the new K/V of row b at [cache_len[b], cache_len[b] + T).
-Rollback is the caller passing a smaller cache_len next time.
+forward(input_ids[B,T], cache_len[B], last_only=False, slots=None) -> logits[B,T,V] ([B,1,V] if last_only).
+A backend owns static KV buffers for `batch` slots (set by reset); row b of a call uses slot slots[b]
+(default b) and its new K/V land at [cache_len[b], cache_len[b] + T) of that slot. The KV of slots a call does
+not list stays valid below their committed length. Rollback is the caller passing a smaller cache_len.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
-from specdec.errors import BackendError, CapacityError, missing_dependency
-from specdec.manifest import ModelEntry
-
-NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
-
-
-class Backend(Protocol):
-    max_seq_len: int
-    max_batch: int
-    vocab_size: int
-
-    def reset(self, batch: int) -> None:
-        """Prepare KV buffers for `batch` rows; every row starts empty."""
-
-    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False) -> np.ndarray:
-        """input_ids: [B, T] int64; cache_len: [B] int64 -> logits [B, T, V] float32 ([B, 1, V] if last_only)."""
-
-    def close(self) -> None:
-        """Release sessions and buffers."""
+from specdec.errors import BackendError, CapacityError
+from specdec.manifest import Manifest, ModelEntry
 
 
 def check_capacity(cache_len: np.ndarray, steps: int, max_seq_len: int) -> None:
@@ -42,12 +25,81 @@ def check_capacity(cache_len: np.ndarray, steps: int, max_seq_len: int) -> None:
         )
 
 
+class Backend:
+    """Shared fields, checks and lifetime of every backend; subclasses implement open, _reset, _forward, close."""
+
+    name = ""  # the `backend=` value of specdec.load
+
+    def __init__(self, root: Path, entry: ModelEntry):
+        self.root = Path(root)
+        self.entry = entry
+        self.max_seq_len = entry.max_seq_len
+        self.max_batch = entry.max_batch
+        self.vocab_size = entry.dims.vocab_size
+        self.batch = 0  # slots of the latest reset
+
+    @classmethod
+    def open_models(cls, root: Path, manifest: Manifest, device: str, threads: int | None) -> tuple:
+        """(target, draft or None), opened, for `specdec.load`."""
+        raise NotImplementedError
+
+    def open(self) -> "Backend":
+        raise NotImplementedError
+
+    def reset(self, batch: int) -> None:
+        """Prepare KV buffers for `batch` slots; every slot starts empty."""
+        if not isinstance(batch, (int, np.integer)) or not 1 <= batch <= self.max_batch:
+            raise CapacityError(f"batch {batch} is outside 1..max_batch={self.max_batch}",
+                                "split the batch, or re-export with a larger --max-batch")
+        self._reset(int(batch))
+        self.batch = int(batch)
+
+    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False,
+                slots: np.ndarray | None = None) -> np.ndarray:
+        """input_ids: [B, T] int64; cache_len: [B] int64; slots: [B] distinct slots -> logits [B, T or 1, V]."""
+        slots = self.check_call(input_ids, cache_len, slots)
+        return self._forward(input_ids, cache_len, last_only, slots)
+
+    def check_call(self, input_ids: np.ndarray, cache_len: np.ndarray, slots) -> np.ndarray:
+        rows, steps = input_ids.shape
+        if self.batch == 0:
+            raise BackendError(f"{self.entry.role} backend: forward before reset", "call reset(batch) first")
+        slots = np.arange(rows, dtype=np.int64) if slots is None else np.asarray(slots, dtype=np.int64)
+        if cache_len.shape != (rows,) or slots.shape != (rows,):
+            raise BackendError(f"forward of {rows} rows got cache_len {cache_len.shape} and slots {slots.shape}",
+                               "pass one cache_len and one slot per row")
+        if rows and (slots.min() < 0 or slots.max() >= self.batch or len(set(slots.tolist())) != rows):
+            raise BackendError(f"slots {slots.tolist()} are not distinct slots of 0..{self.batch - 1}",
+                               "call reset(batch) with enough slots")
+        check_capacity(cache_len, steps, self.max_seq_len)
+        return slots
+
+    def _reset(self, batch: int) -> None:
+        raise NotImplementedError
+
+    def _forward(self, input_ids, cache_len, last_only: bool, slots: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release sessions and buffers; harmless on a backend that never opened."""
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def session_options(threads: int | None = None):
     """onnxruntime options for alternating draft/target sessions on few cores (DESIGN §5: no spinning)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
+    options.intra_op_num_threads = threads or cpu_count()
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -56,65 +108,7 @@ def session_options(threads: int | None = None):
     return options
 
 
-class OrtBackend:
-    """onnxruntime on the CPU execution provider, KV buffers in numpy."""
-
-    def __init__(self, root: Path, entry: ModelEntry, threads: int | None = None):
-        self.root = Path(root)
-        self.entry = entry
-        self.threads = threads
-        self.max_seq_len = entry.max_seq_len
-        self.max_batch = entry.max_batch
-        self.vocab_size = entry.dims.vocab_size
-        self.session = None
-        self.keys = self.values = None
-
-    def open(self) -> "OrtBackend":
-        try:
-            import onnxruntime as ort
-        except ImportError as exc:
-            raise missing_dependency("onnxruntime", "cpu") from exc
-        if self.entry.kv_dtype not in NUMPY_DTYPES:
-            raise BackendError(
-                f"{self.entry.role} has KV dtype {self.entry.kv_dtype}, which the CPU backend does not run",
-                "export with --dtype fp32 for the onnxruntime CPU backend",
-            )
-        path = self.root / self.entry.onnx_path
-        try:
-            self.session = ort.InferenceSession(str(path), session_options(self.threads), providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own exception types from C++
-            raise BackendError(f"onnxruntime cannot load {path}: {exc}", "re-export the bundle") from exc
-        return self
-
-    def reset(self, batch: int) -> None:
-        if not 1 <= batch <= self.max_batch:
-            raise CapacityError(
-                f"batch {batch} is outside 1..max_batch={self.max_batch}", "re-export with a larger --max-batch"
-            )
-        d = self.entry.dims
-        shape = (d.num_layers, batch, d.num_kv_heads, self.max_seq_len, d.head_dim)
-        if self.keys is None or self.keys.shape != shape:
-            dtype = NUMPY_DTYPES[self.entry.kv_dtype]
-            self.keys, self.values = np.zeros(shape, dtype), np.zeros(shape, dtype)
-
-    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False) -> np.ndarray:
-        # input_ids: [B, T]; cache_len: [B] -> logits [B, T, V] ([B, 1, V] if last_only)
-        steps = input_ids.shape[1]
-        check_capacity(cache_len, steps, self.max_seq_len)
-        feeds = {"input_ids": input_ids, "cache_len": cache_len, "past_keys": self.keys, "past_values": self.values}
-        logits, new_keys, new_values = self.session.run(None, feeds)
-        # new_*: [L, B, Hkv, T, D] -> static buffers at [cache_len[b], cache_len[b] + T)
-        for row, start in enumerate(cache_len.tolist()):
-            self.keys[:, row, :, start : start + steps] = new_keys[:, row]
-            self.values[:, row, :, start : start + steps] = new_values[:, row]
-        return logits[:, -1:] if last_only else logits
-
-    def close(self) -> None:
-        self.session = None
-        self.keys = self.values = None
-
-    def __enter__(self):
-        return self.open()
-
-    def __exit__(self, *exc):
-        self.close()
+def check_device(name: str, device: str, allowed: tuple) -> None:
+    if not device.startswith(allowed):
+        raise BackendError(f"backend={name!r} does not run on device={device!r}",
+                           "use backend='onnxruntime' with device='cpu', or backend='tensorrt' with device='cuda:N'")

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.runtime.config import GenerationConfig
+from specdec.runtime.adaptive_gamma import expected_speedup
 from specdec.runtime.sampling import sample, warp
-from specdec.runtime.state import Row, feed_chunks
+from specdec.runtime.state import Row, feed_chunks, forward_rows
 
 
 @dataclass
@@ -51,103 +51,87 @@ class PromptLookupDrafter:
 
     name = "prompt_lookup"
 
-    def __init__(self, config: GenerationConfig):
-        self.config = config
-
     def propose(self, rows: list, limits: list) -> list:
         return [self._one(row, lim) if lim > 0 else EMPTY for row, lim in zip(rows, limits)]
 
-    def _one(self, row: Row, limit: int) -> Proposal:
-        longest = self.config.lookup_ngram
-        found, size = lookup_match(row.tokens, limit, longest, self.config.lookup_min_ngram)
+    @staticmethod
+    def _one(row: Row, limit: int) -> Proposal:
+        longest = row.config.lookup_ngram
+        found, size = lookup_match(row.tokens, limit, longest, row.config.lookup_min_ngram)
         return Proposal(found, None, "lookup", strong=size == longest and found.size == limit)
-
-    def commit(self, row: Row, kept: int) -> None:
-        """Called after verification: `kept` tokens of the row are known valid."""
 
 
 class ModelDrafter:
-    """Autoregressive drafts from the bundle's draft model (a static-KV backend)."""
+    """Autoregressive drafts from the bundle's draft model (a static-KV backend), each row with its own options."""
 
     name = "model"
 
-    def __init__(self, backend, config: GenerationConfig, chunk: int, gate=None):
+    def __init__(self, backend, chunk: int, step_timer=None):
         self.backend = backend
-        self.config = config
         self.chunk = chunk
-        self.gate = gate  # told the time of every one-token draft step
+        self.step_timer = step_timer  # told the seconds of every one-token draft step (or None)
 
-    def _choose(self, logits: np.ndarray, row: Row):
+    @staticmethod
+    def _choose(logits: np.ndarray, row: Row):
         # logits: [V] -> (token, q or None)
-        if self.config.greedy:
+        if row.config.greedy:
             return int(np.argmax(logits)), None
-        q = warp(logits, self.config)
+        q = warp(logits, row.config)
         return sample(q, row.rng), q
 
     def propose(self, rows: list, limits: list) -> list:
-        wanted = [not row.finish and lim > 0 for row, lim in zip(rows, limits)]
+        wanted = [row.active and lim > 0 for row, lim in zip(rows, limits)]
         if not any(wanted):
             return [EMPTY] * len(rows)
-        starts = [row.draft_len if not row.finish else 0 for row in rows]
+        # catch the draft up on what it has not seen (the last round's bonus token, lookup rounds' tokens)
         pending = [row.tokens[row.draft_len :] if w else None for row, w in zip(rows, wanted)]
-        logits = feed_chunks(self.backend, pending, starts, self.chunk)  # [B, V]
+        logits = feed_chunks(self.backend, rows, pending, [row.draft_len for row in rows], self.chunk)  # [V] per row
         for row, w in zip(rows, wanted):
             if w:
                 row.draft_len = len(row.tokens)
-        drafts = [[] for _ in rows]
-        dists = [[] for _ in rows]
+        drafts, dists = [[] for _ in rows], [[] for _ in rows]
         for step in range(max(limits)):
             for b, row in enumerate(rows):
                 if wanted[b] and step < limits[b]:
                     token, q = self._choose(logits[b], row)
                     drafts[b].append(token)
                     dists[b].append(q)
-            if step + 1 == max(limits):
-                break
             feeding = [wanted[b] and step + 1 < limits[b] for b in range(len(rows))]
+            if not any(feeding):
+                break
             logits = self._step(rows, drafts, feeding)
-        return [self._proposal(d, q) if w else EMPTY for d, q, w in zip(drafts, dists, wanted)]
+        return [self._proposal(row, d, q) if w else EMPTY for row, d, q, w in zip(rows, drafts, dists, wanted)]
 
-    def _step(self, rows: list, drafts: list, feeding: list) -> np.ndarray:
+    def _step(self, rows: list, drafts: list, feeding: list) -> list:
         seqs = [[drafts[b][-1]] if feeding[b] else None for b in range(len(rows))]
-        starts = [row.draft_len if not row.finish else 0 for row in rows]
         started = time.perf_counter()
-        logits = feed_chunks(self.backend, seqs, starts, 1)
-        if self.gate is not None:
-            self.gate.observe_draft_step(time.perf_counter() - started)
+        logits = forward_rows(self.backend, rows, seqs, [row.draft_len for row in rows], last_only=True)
+        if self.step_timer is not None:
+            self.step_timer(time.perf_counter() - started)
         for b, row in enumerate(rows):
             if feeding[b]:
                 row.draft_len += 1
-        return logits
+        return [None if out is None else out[-1] for out in logits]
 
-    def _proposal(self, drafts: list, dists: list) -> Proposal:
-        q = None if self.config.greedy else np.stack(dists)
+    @staticmethod
+    def _proposal(row: Row, drafts: list, dists: list) -> Proposal:
+        q = None if row.config.greedy else np.stack(dists)
         return Proposal(np.asarray(drafts, dtype=np.int64), q, "model")
-
-    def commit(self, row: Row, kept: int) -> None:
-        # the draft's KV is valid for the committed prefix only: roll back by moving the length
-        row.draft_len = min(row.draft_len, kept)
-
-
-def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
-    """DESIGN §1: (1 - α^(γ+1)) / ((1 - α)(γc + 1)), the speedup over plain decoding."""
-    if alpha >= 1.0:
-        tokens = gamma + 1.0
-    else:
-        tokens = (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-    return tokens / (gamma * cost_ratio + 1.0)
 
 
 class ModelGate:
-    """Decides from measured acceptance α and cost ratio c whether model drafts beat plain decoding.
+    """Decides from acceptance α and cost ratio c whether model drafts beat plain decoding.
 
-    It lives as long as its generator: α and c describe the model pair on this machine, not one request.
-    c is the draft's time per one-token step over the target's time per verify pass, both measured in rounds
-    that drafted with the model (catching the draft up after lookup rounds is not a step and is left out).
+    Two kinds (DESIGN §5): a *measured* gate lives as long as its generator and learns α and c (the draft's time
+    per one-token step over the target's time per verify pass, both from rounds that drafted with the model) on
+    this machine; greedy requests share it, since their output does not depend on it. A *fixed* gate serves one
+    sampled request: c is fixed bundle data (the γ calibration's, or a default) and α comes from that request
+    alone, so the same seed gives the same tokens whatever ran before.
     """
 
-    def __init__(self, warmup_rounds: int = 4, prior_alpha: float = 0.7, prior_weight: float = 4.0,
-                 probe_every: int = 16):
+    def __init__(self, cost_ratio: float | None = None, warmup_rounds: int = 4, prior_alpha: float = 0.7,
+                 prior_weight: float = 4.0, probe_every: int = 16):
+        self.fixed_cost = cost_ratio
         self.warmup_rounds = warmup_rounds
         self.probe_every = probe_every  # while the model does not pay, still try it every n-th round
         self.refusals = 0
@@ -172,13 +156,15 @@ class ModelGate:
 
     @property
     def cost_ratio(self) -> float:
+        if self.fixed_cost is not None:
+            return self.fixed_cost
         if not self.steps or not self.verify_s:
             return 0.0
         return (self.step_s / self.steps) / (self.verify_s / self.rounds)
 
     def pays(self, gamma: int) -> bool:
-        """Whether to draft with the model this round (the measured gain, or a periodic probe)."""
-        if self.rounds < self.warmup_rounds or not self.steps:
+        """Whether to draft with the model this round (the expected gain, or a periodic probe)."""
+        if self.rounds < self.warmup_rounds or (self.fixed_cost is None and not self.steps):
             return True
         if expected_speedup(self.alpha, gamma, self.cost_ratio) > 1.0:
             return True
@@ -191,24 +177,19 @@ class ChainDrafter:
 
     name = "auto"
 
-    def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None, gate: ModelGate, policy):
+    def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None):
         self.lookup = lookup_drafter
         self.model = model
-        self.gate = gate
-        self.policy = policy
 
     def propose(self, rows: list, limits: list) -> list:
         # a strong lookup (longest n-gram, full length) is free and usually right: it always goes first;
-        # elsewhere the model drafts while it pays, and weak lookups fill in when it does not
+        # elsewhere the model drafts where the row's gate says it pays, and weak lookups fill in where it does not
         proposals = self.lookup.propose(rows, limits)
-        if self.model is None or not self.gate.pays(self.policy.gamma):
+        if self.model is None:
             return proposals
-        need = [0 if p.strong else lim for p, lim in zip(proposals, limits)]
+        need = [lim if lim and not p.strong and row.gate.pays(lim) else 0
+                for row, p, lim in zip(rows, proposals, limits)]
         if not any(need):
             return proposals
         drafted = self.model.propose(rows, need)
         return [d if n else p for p, d, n in zip(proposals, drafted, need)]
-
-    def commit(self, row: Row, kept: int) -> None:
-        if self.model is not None:
-            self.model.commit(row, kept)

@@ -1,8 +1,10 @@
 """The speculative loop of DESIGN §1: prefill both models, then rounds of draft -> verify -> accept -> commit.
 
-Rows of a batch are verified together: proposals are padded to a common T, each row has its own cache_len, and
-acceptance is ragged. Rollback is moving a length. A row ends on EOS, a stop string, max_new_tokens, or `length`
-when the static buffers are full; nothing is ever written past S.
+Rows of a batch are verified together: proposals are padded to a common T, each row has its own cache_len, KV
+slot and request options (sampling, seed, stops, max_new_tokens, drafter), and acceptance is ragged. Rollback is
+moving a length. A row ends on EOS, a stop string, max_new_tokens, or `length` when the static buffers are
+full; nothing is ever written past S. `step` returns a Round record that Stats, the γ policy and the gates
+observe.
 """
 from __future__ import annotations
 
@@ -10,87 +12,73 @@ import time
 
 import numpy as np
 
-from specdec.runtime.config import GenerationConfig
+from specdec.runtime.drafters import EMPTY, Proposal
 from specdec.runtime.sampling import accept_greedy, accept_sampled, warp
-from specdec.runtime.state import Row, Stats, feed_chunks, forward_padded
+from specdec.runtime.state import Round, Row, RowRound, feed_chunks, forward_rows
+from specdec.runtime.text import StopStrings
 
 
 class SpeculativeLoop:
-    def __init__(self, target, drafter, config: GenerationConfig, policy, chunk: int, eos_ids, gate=None):
+    def __init__(self, target, drafters: dict, policy, chunk: int, eos_ids, stops: StopStrings | None = None):
         self.target = target  # a Timed backend
-        self.drafter = drafter  # None: plain decoding
-        self.config = config
+        self.drafters = drafters  # drafter kind -> drafter ("none" needs none)
         self.policy = policy  # γ for the next round (specdec.runtime.adaptive_gamma)
         self.chunk = chunk
-        self.eos_ids = set(eos_ids)
-        self.gate = gate
-        self.stats = Stats()
+        self.eos_ids = frozenset(eos_ids)
+        self.stops = stops
 
-    def prefill(self, rows: list) -> None:
-        """Target KV for every token but the last, which the first verify pass feeds."""
+    def prefill(self, rows: list) -> float:
+        """Target KV for every token but the last, which the first verify pass feeds; -> seconds."""
         started = time.perf_counter()
-        seqs = [row.tokens[:-1] or None for row in rows]
-        if any(seqs):
-            feed_chunks(self.target, seqs, [0] * len(rows), self.chunk)
+        seqs = [row.tokens[:-1] if row.active else None for row in rows]
+        feed_chunks(self.target, rows, seqs, [0] * len(rows), self.chunk)
         for row in rows:
             row.target_len = len(row.tokens) - 1
-        self.stats.prefill_s += time.perf_counter() - started
+            row.draft_len = 0
+        return time.perf_counter() - started
 
-    def limits(self, rows: list) -> list:
-        """Drafts each row may get: γ, what max_new_tokens leaves, and what S leaves for this and every row."""
+    def limits(self, rows: list, gamma: int) -> list:
+        """Drafts each row may get: γ (capped by the row's own gamma), what max_new_tokens leaves, what S leaves
+        for this row and for the verify pass every active row shares."""
         size = self.target.max_seq_len
-        active = [row for row in rows if not row.finish]
-        shared_room = min(size - len(row.tokens) for row in active)
-        gamma = self.policy.gamma
+        active = [row for row in rows if row.active]
+        shared_room = min((size - len(row.tokens) for row in active), default=0)
         return [
-            0 if row.finish or self.drafter is None
-            else max(0, min(gamma, self.config.max_new_tokens - row.generated - 1,
-                            size - len(row.tokens) - 1, shared_room))
+            0 if not row.active or row.config.drafter == "none"
+            else max(0, min(gamma if row.config.gamma is None else min(gamma, row.config.gamma),
+                            row.config.max_new_tokens - row.generated - 1, size - len(row.tokens) - 1, shared_room))
             for row in rows
         ]
 
     def draft(self, rows: list, limits: list) -> list:
-        started = time.perf_counter()
-        if self.drafter is None or not any(limits):
-            proposals = [None] * len(rows)
-        else:
-            proposals = self.drafter.propose(rows, limits)
-        self.stats.draft_s += time.perf_counter() - started
+        proposals = [EMPTY] * len(rows)
+        for kind, drafter in self.drafters.items():
+            mine = [lim if row.config.drafter == kind else 0 for row, lim in zip(rows, limits)]
+            if any(mine):
+                for b, prop in enumerate(drafter.propose(rows, mine)):
+                    if mine[b]:
+                        proposals[b] = prop
         return proposals
 
-    def verify(self, rows: list, proposals: list) -> np.ndarray:
-        started = time.perf_counter()
-        seqs, starts = [], []
-        for row, prop in zip(rows, proposals):
-            if row.finish:
-                seqs.append(None)
-                starts.append(0)
-            else:
-                drafts = [] if prop is None else prop.tokens.tolist()
-                seqs.append([row.tokens[-1]] + drafts)
-                starts.append(row.target_len)
-        logits = forward_padded(self.target, seqs, starts)  # [B, T, V]
-        self.stats.verify_s += time.perf_counter() - started
-        return logits
+    def verify(self, rows: list, proposals: list) -> list:
+        # -> per active row: logits [k + 1, V] for [last token, drafts...]
+        seqs = [[row.tokens[-1]] + prop.tokens.tolist() if row.active else None for row, prop in zip(rows, proposals)]
+        return forward_rows(self.target, rows, seqs, [row.target_len for row in rows])
 
-    def accept(self, row: Row, prop, logits: np.ndarray) -> tuple[int, int]:
-        # logits: [T, V] of this row; returns (accepted count, next token)
-        drafts = np.zeros(0, dtype=np.int64) if prop is None else prop.tokens
-        k = len(drafts)
-        if self.config.greedy:
-            return accept_greedy(drafts, logits[: k + 1].argmax(axis=-1))
-        p = warp(logits[: k + 1], self.config)
-        q = None if prop is None else prop.q
-        return accept_sampled(drafts, q, p, row.rng.random(k), row.rng)
+    @staticmethod
+    def accept(row: Row, prop: Proposal, logits: np.ndarray) -> tuple[int, int]:
+        # logits: [k + 1, V] of this row -> (accepted count, next token)
+        config, drafts = row.config, prop.tokens
+        if config.greedy:
+            return accept_greedy(drafts, logits.argmax(axis=-1))
+        return accept_sampled(drafts, prop.q, warp(logits, config), row.rng.random(len(drafts)), row.rng)
 
-    def commit(self, row: Row, prop, accepted: int, token: int) -> list:
-        """Append the accepted drafts and the new token; apply stops; return the newly committed tokens."""
+    def commit(self, row: Row, prop: Proposal, accepted: int, token: int) -> list:
+        """Append the accepted drafts and the new token, apply the stops; -> the newly committed tokens."""
         old_len = len(row.tokens)
-        new = ([] if prop is None else prop.tokens[:accepted].tolist()) + [token]
-        row.tokens.extend(new)
+        row.tokens.extend(prop.tokens[:accepted].tolist() + [token])
         row.target_len = len(row.tokens) - 1
-        if self.drafter is not None:
-            self.drafter.commit(row, old_len + accepted)
+        row.draft_len = min(row.draft_len, old_len + accepted)  # the draft's KV is valid for the kept prefix only
         self._apply_stops(row, old_len)
         return row.tokens[old_len:]
 
@@ -99,33 +87,43 @@ class SpeculativeLoop:
             if row.tokens[index] in self.eos_ids:
                 del row.tokens[index + 1 :]
                 row.finish = "eos"
-                return
-        if row.generated >= self.config.max_new_tokens:
-            del row.tokens[row.prompt_len + self.config.max_new_tokens :]
-            row.finish = "max_new_tokens"
-        elif len(row.tokens) >= self.target.max_seq_len:
+                break
+        if row.generated >= row.config.max_new_tokens:
+            del row.tokens[row.prompt_len + row.config.max_new_tokens :]
+            row.finish = row.finish or "max_new_tokens"
+        if self.stops is not None and row.config.stop:
+            self.stops.apply(row, since=old_len - row.prompt_len)
+        if row.active and len(row.tokens) >= self.target.max_seq_len:
             row.finish = "length"
 
-    def step(self, rows: list) -> list:
-        """One round for every active row; returns the tokens each row committed (lists)."""
-        verify_s = self.stats.verify_s
-        proposals = self.draft(rows, self.limits(rows))
+    def step(self, rows: list) -> Round:
+        """One round for every active row."""
+        gamma = self.policy.gamma
+        started = time.perf_counter()
+        proposals = self.draft(rows, self.limits(rows, gamma))
+        verified = time.perf_counter()
         logits = self.verify(rows, proposals)
-        verify_s = self.stats.verify_s - verify_s
-        model_counts = [0, 0]
-        committed = []
-        for b, (row, prop) in enumerate(zip(rows, proposals)):
-            if row.finish:
-                committed.append([])
+        draft_s, verify_s = verified - started, time.perf_counter() - verified
+        records = []
+        for row, prop, row_logits in zip(rows, proposals, logits):
+            if not row.active:
+                records.append(None)
                 continue
-            accepted, token = self.accept(row, prop, logits[b])
-            proposed = 0 if prop is None else len(prop.tokens)
-            self.stats.record(proposed, accepted)
-            if prop is not None and prop.source == "model":
-                model_counts[0] += proposed
-                model_counts[1] += accepted
-                self.policy.observe(proposed, accepted)
-            committed.append(self.commit(row, prop, accepted, token))
-        if self.gate is not None and model_counts[0]:
-            self.gate.observe(*model_counts, verify_s)
-        return committed
+            accepted, token = self.accept(row, prop, row_logits)
+            committed = self.commit(row, prop, accepted, token)
+            records.append(RowRound(len(prop.tokens), accepted, committed, prop.source, row.finish))
+        record = Round(gamma, records, draft_s, verify_s)
+        self.policy.observe(record)
+        self._teach_gates(rows, record)
+        return record
+
+    @staticmethod
+    def _teach_gates(rows: list, record: Round) -> None:
+        """Each gate learns once per round from the model rounds of the rows it decides for."""
+        counts = {}
+        for row, row_record in zip(rows, record.rows):
+            if row_record is not None and row.gate is not None and row_record.source == "model":
+                gate, proposed, accepted = counts.get(id(row.gate), (row.gate, 0, 0))
+                counts[id(row.gate)] = (gate, proposed + row_record.proposed, accepted + row_record.accepted)
+        for gate, proposed, accepted in counts.values():
+            gate.observe(proposed, accepted, record.verify_s)

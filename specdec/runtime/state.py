@@ -1,4 +1,4 @@
-"""Per-row sequence state, timed backends, padded forwards and request statistics."""
+"""Per-row sequence state, the per-round record, timed backends, slot-addressed forwards and request statistics."""
 from __future__ import annotations
 
 import time
@@ -6,23 +6,67 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PAD_ID = 0
+from specdec.lowering import PAD_ID
+from specdec.runtime.config import GenerationConfig
+
+
+def row_rng(seed: int | None, row: int) -> np.random.Generator:
+    """The random stream of row `row` of a request seeded `seed`: from (seed, row), so rows and requests never
+    share a stream (seed 1 row 1 and seed 2 row 0 differ). None: fresh entropy."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(row,)))
 
 
 @dataclass
 class Row:
-    """One sequence. Invariant while active: target_len == len(tokens) - 1 (the last token is pending)."""
+    """One sequence with its own request options. Invariant while active: target_len == len(tokens) - 1 (the
+    last token is pending)."""
 
     tokens: list
     prompt_len: int
     rng: np.random.Generator
+    config: GenerationConfig = field(default_factory=GenerationConfig)
+    slot: int = 0  # KV slot in both backends
     target_len: int = 0  # valid KV slots in the target
     draft_len: int = 0  # valid KV slots in the draft model (a prefix of tokens)
     finish: str | None = None
+    gate: object = None  # the ModelGate deciding `auto` for this row (specdec.runtime.drafters)
+    stop_at: int | None = None  # for finish == "stop": the text length at which the stop string begins
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    @property
+    def active(self) -> bool:
+        return self.finish is None
+
+
+@dataclass(frozen=True)
+class RowRound:
+    """What one round did to one row."""
+
+    proposed: int  # drafts verified
+    accepted: int
+    committed: list  # tokens appended (after stops)
+    source: str  # "model", "lookup" or "none"
+    finish: str | None
+
+
+@dataclass(frozen=True)
+class Round:
+    """The record `SpeculativeLoop.step` returns; Stats, the γ policy and the gates observe it."""
+
+    gamma: int
+    rows: list  # RowRound per row of the batch, or None for rows that were not active
+    draft_s: float
+    verify_s: float
+
+    def model_counts(self) -> tuple[int, int]:
+        """(proposed, accepted) over the rows whose drafts came from the model."""
+        model = [r for r in self.rows if r is not None and r.source == "model"]
+        return sum(r.proposed for r in model), sum(r.accepted for r in model)
 
 
 class Timed:
@@ -33,9 +77,9 @@ class Timed:
         self.seconds = 0.0
         self.calls = 0
 
-    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False) -> np.ndarray:
+    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False, slots=None) -> np.ndarray:
         started = time.perf_counter()
-        logits = self.backend.forward(input_ids, cache_len, last_only)
+        logits = self.backend.forward(input_ids, cache_len, last_only, slots)
         self.seconds += time.perf_counter() - started
         self.calls += 1
         return logits
@@ -44,37 +88,42 @@ class Timed:
         return getattr(self.backend, name)
 
 
-def forward_padded(backend, seqs: list, starts: list, last_only: bool = False) -> np.ndarray:
-    """One forward of ragged rows padded to a common T. seqs[b] is a token list or None (row idle: pads are
-    written beyond starts[b], where they are masked and later overwritten). -> logits [B, T, V]
-    ([B, 1, V], the position T-1, if last_only)."""
-    steps = max(len(s) for s in seqs if s is not None)
-    ids = np.full((len(seqs), steps), PAD_ID, dtype=np.int64)
-    for row, seq in enumerate(seqs):
-        if seq:
-            ids[row, : len(seq)] = seq
-    return backend.forward(ids, np.asarray(starts, dtype=np.int64), last_only)
+def forward_rows(backend, rows: list, seqs: list, starts: list, last_only: bool = False) -> list:
+    """One forward of the rows whose seqs[b] is a token list, padded to a common T, on their slots.
+    -> per row: logits [T_b, V] (or [1, V] of its last position when last_only), None for rows not fed.
+    Pads land beyond each row's own tokens, where they are masked and later overwritten."""
+    fed = [b for b, seq in enumerate(seqs) if seq]
+    out = [None] * len(rows)
+    if not fed:
+        return out
+    steps = max(len(seqs[b]) for b in fed)
+    ids = np.full((len(fed), steps), PAD_ID, dtype=np.int64)
+    for i, b in enumerate(fed):
+        ids[i, : len(seqs[b])] = seqs[b]
+    cache_len = np.asarray([starts[b] for b in fed], dtype=np.int64)
+    slots = np.asarray([rows[b].slot for b in fed], dtype=np.int64)
+    logits = backend.forward(ids, cache_len, last_only, slots)  # [n, T or 1, V]
+    for i, b in enumerate(fed):
+        out[b] = logits[i] if last_only else logits[i, : len(seqs[b])]
+    return out
 
 
-def feed_chunks(backend, seqs: list, starts: list, chunk: int) -> np.ndarray:
-    """Feed token lists (any lengths) in chunks; -> logits of each row's last fed token [B, V] (zeros if none).
-    Every row's writes stay within S: T <= S - starts[b] for all rows."""
-    starts = list(starts)
-    pos = [0] * len(seqs)
-    last = None
-    while any(s is not None and p < len(s) for s, p in zip(seqs, pos)):
-        room = min(backend.max_seq_len - st for st in starts)
-        steps = min(chunk, room, max(len(s) - p for s, p in zip(seqs, pos) if s is not None))
-        part = [s[p : p + steps] if s is not None and p < len(s) else None for s, p in zip(seqs, pos)]
-        even = all(piece is None or len(piece) == steps for piece in part)
-        logits = forward_padded(backend, part, starts, last_only=even)  # [B, T or 1, V]
-        if last is None:
-            last = np.zeros((len(seqs), logits.shape[-1]), dtype=logits.dtype)
-        for row, piece in enumerate(part):
-            if piece:
-                last[row] = logits[row, -1 if even else len(piece) - 1]
-                starts[row] += len(piece)
-                pos[row] += len(piece)
+def feed_chunks(backend, rows: list, seqs: list, starts: list, chunk: int) -> list:
+    """Feed token lists (any lengths, None for rows not fed) in chunks; -> per row the logits [V] of its last fed
+    token (None if not fed). Every row's writes stay within S."""
+    starts, pos = list(starts), [0] * len(seqs)
+    last = [None] * len(seqs)
+    while any(s and p < len(s) for s, p in zip(seqs, pos)):
+        live = [b for b, s in enumerate(seqs) if s and pos[b] < len(s)]
+        room = min(backend.max_seq_len - starts[b] for b in live)
+        steps = min(chunk, room, max(len(seqs[b]) - pos[b] for b in live))
+        part = [seqs[b][pos[b] : pos[b] + steps] if b in live else None for b in range(len(seqs))]
+        even = all(len(part[b]) == steps for b in live)
+        logits = forward_rows(backend, rows, part, starts, last_only=even)
+        for b in live:
+            last[b] = logits[b][-1]
+            starts[b] += len(part[b])
+            pos[b] += len(part[b])
     return last
 
 
@@ -94,6 +143,13 @@ class Stats:
     forward_s: float = 0.0  # inside backend forward calls, both models
     total_s: float = 0.0
     first_token_s: float = 0.0
+
+    def observe(self, record: Round) -> None:
+        self.draft_s += record.draft_s
+        self.verify_s += record.verify_s
+        for row in record.rows:
+            if row is not None:
+                self.record(row.proposed, row.accepted)
 
     def record(self, proposed: int, accepted: int) -> None:
         self.proposed += proposed

@@ -1,7 +1,9 @@
 """TensorRT backend: the `Backend` interface of specdec.runtime.backend on a TensorRT plan and cuda-python.
 
 One execution context with two optimization profiles (prefill, step); after every change of profile or shape
-the input shapes and all tensor addresses are bound again. Static KV buffers [L, B, Hkv, S, D] live on the
+the input shapes and all tensor addresses are bound again. Every call runs all `batch` slots of the last reset
+(the plan's KV layout [L, B, Hkv, S, D] cannot address a subset); slots a call does not list get pad tokens at
+cache_len 0 and no KV write-back, so their KV is untouched. Static KV buffers [L, B, Hkv, S, D] live on the
 device; input_ids, cache_len and logits pass through pinned host buffers on one non-default stream. Each (B, T)
 runs once directly (the warm-up enqueue), then its upload + enqueue + download is captured into a CUDA graph
 that later calls replay. The KV write-back of DESIGN §4 (new_* at [cache_len[b], cache_len[b] + T)) is one
@@ -17,9 +19,10 @@ import numpy as np
 
 from specdec.engines.trt_config import INPUT_NAMES, OUTPUT_NAMES, PROFILE_NAMES, profile_for, token_limits
 from specdec.engines.trt_select import check_plan_file, rebuild_hint, select_engine
-from specdec.errors import BackendError, CapacityError
-from specdec.manifest import ModelEntry
-from specdec.runtime.backend import check_capacity
+from specdec.errors import BackendError
+from specdec.lowering import PAD_ID
+from specdec.manifest import Manifest, ModelEntry
+from specdec.runtime.backend import Backend, check_device
 
 KV_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 INT64 = 8
@@ -31,22 +34,36 @@ class TrtOptions:
     cuda_graphs: bool = True  # False: enqueue every call (for latency comparisons and debugging)
 
 
-class TrtBackend:
+class TrtBackend(Backend):
     """A bundle model on its TensorRT plan; `open()` (or `with`) loads it, `close()` frees the GPU."""
 
+    name = "tensorrt"
+
     def __init__(self, root: Path, entry: ModelEntry, options: TrtOptions = TrtOptions()):
-        self.root = Path(root)
-        self.entry = entry
+        super().__init__(root, entry)
         self.options = options
-        self.max_seq_len = entry.max_seq_len
-        self.max_batch = entry.max_batch
-        self.vocab_size = entry.dims.vocab_size
         self.cuda = self.record = None
         self.logger = self.runtime = self.engine = self.context = None
         self.addresses, self.graphs = {}, {}
         self.bound = None  # (profile, B, T) the context is set up for
-        self.batch = 0
         self.replays = 0
+
+    @classmethod
+    def open_models(cls, root: Path, manifest: Manifest, device: str, threads: int | None) -> tuple:
+        """Plans for the models that have one; a draft without a plan (INT4 MatMulNBits) runs on ORT CPU."""
+        from specdec.runtime.ort_backend import OrtBackend
+
+        check_device(cls.name, device, ("cuda",))
+        options = TrtOptions(device=int(device.split(":")[1]) if ":" in device else 0)
+        target = cls(root, manifest.target, options).open()
+        draft = manifest.draft
+        if draft is None:
+            return target, None
+        try:
+            return target, (cls(root, draft, options) if draft.engines else OrtBackend(root, draft, threads)).open()
+        except BaseException:
+            target.close()
+            raise
 
     # --- lifetime --------------------------------------------------------------------------------------
     def open(self) -> "TrtBackend":
@@ -115,31 +132,23 @@ class TrtBackend:
         if self.cuda is not None:
             self.cuda.close()
         self.cuda, self.addresses, self.graphs, self.bound = None, {}, {}, None
-
-    def __enter__(self):
-        return self.open()
-
-    def __exit__(self, *exc):
-        self.close()
+        self.batch = 0
 
     # --- the Backend interface ---------------------------------------------------------------------------
-    def reset(self, batch: int) -> None:
-        if not 1 <= batch <= self.max_batch:
-            raise CapacityError(
-                f"batch {batch} is outside 1..max_batch={self.max_batch}",
-                "re-export or rebuild with a larger max batch"
-            )
-        self.batch = batch  # rows start empty: every forward passes cache_len, and slots past it are masked
+    def _reset(self, batch: int) -> None:
+        if self.context is None:
+            raise BackendError(f"the {self.entry.role} TensorRT backend is not open", "call open() first")
+        # every forward passes cache_len, and slots past it are masked: nothing to clear
 
-    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray) -> np.ndarray:
-        # input_ids: [B, T] int64; cache_len: [B] int64 -> logits [B, T, V] float32
-        batch, steps = input_ids.shape
-        if batch != self.batch:
-            raise BackendError(f"forward got {batch} rows after reset({self.batch})", "call reset(batch) first")
-        check_capacity(cache_len, steps, self.max_seq_len)
+    def _forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool, slots: np.ndarray) -> np.ndarray:
+        # input_ids: [B, T] int64; cache_len: [B] int64 -> logits [B, T, V] float32 ([B, 1, V] if last_only)
+        steps, batch = input_ids.shape[1], self.batch
+        ids = np.full((batch, steps), PAD_ID, dtype=np.int64)
+        lens = np.zeros(batch, dtype=np.int64)
+        ids[slots], lens[slots] = input_ids, cache_len
         profile = profile_for(self.record["profiles"], steps)
-        self.host_ids[: batch * steps] = input_ids.reshape(-1)
-        self.host_len[:batch] = cache_len
+        self.host_ids[: batch * steps] = ids.reshape(-1)
+        self.host_len[:batch] = lens
         self._bind(profile, batch, steps)
         graph = self.graphs.get((batch, steps))
         if graph is not None:
@@ -147,9 +156,10 @@ class TrtBackend:
             self.replays += 1
         else:
             self._enqueue(batch, steps)  # the warm-up enqueue computes this call's result
-        self._write_back(batch, steps, cache_len)
+        self._write_back(batch, steps, lens, slots)
         self.cuda.synchronize()
-        logits = self.host_logits[: batch * steps * self.vocab_size].reshape(batch, steps, self.vocab_size).copy()
+        logits = self.host_logits[: batch * steps * self.vocab_size].reshape(batch, steps, self.vocab_size)
+        logits = logits[slots, -1:] if last_only else logits[slots]  # a copy: the pinned buffer is reused
         if graph is None and self.options.cuda_graphs:
             self.graphs[(batch, steps)] = self.cuda.capture(lambda: self._enqueue(batch, steps))
         return logits
@@ -181,13 +191,14 @@ class TrtBackend:
             raise BackendError(f"TensorRT execute_async_v3 failed for B={batch}, T={steps}", "run with -v")
         cuda.download(self.host_logits, self.addresses["logits"], batch * steps * self.vocab_size * 4)
 
-    def _write_back(self, batch: int, steps: int, cache_len: np.ndarray) -> None:
-        """new_* [L, B, Hkv, T, D] -> past_* [L, B, Hkv, S, D] at [cache_len[b], cache_len[b] + T), on the device."""
+    def _write_back(self, batch: int, steps: int, cache_len: np.ndarray, slots: np.ndarray) -> None:
+        """new_* [L, B, Hkv, T, D] -> past_* [L, B, Hkv, S, D] at [cache_len[b], cache_len[b] + T) for the listed
+        slots only, on the device."""
         from specdec.engines.cuda_glue import kv_row_copies
 
         d = self.entry.dims
         copies = kv_row_copies(d.num_layers, batch, d.num_kv_heads, d.head_dim, self.max_seq_len, steps,
                                cache_len, KV_ITEMSIZE[self.entry.kv_dtype])
         for new, past in (("new_keys", "past_keys"), ("new_values", "past_values")):
-            for copy in copies:
-                self.cuda.copy_3d(self.addresses[new], self.addresses[past], copy)
+            for slot in slots.tolist():
+                self.cuda.copy_3d(self.addresses[new], self.addresses[past], copies[slot])

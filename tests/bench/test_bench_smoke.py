@@ -12,7 +12,7 @@ pytest.importorskip("matplotlib")
 
 from specdec.bench.config import BASELINE  # noqa: E402
 from specdec.bench.table import COLUMNS  # noqa: E402
-from specdec.cli_bench import add_bench_parser  # noqa: E402
+from specdec.cli.bench import add_bench_parser  # noqa: E402
 
 PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
 CLASSES = {"chat", "story", "code", "rewrite", "summarize"}

@@ -9,7 +9,7 @@ from specdec.bench.prompts import Prompt, prompt_from_json, select_prompts
 from specdec.bench.run import rotated
 from specdec.bench.summary import predicted
 from specdec.errors import ConfigError
-from specdec.runtime.drafters import expected_speedup
+from specdec.runtime.adaptive_gamma import expected_speedup
 
 
 def test_prediction_is_design_formula_when_every_round_drafts_gamma():

@@ -5,8 +5,8 @@ import argparse
 import dataclasses
 
 from specdec.calibration.bundle_io import write_manifest
-from specdec.cli import _dispatch
-from specdec.cli_calibrate import add_calibrate_parser
+from specdec.cli.main import _dispatch
+from specdec.cli.calibrate import add_calibrate_parser
 from specdec.manifest import read_manifest
 
 

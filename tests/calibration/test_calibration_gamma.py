@@ -20,7 +20,7 @@ from specdec.runtime.adaptive_gamma import (
     conditional_from_cumulative,
     cumulative_from_conditional,
 )
-from specdec.runtime.drafters import expected_speedup
+from specdec.runtime.adaptive_gamma import expected_speedup
 
 ALPHAS = [0.0, 0.1, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0]
 COSTS = [0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 2.0]
@@ -66,23 +66,23 @@ def test_conditional_and_cumulative_round_trip():
 
 def test_heuristic_and_adaptive_policies():
     hf = HeuristicGamma(4, 8)
-    hf.observe(4, 4)
+    hf.observe_row(4, 4)
     assert hf.gamma == 6
-    hf.observe(6, 6)
-    hf.observe(8, 8)
+    hf.observe_row(6, 6)
+    hf.observe_row(8, 8)
     assert hf.gamma == 8
-    hf.observe(8, 2)
+    hf.observe_row(8, 2)
     assert hf.gamma == 7
     ours = AdaptiveGamma(8, cost_ratio=0.1, prior_alphas=0.5)
     start = ours.gamma
     for _ in range(40):
-        ours.observe(ours.gamma, ours.gamma)  # every draft accepted: γ grows to γ_max
+        ours.observe_row(ours.gamma, ours.gamma)  # every draft accepted: γ grows to γ_max
     assert ours.gamma == 8 > start
     for _ in range(60):
-        ours.observe(ours.gamma, 0)  # every first draft rejected: γ falls to 1
+        ours.observe_row(ours.gamma, 0)  # every first draft rejected: γ falls to 1
     assert ours.gamma == 1
     fixed = FixedGamma(3)
-    fixed.observe(3, 0)
+    fixed.observe_row(3, 0)
     assert fixed.gamma == 3
 
 

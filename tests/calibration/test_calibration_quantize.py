@@ -211,8 +211,15 @@ def test_modelopt_and_tensorrt_need_the_plain_lowering(gqa_int4_bundle, tmp_path
 
 def test_bundle_errors(int4_bundle, tmp_path):
     config = QuantizeConfig(method="int4-rtn", data=DATA)
+    with pytest.raises(ConfigError, match="contains the source"):
+        quantized_bundle(int4_bundle, int4_bundle.parent, config)  # would replace the folder holding the input
+    with pytest.raises(ConfigError, match="is the source"):
+        quantized_bundle(int4_bundle, int4_bundle, config, overwrite=True)
+    (tmp_path / "notes").mkdir()
     with pytest.raises(ConfigError, match="already exists"):
-        quantized_bundle(int4_bundle, int4_bundle.parent, config)
+        quantized_bundle(int4_bundle, tmp_path / "notes", config)
+    with pytest.raises(ConfigError, match="not a specdec bundle"):
+        quantized_bundle(int4_bundle, tmp_path / "notes", config, overwrite=True)
     with pytest.raises(ConfigError, match="one window needs"):
         quantized_bundle(int4_bundle, tmp_path / "x", QuantizeConfig(method="int4-rtn", data=DataConfig(seq_len=100000)))
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.*"))

@@ -55,8 +55,9 @@ def test_verify_feed_over_the_prefilled_cache_matches_one_full_pass(target):
     reader = StaticKVReader(path, entry, windows, VERIFY)
     _, verify = list(iter(reader.get_next, None))
     session = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
-    full = {"input_ids": windows, "cache_len": np.zeros(1, np.int64),
-            "past_keys": reader.empty_kv(1), "past_values": reader.empty_kv(1)}
+    d = entry.dims
+    empty = np.zeros((d.num_layers, 1, d.num_kv_heads, entry.max_seq_len, d.head_dim), np.float32)  # [L,B,Hkv,S,D]
+    full = {"input_ids": windows, "cache_len": np.zeros(1, np.int64), "past_keys": empty, "past_values": empty}
     expected = session.run(["logits"], full)[0][:, -VERIFY:]  # [1, T, V]
     got = session.run(["logits"], verify)[0]
     assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()

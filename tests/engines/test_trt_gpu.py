@@ -9,7 +9,7 @@ from specdec import GenerationConfig
 from specdec.engines.trt_compat import import_tensorrt
 from specdec.errors import SpecDecError
 from specdec.manifest import read_manifest
-from specdec.runtime.backend import OrtBackend
+from specdec.runtime.ort_backend import OrtBackend
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Once upon a time there was", "a + b\n"]
 

@@ -75,13 +75,17 @@ def test_batch_of_three_equals_three_single_runs(random_gen, int4_gen):
             assert [r.token_ids for r in batch] == [_plain(gen, p) for p in prompts]
 
 
-def test_sampled_batch_rows_match_single_runs_with_the_same_seeds(random_gen):
-    prompts = [PROMPTS[2], PROMPTS[3]]
+def test_sampled_batch_rows_have_their_own_streams_from_seed_and_row(random_gen):
     config = GenerationConfig(max_new_tokens=12, temperature=1.0, seed=7, drafter="none")
-    batch = random_gen.generate(prompts, config)
-    singles = [random_gen.generate(p, GenerationConfig(max_new_tokens=12, temperature=1.0, seed=7 + i, drafter="none"))
-               for i, p in enumerate(prompts)]
-    assert [r.token_ids for r in batch] == [r.token_ids for r in singles]
+    batch = random_gen.generate([PROMPTS[2], PROMPTS[2], PROMPTS[3]], config)
+    single = random_gen.generate(PROMPTS[2], config)
+    assert batch[0].token_ids == single.token_ids  # row 0 of a request is the stream (seed, 0)
+    assert batch[1].token_ids != batch[0].token_ids  # the same prompt in row 1: the stream (seed, 1)
+    # (seed 7, row 1) is not (seed 8, row 0): rows of different seeds never share a stream
+    shifted = random_gen.generate(PROMPTS[2], GenerationConfig(max_new_tokens=12, temperature=1.0, seed=8, drafter="none"))
+    assert shifted.token_ids != batch[1].token_ids
+    again = random_gen.generate([PROMPTS[2], PROMPTS[2], PROMPTS[3]], config)
+    assert [r.token_ids for r in again] == [r.token_ids for r in batch]
 
 
 def test_lowerings_agree_token_for_token(int4_bundle, gqa_int4_bundle):

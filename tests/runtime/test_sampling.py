@@ -88,7 +88,8 @@ def test_prompt_lookup_prefers_the_longest_latest_match():
 
 
 def test_gate_turns_the_model_off_when_it_does_not_pay():
-    from specdec.runtime.drafters import ModelGate, expected_speedup
+    from specdec.runtime.adaptive_gamma import expected_speedup
+    from specdec.runtime.drafters import ModelGate
 
     assert expected_speedup(0.0, 4, 0.0) == 1.0
     assert expected_speedup(1.0, 4, 0.25) == 5 / 2

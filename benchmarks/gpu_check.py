@@ -1,4 +1,4 @@
-"""`python -m specdec.engines.gpu_check BUNDLE OUT`: TensorRT against onnxruntime CPU on one bundle, on a GPU.
+"""`python benchmarks/gpu_check.py BUNDLE OUT`: TensorRT against onnxruntime CPU on one bundle, on a GPU.
 
 Writes OUT/<name>.json and prints a summary:
 - logits: max |TensorRT - onnxruntime| / max |logit| over a prefill and greedy decode steps of each prompt;
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.manifest import read_manifest
-from specdec.runtime.backend import OrtBackend
+from specdec.runtime.ort_backend import OrtBackend
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.generator import Generator
 from specdec.runtime.text import TextCodec

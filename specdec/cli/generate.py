@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specdec.runtime.config import DRAFTERS, GAMMA_POLICIES
+
 
 def add_generate_parser(commands) -> None:
     parser = commands.add_parser("generate", help="generate text from a bundle")
@@ -16,23 +18,23 @@ def add_generate_parser(commands) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="1.0 turns top-p off (default)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--gamma", type=int, default=None, help="draft length (default: the bundle's)")
-    parser.add_argument("--gamma-policy", choices=["fixed", "adaptive", "heuristic"], default="fixed",
+    parser.add_argument("--gamma-policy", choices=GAMMA_POLICIES, default="fixed",
                         help="fixed γ, adaptive (from running per-position acceptance) or HF's +2/-1 heuristic")
-    parser.add_argument("--drafter", choices=["auto", "model", "prompt_lookup", "none"], default="auto")
+    parser.add_argument("--drafter", choices=DRAFTERS, default="auto")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     parser.set_defaults(run=run_generate)
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    import specdec
+    from specdec.runtime import load
     from specdec.runtime.config import GenerationConfig
 
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, gamma=args.gamma, gamma_policy=args.gamma_policy, drafter=args.drafter, stop=tuple(args.stop), chat=args.chat,
     )
-    with specdec.load(args.bundle, verify=not args.no_verify) as generator:
+    with load(args.bundle, verify=not args.no_verify) as generator:
         for piece in generator.stream(args.prompt, config):
             sys.stdout.write(piece)
             sys.stdout.flush()

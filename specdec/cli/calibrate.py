@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-# the methods of specdec.calibration.quantize, listed here so that building the parser imports no numpy
-QUANTIZE_METHODS = ("int4-rtn", "int4-hqq", "int4-gptq", "int4-q41", "int8-qdq", "modelopt-int8", "modelopt-fp8")
+from specdec.calibration.bundle_io import SOURCES
+from specdec.calibration.quantize import BACKENDS, METHODS, ROLES
 
 
 def _add_data_args(parser: argparse.ArgumentParser, seq_len: int, samples: int) -> None:
@@ -22,13 +22,13 @@ def add_calibrate_parser(commands) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     quantize = actions.add_parser("quantize", help="a copy of BUNDLE with its draft or target quantized")
     quantize.add_argument("bundle")
-    quantize.add_argument("--method", required=True, choices=QUANTIZE_METHODS)
+    quantize.add_argument("--method", required=True, choices=tuple(METHODS))
     quantize.add_argument("--out", required=True, help="bundle directory to write")
-    quantize.add_argument("--role", choices=["draft", "target"], default="draft", help="model to replace (default draft)")
-    quantize.add_argument("--source", choices=["target", "draft"], default="target",
+    quantize.add_argument("--role", choices=ROLES, default="draft", help="model to replace (default draft)")
+    quantize.add_argument("--source", choices=SOURCES, default="target",
                           help="the bundle's fp32 model to quantize (default target); draft: its own fp32 draft, "
                                "e.g. a --draft-layers K draft, which then needs --role draft")
-    quantize.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default="onnxruntime",
+    quantize.add_argument("--backend", choices=tuple(BACKENDS), default="onnxruntime",
                           help="the back end that will run the model (default onnxruntime)")
     quantize.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits compute: 4 int8 (default), 1 fp32")
     quantize.add_argument("--verify-len", type=int, default=5, help="T of verify-shaped calibration feeds (default 5)")

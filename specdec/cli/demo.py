@@ -1,4 +1,4 @@
-"""`python -m specdec.demo BUNDLE`: a speculative generation, and its speedup over plain decoding measured in
+"""`python -m specdec.cli.demo BUNDLE`: a speculative generation, and its speedup over plain decoding measured in
 the same run (interleaved repeats; min and median ms/token per mode)."""
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import argparse
 import statistics
 import sys
 
-import specdec
-from specdec import GenerationConfig
+from specdec.runtime import GenerationConfig, load
 
 PROMPTS = [
     "Rewrite this sentence in the passive voice: The committee approved the new budget after a long debate, "
@@ -57,7 +56,7 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
-    with specdec.load(args.bundle) as generator:
+    with load(args.bundle) as generator:
         generator.generate("Hello", GenerationConfig(max_new_tokens=4))  # warm-up
         print(f"prompt: {PROMPTS[0]}\n---")
         for piece in generator.stream(PROMPTS[0], GenerationConfig(max_new_tokens=args.new_tokens, chat=True)):

@@ -1,0 +1,61 @@
+"""The onnxruntime CPU backend: one session per model, driven by its lowering's driver (specdec.lowering)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specdec.errors import BackendError, ConfigError, missing_dependency
+from specdec.lowering import kv_numpy_dtype, lowering_for
+from specdec.manifest import Manifest, ModelEntry
+from specdec.runtime.backend import Backend, check_device, session_options
+
+
+class OrtBackend(Backend):
+    """onnxruntime on the CPU execution provider; KV buffers in numpy, written by the lowering's driver."""
+
+    name = "onnxruntime"
+
+    def __init__(self, root: Path, entry: ModelEntry, threads: int | None = None):
+        super().__init__(root, entry)
+        self.threads = threads
+        self.session = None
+        self.driver = None
+
+    @classmethod
+    def open_models(cls, root: Path, manifest: Manifest, device: str, threads: int | None) -> tuple:
+        check_device(cls.name, device, ("cpu",))
+        target = cls(root, manifest.target, threads).open()
+        draft = cls(root, manifest.draft, threads).open() if manifest.draft is not None else None
+        return target, draft
+
+    def open(self) -> "OrtBackend":
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise missing_dependency("onnxruntime", "cpu") from exc
+        try:
+            kv_numpy_dtype(self.entry.kv_dtype)
+        except ConfigError as exc:
+            raise BackendError(f"{self.entry.role} has KV dtype {self.entry.kv_dtype}, which the CPU backend does "
+                               "not run", exc.hint) from exc
+        path = self.root / self.entry.onnx_path
+        try:
+            self.session = ort.InferenceSession(str(path), session_options(self.threads), providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types from C++
+            raise BackendError(f"onnxruntime cannot load {path}: {exc}", "re-export the bundle") from exc
+        self.driver = lowering_for(self.entry.lowering).driver(self.session, self.entry.dims, self.max_seq_len,
+                                                               self.entry.kv_dtype)
+        return self
+
+    def _reset(self, batch: int) -> None:
+        if self.driver is None:
+            raise BackendError(f"the {self.entry.role} backend is closed", "open it again (specdec.load)")
+        self.driver.reset(batch)
+
+    def _forward(self, input_ids, cache_len, last_only: bool, slots: np.ndarray) -> np.ndarray:
+        return self.driver.run(input_ids, cache_len, last_only, slots)
+
+    def close(self) -> None:
+        self.session = self.driver = None
+        self.batch = 0
