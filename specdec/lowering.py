@@ -193,6 +193,19 @@ class Lowering:
     def driver(self, session, dims: ModelDims, max_seq_len: int, kv_dtype: str):
         return self.driver_class(session, Geometry(dims, max_seq_len, kv_dtype))
 
+    def check_session(self, session, dims: ModelDims, max_seq_len: int, kv_dtype: str, role: str) -> None:
+        """The graph's inputs must be the ones the manifest describes (names, static dims such as S)."""
+        graph = {i.name: i.shape for i in session.get_inputs()}
+        for spec in self.io_specs(dims, max_seq_len, kv_dtype)[0]:
+            got = graph.get(spec.name)
+            same = got is not None and len(got) == len(spec.shape) and all(
+                not (isinstance(want, int) and isinstance(dim, int)) or want == dim for want, dim in zip(spec.shape, got))
+            if not same:
+                raise ManifestError(
+                    f"the {role} graph's input {spec.name} has shape {got}; the manifest describes {spec.shape} "
+                    f"(max_seq_len {max_seq_len}, lowering {self.name})",
+                    "the manifest does not match its graph (edited or mixed bundles); re-export the bundle")
+
     def check_quantization(self, method: str, backend: str) -> None:
         """ModelOpt and TensorRT read standard ONNX only; raise ConfigError where this graph stops them."""
         if self.contrib_ops and (backend == "tensorrt" or method.startswith("modelopt")):

@@ -8,8 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import dataclasses
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from specdec.errors import ManifestError
@@ -55,11 +56,68 @@ class ParityStep:
 
 
 @dataclass(frozen=True)
+class SourceRecord:
+    """Where a model's weights came from."""
+
+    kind: str  # "directory", "gguf", "hub", "default"
+    name: str  # what the user passed, or the default model's name
+    path: str = ""
+    gguf_file: str | None = None
+    revision: str | None = None  # a hub snapshot's commit
+    sha256: str | None = None  # of the GGUF file, when there is one
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """One built TensorRT plan of a model (specdec.engines.trt_config.engine_record writes it)."""
+
+    backend: str
+    path: str  # relative to the bundle
+    compute_capability: str  # "major.minor"
+    tensorrt_version: str
+    sha256: str
+    profiles: dict  # profile name -> input name -> {"min", "opt", "max"} shapes
+    profile_order: list = field(default_factory=lambda: ["prefill", "step"])
+    version_compatible: bool = False
+    hardware_compatibility: str = "none"
+    max_batch: int = 1
+
+
+@dataclass(frozen=True)
+class GammaRecord:
+    """A γ calibration (specdec.calibration.gamma): per-position acceptance, c and r(γ) on one machine."""
+
+    gamma: int
+    cumulative: list  # A_j, j = 1..γ_max
+    alphas: list  # conditional α_j
+    cost_ratio: float  # c: draft step / target step
+    verify_cost: list  # r(γ), γ = 1..γ_max
+    speedups: list
+    rounds: int
+    verify_cost_used: bool = True
+    measured_at: str = ""
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """How a quantized model was made (empty for exported models), and the draft's γ calibration."""
+
+    method: str = ""
+    precision: str = ""
+    backend: str = ""
+    origin: str = ""  # the model it was quantized from
+    details: dict = field(default_factory=dict)
+    data: dict | None = None  # the calibration data, for methods that use some
+    accuracy_level: int | None = None
+    gamma: GammaRecord | None = None
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     """One exported model of a bundle (target or draft)."""
 
     role: str
-    source: dict  # kind, path or id, revision, sha256 of the source file when there is one
+    source: SourceRecord
     derived: str  # "" or how the model was derived from the target: "int4", "layers:4"
     dims: ModelDims
     max_seq_len: int
@@ -74,9 +132,9 @@ class ModelEntry:
     outputs: list  # list[TensorSpec]
     parity: list = field(default_factory=list)  # list[ParityStep]
     parity_note: str = ""  # "checked", or why parity was not enforced or not run
-    engines: list = field(default_factory=list)  # built engines, see specdec.engines
+    engines: list = field(default_factory=list)  # list[EngineRecord]
     size_bytes: int = 0
-    calibration: dict = field(default_factory=dict)  # method, calibration data, γ calibration
+    calibration: CalibrationRecord = field(default_factory=CalibrationRecord)
 
 
 @dataclass(frozen=True)
@@ -117,6 +175,10 @@ class Manifest:
         return self.models.get("draft")
 
 
+_NESTED = {cls.__name__: cls for cls in (ModelDims, SourceRecord, CalibrationRecord, GammaRecord, TokenizerInfo,
+                                         Defaults)}  # type name -> dataclass, for nested records
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -138,13 +200,36 @@ def _require(data: dict, key: str, where: str) -> Any:
     return data[key]
 
 
-def _build(cls, data: dict, where: str):
+_KINDS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,), "dict": (dict,)}
+_LEGACY_KEYS = {"from": "origin"}  # manifests of specdec <= 0.1.0 wrote CalibrationRecord.origin as "from"
+
+
+def _typed(value, annotation: str, where: str):
+    """`value` checked against a field annotation such as 'int', 'str | None', 'SourceRecord', 'list'."""
+    options = [part.strip() for part in annotation.split("|")]
+    if value is None and "None" in options:
+        return None
+    for option in options:
+        if option in _NESTED:
+            return _build(_NESTED[option], value, where)
+        kinds = _KINDS.get(option)
+        if kinds and isinstance(value, kinds) and not (isinstance(value, bool) and option in ("int", "float")):
+            return value
+    raise ManifestError(f"manifest field {where} is {type(value).__name__} {value!r:.60}, expected {annotation}",
+                        "the bundle is corrupt or was written by another tool; re-export it with specdec-export")
+
+
+def _build(cls, data, where: str):
+    """An instance of the dataclass `cls` from a JSON object, every field's type checked."""
+    if isinstance(data, cls):
+        return data
     if not isinstance(data, dict):
         raise ManifestError(f"manifest section {where} is not an object", "re-export the bundle")
+    data = {_LEGACY_KEYS.get(key, key): value for key, value in data.items()}
     values = {}
     for spec in fields(cls):
         if spec.name in data:
-            values[spec.name] = data[spec.name]
+            values[spec.name] = _typed(data[spec.name], spec.type, f"{where}.{spec.name}")
         elif spec.default is MISSING and spec.default_factory is MISSING:
             _require(data, spec.name, where)
     return cls(**values)
@@ -153,14 +238,12 @@ def _build(cls, data: dict, where: str):
 def _model_from_dict(data: dict, role: str) -> ModelEntry:
     where = f"models.{role}"
     entry = _build(ModelEntry, data, where)
-    return ModelEntry(
-        **{
-            **asdict(entry),
-            "dims": _build(ModelDims, entry.dims, f"{where}.dims"),
-            "inputs": [_build(TensorSpec, s, f"{where}.inputs") for s in entry.inputs],
-            "outputs": [_build(TensorSpec, s, f"{where}.outputs") for s in entry.outputs],
-            "parity": [_build(ParityStep, s, f"{where}.parity") for s in entry.parity],
-        }
+    return dataclasses.replace(
+        entry,
+        inputs=[_build(TensorSpec, s, f"{where}.inputs") for s in entry.inputs],
+        outputs=[_build(TensorSpec, s, f"{where}.outputs") for s in entry.outputs],
+        parity=[_build(ParityStep, s, f"{where}.parity") for s in entry.parity],
+        engines=[_build(EngineRecord, r, f"{where}.engines") for r in entry.engines],
     )
 
 
@@ -176,7 +259,7 @@ def manifest_from_json(text: str) -> Manifest:
             f"manifest schema_version is {version!r}; this specdec reads version {SCHEMA_VERSION}",
             "re-export the bundle with this version of specdec-export",
         )
-    models = _require(data, "models", "manifest")
+    models = _typed(_require(data, "models", "manifest"), "dict", "manifest.models")
     if "target" not in models:
         raise ManifestError("manifest has no target model", "re-export the bundle")
     unknown = sorted(set(models) - set(ROLES))
@@ -184,8 +267,8 @@ def manifest_from_json(text: str) -> Manifest:
         raise ManifestError(f"manifest has unknown model roles {unknown}", f"roles are {list(ROLES)}")
     manifest = Manifest(
         schema_version=version,
-        specdec_version=_require(data, "specdec_version", "manifest"),
-        tools=_require(data, "tools", "manifest"),
+        specdec_version=_typed(_require(data, "specdec_version", "manifest"), "str", "manifest.specdec_version"),
+        tools=_typed(_require(data, "tools", "manifest"), "dict", "manifest.tools"),
         tokenizer=_build(TokenizerInfo, _require(data, "tokenizer", "manifest"), "tokenizer"),
         models={role: _model_from_dict(models[role], role) for role in models},
         defaults=_build(Defaults, _require(data, "defaults", "manifest"), "defaults"),
@@ -194,8 +277,28 @@ def manifest_from_json(text: str) -> Manifest:
     return manifest
 
 
+def _inside(rel: str, where: str) -> None:
+    """A path the manifest lists must stay inside the bundle: relative, with no '..'."""
+    path = PurePosixPath(rel)
+    if not rel or path.is_absolute() or ".." in path.parts or "\\" in rel:
+        raise ManifestError(f"manifest field {where} names {rel!r}, a path outside the bundle",
+                            "a bundle lists only files inside its own directory; re-export it")
+
+
+def _check_paths(manifest: Manifest) -> None:
+    for rel in manifest.tokenizer.files:
+        _inside(rel, "tokenizer.files")
+    for role, entry in manifest.models.items():
+        _inside(entry.onnx_path, f"models.{role}.onnx_path")
+        for rel in entry.files:
+            _inside(rel, f"models.{role}.files")
+        for record in entry.engines:
+            _inside(record.path, f"models.{role}.engines.path")
+
+
 def validate_manifest(manifest: Manifest) -> None:
-    """Check values and draft/target agreement."""
+    """Check values, paths and draft/target agreement."""
+    _check_paths(manifest)
     for role, entry in manifest.models.items():
         if entry.precision not in PRECISIONS:
             raise ManifestError(f"{role} precision {entry.precision!r} is unknown", f"one of {PRECISIONS}")
@@ -236,6 +339,9 @@ def check_vocab_agreement(manifest: Manifest) -> None:
 
 def read_manifest(bundle: str | os.PathLike) -> Manifest:
     path = Path(bundle)
+    if path.exists() and not path.is_dir():
+        raise ManifestError(f"{str(path)!r} is a file, not a bundle directory",
+                            "pass the --out directory of specdec-export, not a file inside it")
     if not path.is_dir():
         raise ManifestError(
             f"bundle directory {str(path)!r} does not exist",

@@ -45,6 +45,19 @@ def random_draft_bundle(tmp_path_factory, tiny_llama, random_draft_dir):
 
 
 @pytest.fixture(scope="session")
+def copy_llama(tmp_path_factory):
+    """One layer with small weights and tied embeddings: it mostly repeats its last token, so prompt lookup on
+    its own output proposes tokens the target accepts (at every draft position)."""
+    return save_tiny(tmp_path_factory.mktemp("copy"), "llama", layers=1, seed=0, init_range=0.02)
+
+
+@pytest.fixture(scope="session")
+def copy_bundles(tmp_path_factory, copy_llama):
+    root = tmp_path_factory.mktemp("b")
+    return {lowering: _export(root / lowering, copy_llama, lowering=lowering) for lowering in ("plain", "gqa")}
+
+
+@pytest.fixture(scope="session")
 def export_tiny():
     """Export a tiny model with options; for tests that need their own bundle."""
     return _export

@@ -14,6 +14,7 @@ from specdec.errors import ConfigError
 from specdec.publish import check_destination, staged_bundle, write_atomic
 from specdec.manifest import (
     MANIFEST_NAME,
+    CalibrationRecord,
     Manifest,
     ModelEntry,
     json_from_manifest,
@@ -54,7 +55,7 @@ def calibration_windows(bundle: Path, data: DataConfig):
     return token_windows(calibration, codec.encode, data.seq_len, data.num_samples, data.source), held_out
 
 
-def _entry_for(source: ModelEntry, root: Path, config: QuantizeConfig, record: dict) -> ModelEntry:
+def _entry_for(source: ModelEntry, root: Path, config: QuantizeConfig, record: CalibrationRecord) -> ModelEntry:
     """The quantized model's entry: the source's dims, sizes and lowering, with new files, precision and record."""
     files = {f"{config.role}/{p.name}": sha256_file(p) for p in sorted((root / config.role).iterdir()) if p.is_file()}
     derived = f"{source.derived}+{config.method}" if source.derived else config.method
@@ -99,11 +100,11 @@ def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite:
         reader = StaticKVReader(graph, entry, windows, config.verify_len) if config.needs_data else None
         details = quantize_onnx(graph, tmp / config.role / "model.onnx", config, reader)
         origin = f"fp32 {source}" + (f", {entry.derived}" if entry.derived else "")
-        record = {"method": config.method, "precision": config.precision, "backend": config.backend,
-                  "from": f"{entry.onnx_path} ({origin})", "details": details,
-                  "data": describe_source(config.data, windows) if config.needs_data else None}
-        if config.method.startswith("int4"):
-            record["accuracy_level"] = config.accuracy_level
+        record = CalibrationRecord(
+            method=config.method, precision=config.precision, backend=config.backend,
+            origin=f"{entry.onnx_path} ({origin})", details=details,
+            data=describe_source(config.data, windows) if config.needs_data else None,
+            accuracy_level=config.accuracy_level if config.method.startswith("int4") else None)
         models = {**manifest.models, config.role: _entry_for(entry, tmp, config, record)}
         write_manifest(tmp, dataclasses.replace(manifest, models=models))
     return out

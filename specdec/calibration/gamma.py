@@ -13,7 +13,7 @@ import numpy as np
 from specdec.calibration.bundle_io import write_manifest
 from specdec.calibration.quality import DEFAULT_PROMPTS, interleaved_ms
 from specdec.errors import ConfigError
-from specdec.manifest import read_manifest
+from specdec.manifest import GammaRecord, read_manifest
 from specdec.runtime.adaptive_gamma import best_gamma, conditional_from_cumulative, speedup_table
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,8 @@ class GammaCalibration:
     rounds: int
     verify_cost_used: bool = True  # speedups and γ count r(γ) (else the paper's r = 1)
 
-    def record(self) -> dict:
-        return {**dataclasses.asdict(self), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    def record(self) -> GammaRecord:
+        return GammaRecord(**dataclasses.asdict(self), measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
 def measure_acceptance(gen, config: GammaConfig, gamma_max: int) -> tuple[np.ndarray, int]:
@@ -113,7 +113,7 @@ def calibrate_gamma(bundle: Path, config: GammaConfig) -> GammaCalibration:
     result = tune_gamma(bundle, config)
     manifest = read_manifest(bundle)
     draft = manifest.draft
-    draft = dataclasses.replace(draft, calibration={**draft.calibration, "gamma": result.record()})
+    draft = dataclasses.replace(draft, calibration=dataclasses.replace(draft.calibration, gamma=result.record()))
     write_manifest(bundle, dataclasses.replace(
         manifest, defaults=dataclasses.replace(manifest.defaults, gamma=result.gamma),
         models={**manifest.models, "draft": draft},

@@ -26,7 +26,7 @@ class PolicyResult:
     matches_plain: bool
 
 
-def policy_factories(gamma: int, gamma_max: int, calibration: dict) -> dict:
+def policy_factories(gamma: int, gamma_max: int, calibration) -> dict:
     """name -> zero-argument factory, for fixed γ = 1..γ_max, the calibrated γ, ours and the HF heuristic."""
     policies = {f"fixed γ={g}": (lambda g=g: FixedGamma(g)) for g in range(1, gamma_max + 1)}
     policies[f"calibrated γ={gamma}"] = lambda: FixedGamma(gamma)
@@ -48,7 +48,7 @@ def compare_policies(bundle: Path, prompts, max_new_tokens: int = 64, progress: 
         config = GenerationConfig(max_new_tokens=max_new_tokens, drafter="model", chat=chat)
         plain = [gen.generate(p, GenerationConfig(max_new_tokens=max_new_tokens, drafter="none", chat=chat)).token_ids
                  for p in prompts]
-        record = (gen.manifest.draft.calibration or {}).get("gamma", {})
+        record = gen.manifest.draft.calibration.gamma
         defaults = gen.manifest.defaults
         factories = policy_factories(defaults.gamma, defaults.gamma_max, record)
         run_policy(gen, prompts[0], config, FixedGamma(defaults.gamma))  # warm-up

@@ -56,7 +56,7 @@ def _row(name, root, entry, reference, windows, config, as_draft: bool) -> Quali
     finally:
         candidate.close()
     accept = acceptance(root, list(config.prompts), None, config.max_new_tokens) if as_draft else {}
-    method = entry.derived or entry.calibration.get("method") or "export"  # e.g. layers:16+int4-q41
+    method = entry.derived or entry.calibration.method or "export"  # e.g. layers:16+int4-q41
     return QualityRow(name, entry.precision, method, model_size_mb(root, entry), ms, quality["top1_agreement"],
                       quality["perplexity"], accept.get("acceptance_rate"), accept.get("mean_acceptance_length"),
                       accept.get("speedup"))

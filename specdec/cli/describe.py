@@ -15,7 +15,7 @@ def _model_lines(entry: ModelEntry) -> list[str]:
     lines = [
         f"{entry.role}: {d.model_type}, {d.num_layers} layers, {d.num_heads} heads / {d.num_kv_heads} kv heads, "
         f"head dim {d.head_dim}, hidden {d.hidden_size}, vocab {d.vocab_size}",
-        f"  source     {entry.source.get('name')}" + (f"  (derived: {entry.derived})" if entry.derived else ""),
+        f"  source     {entry.source.name}" + (f"  (derived: {entry.derived})" if entry.derived else ""),
         f"  precision  {entry.precision}, kv {entry.kv_dtype}, logits {entry.logits_dtype}, lowering {entry.lowering}",
         f"  S={entry.max_seq_len}  max_batch={entry.max_batch}  size {_mib(entry.size_bytes)}",
     ]
@@ -32,7 +32,8 @@ def _model_lines(entry: ModelEntry) -> list[str]:
     else:
         lines.append(f"  parity     {entry.parity_note or 'not checked'}")
     lines += [f"  sha256     {digest[:16]}…  {rel}" for rel, digest in entry.files.items()]
-    lines += [f"  engine     {e}" for e in entry.engines]
+    lines += [f"  engine     {e.path} (compute capability {e.compute_capability}, TensorRT {e.tensorrt_version})"
+              for e in entry.engines]
     return lines
 
 

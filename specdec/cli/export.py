@@ -184,4 +184,4 @@ def _build_engines(args) -> None:
     build = build_config_for(read_manifest(args.out), version_compatible=args.version_compatible,
                              hardware_compatibility=args.hardware_compatibility)
     for record in build_bundle_engines(args.out, build):
-        print(f"built {record['path']}", file=sys.stderr)
+        print(f"built {record.path}", file=sys.stderr)

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
+import threading
 import traceback
 
 from specdec.cli.export import add_export_args, run_export
@@ -40,21 +43,52 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every `finally` and staging cleanup runs."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _fail(args, message: str, hint: str | None) -> int:
+    if args.verbose:
+        traceback.print_exc()
+    print(f"error: {message}", file=sys.stderr)
+    if hint:
+        print(f"Hint: {hint}", file=sys.stderr)
+    return 1
+
+
+def _run(args) -> int:
     try:
         return args.run(args)
     except SpecDecError as exc:
-        if args.verbose:
-            traceback.print_exc()
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"Hint: {exc.hint}", file=sys.stderr)
-        return 1
+        return _fail(args, exc.message, exc.hint)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return _fail(args, "the output pipe closed before the output ended (broken pipe)",
+                     "expected when the output is piped into a program that stops reading, such as `head`")
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if hasattr(sys.stdout, "reconfigure"):  # text a terminal's encoding cannot show is escaped, not a traceback
+        sys.stdout.reconfigure(errors="backslashreplace")
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            return _run(args)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return _run(args)
 
 
 def main(argv: list[str] | None = None) -> int:

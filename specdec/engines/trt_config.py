@@ -15,13 +15,12 @@ from pathlib import Path
 
 from specdec.errors import BackendError, ConfigError, EngineBuildError
 from specdec.lowering import LOWERINGS
-from specdec.manifest import ROLES, Manifest, ModelEntry
+from specdec.manifest import ROLES, EngineRecord, Manifest, ModelEntry
 
 BACKEND = "tensorrt"
 PROFILE_NAMES = ("prefill", "step")  # optimization profile indices 0 and 1, in this order
 INPUT_NAMES, OUTPUT_NAMES = (tuple(names) for names in LOWERINGS["plain"].io_names(0))  # TensorRT's input
 HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
-RECORD_FIELDS = ("backend", "path", "compute_capability", "tensorrt_version", "sha256", "profiles")
 
 
 @dataclass(frozen=True)
@@ -187,23 +186,23 @@ def _jsonable(value):
     return value
 
 
-def engine_record(build: BuildConfig, entry: ModelEntry, capability, trt_version: str, sha256: str) -> dict:
-    """The manifest record of one built plan (JSON-ready: lists, strings, numbers)."""
-    return {
-        "backend": BACKEND,
-        "path": plan_name(entry.role, capability, trt_version),
-        "compute_capability": capability_text(capability),
-        "tensorrt_version": trt_version,
-        "sha256": sha256,
-        "profiles": _jsonable(optimization_profiles(build, entry)),
-        "profile_order": list(PROFILE_NAMES),
-        "version_compatible": build.version_compatible,
-        "hardware_compatibility": build.hardware_compatibility,
-        "max_batch": build.max_batch,
-    }
+def engine_record(build: BuildConfig, entry: ModelEntry, capability, trt_version: str, sha256: str) -> EngineRecord:
+    """The manifest record of one built plan (its profiles JSON-ready: lists, strings, numbers)."""
+    return EngineRecord(
+        backend=BACKEND,
+        path=plan_name(entry.role, capability, trt_version),
+        compute_capability=capability_text(capability),
+        tensorrt_version=trt_version,
+        sha256=sha256,
+        profiles=_jsonable(optimization_profiles(build, entry)),
+        profile_order=list(PROFILE_NAMES),
+        version_compatible=build.version_compatible,
+        hardware_compatibility=build.hardware_compatibility,
+        max_batch=build.max_batch,
+    )
 
 
-def with_engine(entry: ModelEntry, record: dict) -> ModelEntry:
+def with_engine(entry: ModelEntry, record: EngineRecord) -> ModelEntry:
     """The entry with `record` added, replacing any earlier record for the same plan path."""
-    kept = [r for r in entry.engines if r.get("path") != record["path"]]
+    kept = [r for r in entry.engines if r.path != record.path]
     return dataclasses.replace(entry, engines=kept + [record])

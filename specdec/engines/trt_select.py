@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec.engines.trt_config import BACKEND, RECORD_FIELDS, capability_text, parse_compute_capability
-from specdec.errors import BackendError, ManifestError
-from specdec.manifest import ModelEntry, sha256_file
+from specdec.engines.trt_config import BACKEND, capability_text, parse_compute_capability
+from specdec.errors import BackendError
+from specdec.manifest import EngineRecord, ModelEntry, sha256_file
 
 AMPERE = (8, 0)
 
@@ -24,16 +24,10 @@ def version_tuple(version: str) -> tuple:
     return tuple(int(part) for part in str(version).split(".") if part.isdigit())
 
 
-def _check_record(record: dict, role: str, bundle) -> None:
-    missing = [name for name in RECORD_FIELDS if name not in record]
-    if missing:
-        raise ManifestError(f"a TensorRT engine record of {role} lacks {missing}: {record}", rebuild_hint(bundle))
-
-
-def capability_mismatch(record: dict, capability: tuple) -> str | None:
+def capability_mismatch(record: EngineRecord, capability: tuple) -> str | None:
     """Why the plan cannot run on a GPU of `capability`, or None."""
-    built = parse_compute_capability(record["compute_capability"])
-    level = record.get("hardware_compatibility", "none")
+    built = parse_compute_capability(record.compute_capability)
+    level = record.hardware_compatibility
     if level == "ampere_plus" and built >= AMPERE and capability >= AMPERE:
         return None
     if built == capability:
@@ -41,27 +35,27 @@ def capability_mismatch(record: dict, capability: tuple) -> str | None:
     return f"built for compute capability {capability_text(built)}, this GPU is {capability_text(capability)}"
 
 
-def version_mismatch(record: dict, trt_version: str) -> str | None:
+def version_mismatch(record: EngineRecord, trt_version: str) -> str | None:
     """Why the plan cannot run under TensorRT `trt_version`, or None."""
-    built = record["tensorrt_version"]
+    built = record.tensorrt_version
     if built == trt_version:
         return None
-    if record.get("version_compatible") and version_tuple(trt_version) >= version_tuple(built):
+    if record.version_compatible and version_tuple(trt_version) >= version_tuple(built):
         return None
-    kind = "version-compatible, needs" if record.get("version_compatible") else "needs exactly"
+    kind = "version-compatible, needs" if record.version_compatible else "needs exactly"
     return f"built with TensorRT {built} ({kind} that), installed is TensorRT {trt_version}"
 
 
-def _preference(record: dict, capability: tuple, trt_version: str) -> tuple:
+def _preference(record: EngineRecord, capability: tuple, trt_version: str) -> tuple:
     """Exact matches first: they carry no compatibility slowdown."""
-    exact_gpu = parse_compute_capability(record["compute_capability"]) == capability
-    return (not exact_gpu, record["tensorrt_version"] != trt_version)
+    exact_gpu = parse_compute_capability(record.compute_capability) == capability
+    return (not exact_gpu, record.tensorrt_version != trt_version)
 
 
-def select_engine(entry: ModelEntry, capability, trt_version: str, bundle="<bundle>") -> dict:
+def select_engine(entry: ModelEntry, capability, trt_version: str, bundle="<bundle>") -> EngineRecord:
     """The record of the plan to load for `entry` on a GPU of `capability` under TensorRT `trt_version`."""
     capability = parse_compute_capability(capability)
-    records = [r for r in entry.engines if r.get("backend") == BACKEND]
+    records = [r for r in entry.engines if r.backend == BACKEND]
     if not records:
         raise BackendError(
             f"{entry.role} has no TensorRT engine in {bundle} (this GPU: compute capability "
@@ -70,9 +64,8 @@ def select_engine(entry: ModelEntry, capability, trt_version: str, bundle="<bund
         )
     reasons, fits = [], []
     for record in records:
-        _check_record(record, entry.role, bundle)
         why = capability_mismatch(record, capability) or version_mismatch(record, trt_version)
-        (reasons if why else fits).append(f"{record['path']}: {why}" if why else record)
+        (reasons if why else fits).append(f"{record.path}: {why}" if why else record)
     if not fits:
         raise BackendError(
             f"no TensorRT engine of {entry.role} runs here: " + "; ".join(reasons),
@@ -81,16 +74,16 @@ def select_engine(entry: ModelEntry, capability, trt_version: str, bundle="<bund
     return min(fits, key=lambda r: _preference(r, capability, trt_version))
 
 
-def check_plan_file(bundle, record: dict) -> Path:
+def check_plan_file(bundle, record: EngineRecord) -> Path:
     """The plan's path after checking it exists and has the recorded sha256."""
-    path = Path(bundle) / record["path"]
+    path = Path(bundle) / record.path
     if not path.is_file():
-        raise BackendError(f"TensorRT plan {record['path']!r} is missing from {bundle}", rebuild_hint(bundle))
+        raise BackendError(f"TensorRT plan {record.path!r} is missing from {bundle}", rebuild_hint(bundle))
     actual = sha256_file(path)
-    if actual != record["sha256"]:
+    if actual != record.sha256:
         raise BackendError(
-            f"TensorRT plan {record['path']!r} has sha256 {actual[:12]}…, "
-            f"the manifest records {record['sha256'][:12]}…",
+            f"TensorRT plan {record.path!r} has sha256 {actual[:12]}…, "
+            f"the manifest records {record.sha256[:12]}…",
             rebuild_hint(bundle),
         )
     return path

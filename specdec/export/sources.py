@@ -22,16 +22,15 @@ class ModelSource:
     gguf_file: str | None
     name: str  # what the user passed, or the default model's name
 
-    def describe(self) -> dict:
-        """Where the weights came from: name, path, hub revision, and the GGUF file's sha256."""
-        from specdec.manifest import sha256_file
+    def describe(self):
+        """Where the weights came from (a SourceRecord): name, path, hub revision, and the GGUF file's sha256."""
+        from specdec.manifest import SourceRecord, sha256_file
 
-        record = {"kind": self.kind, "name": self.name, "path": str(self.path), "gguf_file": self.gguf_file}
-        if self.kind == "hub":
-            record["revision"] = self.path.name  # the snapshot folder is named by its commit
-        if self.gguf_file is not None:
-            record["sha256"] = sha256_file(self.path / self.gguf_file)
-        return record
+        return SourceRecord(
+            kind=self.kind, name=self.name, path=str(self.path), gguf_file=self.gguf_file,
+            revision=self.path.name if self.kind == "hub" else None,  # the snapshot folder is named by its commit
+            sha256=sha256_file(self.path / self.gguf_file) if self.gguf_file is not None else None,
+        )
 
 
 def default_source() -> ModelSource:
@@ -97,6 +96,7 @@ def load_config(source: ModelSource):
 
 def load_model(source: ModelSource, torch_dtype):
     """Load an HF causal LM (a GGUF is dequantized) in eval mode."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     log.info("loading %s", source.name)
@@ -104,13 +104,25 @@ def load_model(source: ModelSource, torch_dtype):
         model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=torch_dtype)
     except ValueError as exc:
         raise ExportError(
-            f"{source.name!r} is not a causal language model ({exc.args[0].splitlines()[0]})",
+            f"{source.name!r} is not a causal language model ({_first_line(exc)})",
             "specdec exports decoder-only causal LMs (AutoModelForCausalLM)",
         ) from exc
+    except (OSError, EOFError, RuntimeError) as exc:  # missing weight files; torch's loader errors
+        raise ExportError(f"cannot load the weights of {source.name!r}: {_first_line(exc)}",
+                          "the model directory needs complete weight files (model.safetensors or pytorch_model.bin); "
+                          "copy or download them again") from exc
+    except SafetensorError as exc:  # truncated or corrupt .safetensors files
+        raise ExportError(f"the weights of {source.name!r} are truncated or corrupt: {_first_line(exc)}",
+                          "copy or download the model's .safetensors files again") from exc
     model.hf_quantizer = None  # a GGUF arrives dequantized; keep no quantizer state around
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     return model.eval()
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc.args[0]) if exc.args else str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def load_tokenizer(source: ModelSource):

@@ -134,14 +134,16 @@ class AdaptiveGamma(GammaPolicy):
         self.gamma = self._choose()
 
 
-def adaptive_from_record(record: dict, gamma_max: int, alpha: float, cost_ratio: float) -> AdaptiveGamma:
-    """AdaptiveGamma seeded from a bundle's γ calibration record (alphas, cost ratio, and the measured verify cost
-    r(γ) when the calibration used it); `alpha` and `cost_ratio` stand in for what the record lacks."""
-    alphas = np.resize(record.get("alphas") or [alpha], gamma_max)
-    verify = record.get("verify_cost") if record.get("verify_cost_used") else None
+def adaptive_from_record(record, gamma_max: int, alpha: float, cost_ratio: float) -> AdaptiveGamma:
+    """AdaptiveGamma seeded from a bundle's γ calibration (a GammaRecord, or None: alphas, cost ratio, and the
+    measured verify cost r(γ) when the calibration used it); `alpha` and `cost_ratio` stand in for what it lacks."""
+    if record is None:
+        return AdaptiveGamma(gamma_max, cost_ratio, np.full(gamma_max, alpha))
+    alphas = np.resize(record.alphas or [alpha], gamma_max)
+    verify = record.verify_cost if record.verify_cost_used else None
     if verify is not None:  # measured for γ = 1..len(verify); beyond it, the last step's growth continues
         verify = np.asarray(verify, dtype=np.float64)
         slope = verify[-1] - verify[-2] if len(verify) > 1 else 0.0
         extra = verify[-1] + slope * np.arange(1, max(gamma_max - len(verify), 0) + 1)
         verify = np.concatenate([verify, extra])[:gamma_max]
-    return AdaptiveGamma(gamma_max, record.get("cost_ratio") or cost_ratio, alphas, verify_cost=verify)
+    return AdaptiveGamma(gamma_max, record.cost_ratio or cost_ratio, alphas, verify_cost=verify)

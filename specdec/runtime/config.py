@@ -1,6 +1,7 @@
 """GenerationConfig: the options of one request, checked once."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from specdec.errors import ConfigError
@@ -19,36 +20,68 @@ class GenerationConfig:
     gamma: int | None = None  # None: the bundle's calibrated default
     gamma_policy: str = "fixed"  # "adaptive": from running per-position acceptance; "heuristic": HF's +2/-1
     drafter: str = "auto"
-    stop: tuple = ()  # stop strings
+    stop: tuple = ()  # stop strings (one string is one stop string)
     eos_token_ids: tuple | None = None  # None: the bundle's EOS ids
     chat: bool = False  # wrap a text prompt in the bundle's chat template
     lookup_ngram: int = 3  # longest n-gram prompt lookup tries to match
     lookup_min_ngram: int = 2  # shortest; a 1-token match proposes mostly wrong drafts
 
     def __post_init__(self):
-        object.__setattr__(self, "stop", tuple(self.stop))
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}", "pass max_new_tokens=1 or more")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}", "use 0 for greedy decoding")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}", "use 1.0 to turn top-p off")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0, got {self.top_k!r}", "use 0 to turn top-k off")
-        if self.gamma is not None and (not isinstance(self.gamma, int) or self.gamma < 1):
-            raise ConfigError(f"gamma must be >= 1, got {self.gamma!r}", "pass gamma=1 or more, or None for the default")
+        object.__setattr__(self, "stop", _stops(self.stop))
+        _int("max_new_tokens", self.max_new_tokens, 1, "pass max_new_tokens=1 or more")
+        temperature = self.temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
+            raise ConfigError(f"temperature must be a finite number, got {temperature!r}", "use 0 for greedy decoding")
+        if temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {temperature}", "use 0 for greedy decoding")
+        top_p = self.top_p
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {top_p!r}", "use 1.0 to turn top-p off")
+        _int("top_k", self.top_k, 0, "use 0 to turn top-k off")
+        if self.seed is not None:
+            _int("seed", self.seed, 0, "pass a seed >= 0, or None for fresh randomness")
+        if self.gamma is not None:
+            _int("gamma", self.gamma, 1, "pass gamma=1 or more, or None for the default")
         if self.gamma_policy not in GAMMA_POLICIES:
             raise ConfigError(f"gamma_policy {self.gamma_policy!r} is unknown", f"choose one of {', '.join(GAMMA_POLICIES)}")
         if self.drafter not in DRAFTERS:
             raise ConfigError(f"drafter {self.drafter!r} is unknown", f"choose one of {', '.join(DRAFTERS)}")
-        if not 1 <= self.lookup_min_ngram <= self.lookup_ngram:
+        _int("lookup_ngram", self.lookup_ngram, 1, "use lookup_ngram=3")
+        _int("lookup_min_ngram", self.lookup_min_ngram, 1, "use lookup_min_ngram=2")
+        if self.lookup_min_ngram > self.lookup_ngram:
             raise ConfigError(
                 f"need 1 <= lookup_min_ngram <= lookup_ngram, got {self.lookup_min_ngram} and {self.lookup_ngram}",
                 "use lookup_min_ngram=2, lookup_ngram=3",
             )
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}", "drop empty stop strings")
+        if self.eos_token_ids is not None:
+            object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+            for token in self.eos_token_ids:
+                _int("an eos_token_id", token, 0, "pass token ids of the bundle's vocabulary")
+        if not isinstance(self.chat, bool):
+            raise ConfigError(f"chat must be True or False, got {self.chat!r}", "pass chat=True to use the chat template")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _int(name: str, value, minimum: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}", hint)
+
+
+def _stops(stop) -> tuple:
+    """A tuple of non-empty stop strings; a lone string is one stop string (not one per character)."""
+    stops = (stop,) if isinstance(stop, str) else stop
+    try:
+        stops = tuple(stops)
+    except TypeError:
+        raise ConfigError(f"stop must be a string or a list of strings, got {stop!r}", "pass stop=['###']") from None
+    for item in stops:
+        if not isinstance(item, str) or not item:
+            raise ConfigError(f"stop strings must be non-empty strings, got {item!r}", "drop empty stop strings")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"stop string {item!r} is not valid Unicode text", "pass valid UTF-8 text") from None
+    return stops

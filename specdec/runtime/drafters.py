@@ -24,8 +24,9 @@ EMPTY = Proposal(np.zeros(0, dtype=np.int64), None, "none")
 
 
 def lookup(tokens: list, limit: int, max_ngram: int, min_ngram: int = 1) -> np.ndarray:
-    """Prompt lookup: the tokens that followed the latest earlier match of the context's last n-gram,
-    trying the longest n-gram first (max_ngram down to min_ngram)."""
+    """Prompt lookup: the tokens that followed the latest earlier match of the context's last n-gram that has
+    `limit` tokens after it (else the earliest match), trying the longest n-gram first (max_ngram down to
+    min_ngram)."""
     return lookup_match(tokens, limit, max_ngram, min_ngram)[0]
 
 
@@ -39,7 +40,10 @@ def lookup_match(tokens: list, limit: int, max_ngram: int, min_ngram: int = 1) -
         windows = np.lib.stride_tricks.sliding_window_view(context[:-1], size)  # [N-size, size]
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + size
+            # the latest match whose continuation fills the limit; else the one with the longest continuation
+            # (in a repetitive run the latest match sits right before the end and leaves one token)
+            full = hits[hits + size + limit <= len(context)]
+            start = int(full[-1] if full.size else hits[0]) + size
             found = context[start : start + limit]
             if found.size:
                 return found, size

@@ -119,9 +119,10 @@ class Generator:
         return gamma
 
     @property
-    def _gamma_record(self) -> dict:
+    def _gamma_record(self):
+        """The draft's γ calibration (a GammaRecord), or None."""
         draft = self.manifest.draft
-        return draft.calibration.get("gamma", {}) if draft is not None else {}
+        return draft.calibration.gamma if draft is not None else None
 
     def default_policy(self, config: GenerationConfig):
         """The γ policy of a request. Adaptive starts from the bundle's γ calibration; without one, greedy requests
@@ -138,7 +139,8 @@ class Generator:
     def _gate(self, config: GenerationConfig) -> ModelGate:
         if config.greedy:
             return self.gate
-        return ModelGate(cost_ratio=self._gamma_record.get("cost_ratio") or DEFAULT_COST)
+        record = self._gamma_record
+        return ModelGate(cost_ratio=record.cost_ratio if record is not None else DEFAULT_COST)
 
     def _rows(self, prompts: list, config: GenerationConfig) -> list:
         size, max_batch = self.manifest.target.max_seq_len, self.manifest.target.max_batch

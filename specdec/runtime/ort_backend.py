@@ -44,8 +44,9 @@ class OrtBackend(Backend):
             self.session = ort.InferenceSession(str(path), session_options(self.threads), providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types from C++
             raise BackendError(f"onnxruntime cannot load {path}: {exc}", "re-export the bundle") from exc
-        self.driver = lowering_for(self.entry.lowering).driver(self.session, self.entry.dims, self.max_seq_len,
-                                                               self.entry.kv_dtype)
+        lowering = lowering_for(self.entry.lowering)
+        lowering.check_session(self.session, self.entry.dims, self.max_seq_len, self.entry.kv_dtype, self.entry.role)
+        self.driver = lowering.driver(self.session, self.entry.dims, self.max_seq_len, self.entry.kv_dtype)
         return self
 
     def _reset(self, batch: int) -> None:

@@ -18,8 +18,11 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def warp(logits: np.ndarray, config: GenerationConfig) -> np.ndarray:
-    """Temperature, then top-k, then top-p; returns probabilities [..., V] (float64)."""
-    scaled = logits.astype(np.float64) / config.temperature
+    """Temperature, then top-k, then top-p; returns probabilities [..., V] (float64). The maximum is subtracted
+    before dividing, so a tiny temperature gives a point mass on the argmax, never an overflow."""
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    with np.errstate(over="ignore", divide="ignore"):
+        scaled = shifted / config.temperature  # <= 0; -inf where a tiny temperature overflows
     vocab = scaled.shape[-1]
     if 0 < config.top_k < vocab:
         kth = np.partition(scaled, vocab - config.top_k, axis=-1)[..., vocab - config.top_k, None]

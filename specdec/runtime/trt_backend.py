@@ -82,7 +82,7 @@ class TrtBackend(Backend):
         try:
             self.cuda = CudaSession(self.options.device).open()
             self._load_engine(trt, plan)
-            self.max_batch = min(self.entry.max_batch, int(self.record["max_batch"]))
+            self.max_batch = min(self.entry.max_batch, int(self.record.max_batch))
             self._allocate()
         except BaseException:
             self.close()  # free what was made before the failure
@@ -93,14 +93,14 @@ class TrtBackend(Backend):
         from specdec.engines.trt_compat import create_logger, create_runtime
 
         self.logger = create_logger(trt)
-        self.runtime = create_runtime(trt, self.logger, bool(self.record.get("version_compatible")))
+        self.runtime = create_runtime(trt, self.logger, bool(self.record.version_compatible))
         self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
-            raise BackendError(f"TensorRT could not load {self.record['path']} (see the log)", rebuild_hint(self.root))
+            raise BackendError(f"TensorRT could not load {self.record.path} (see the log)", rebuild_hint(self.root))
         names = {self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)}
         if names != set(INPUT_NAMES + OUTPUT_NAMES) or self.engine.num_optimization_profiles != len(PROFILE_NAMES):
             raise BackendError(
-                f"{self.record['path']} has tensors {sorted(names)} and "
+                f"{self.record.path} has tensors {sorted(names)} and "
                 f"{self.engine.num_optimization_profiles} optimization profiles; specdec builds 2",
                 rebuild_hint(self.root),
             )
@@ -123,7 +123,7 @@ class TrtBackend(Backend):
 
     @property
     def max_tokens(self) -> int:
-        return max(high for _, high in token_limits(self.record["profiles"]).values())
+        return max(high for _, high in token_limits(self.record.profiles).values())
 
     def close(self) -> None:
         if self.cuda is not None:
@@ -146,7 +146,7 @@ class TrtBackend(Backend):
         ids = np.full((batch, steps), PAD_ID, dtype=np.int64)
         lens = np.zeros(batch, dtype=np.int64)
         ids[slots], lens[slots] = input_ids, cache_len
-        profile = profile_for(self.record["profiles"], steps)
+        profile = profile_for(self.record.profiles, steps)
         self.host_ids[: batch * steps] = ids.reshape(-1)
         self.host_len[:batch] = lens
         self._bind(profile, batch, steps)

@@ -1,6 +1,8 @@
 """γ choice against brute force, the γ policies, and `calibrate_gamma` writing a valid manifest."""
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 
 import numpy as np
@@ -10,7 +12,7 @@ from specdec import GenerationConfig, load
 from specdec.calibration.gamma import GammaConfig, calibrate_gamma
 from specdec.calibration.policies import run_policy
 from specdec.errors import ConfigError
-from specdec.manifest import check_bundle_files, read_manifest
+from specdec.manifest import GammaRecord, check_bundle_files, read_manifest
 from specdec.runtime.adaptive_gamma import (
     AdaptiveGamma,
     FixedGamma,
@@ -87,13 +89,14 @@ def test_heuristic_and_adaptive_policies():
 
 
 def test_adaptive_policy_takes_the_calibrated_verify_cost():
-    record = {"alphas": [0.95] * 4, "cost_ratio": 0.1, "verify_cost": [1.1, 1.6, 2.2, 2.9], "verify_cost_used": True}
+    record = GammaRecord(gamma=1, cumulative=[], alphas=[0.95] * 4, cost_ratio=0.1, verify_cost=[1.1, 1.6, 2.2, 2.9],
+                         speedups=[], rounds=1, verify_cost_used=True)
     measured = adaptive_from_record(record, 6, alpha=0.5, cost_ratio=0.5)
-    paper = adaptive_from_record({**record, "verify_cost_used": False}, 6, alpha=0.5, cost_ratio=0.5)
+    paper = adaptive_from_record(dataclasses.replace(record, verify_cost_used=False), 6, alpha=0.5, cost_ratio=0.5)
     assert np.allclose(measured.verify_cost, [1.1, 1.6, 2.2, 2.9, 3.6, 4.3])  # beyond the record: r keeps growing
     want = best_gamma(cumulative_from_conditional([0.95] * 6), 0.1, measured.verify_cost)
     assert measured.gamma == want == 1 and paper.gamma == 6  # a verify pass that grows with γ calls for a short γ
-    fallback = adaptive_from_record({}, 4, alpha=0.6, cost_ratio=0.3)
+    fallback = adaptive_from_record(None, 4, alpha=0.6, cost_ratio=0.3)
     assert fallback.cost_ratio == 0.3 and fallback.verify_cost is None and np.allclose(fallback.alphas, 0.6)
 
 
@@ -115,9 +118,9 @@ def test_calibrate_gamma_writes_a_valid_manifest(bundle_copy):
     check_bundle_files(bundle_copy, after)  # hashes of model files are still valid
     assert 1 <= result.gamma <= before.defaults.gamma_max and after.defaults.gamma == result.gamma
     assert len(result.cumulative) == before.defaults.gamma_max and 0 <= result.cost_ratio
-    assert after.draft.calibration["gamma"]["gamma"] == result.gamma
+    assert after.draft.calibration.gamma.gamma == result.gamma
     assert result.verify_cost_used and len(result.verify_cost) == before.defaults.gamma_max
     assert result.gamma == best_gamma(result.cumulative, result.cost_ratio, result.verify_cost)
-    assert after.draft.calibration["gamma"]["verify_cost_used"]
+    assert after.draft.calibration.gamma.verify_cost_used
     with pytest.raises(ConfigError, match="prompt"):
         GammaConfig(prompts=())

@@ -38,8 +38,8 @@ def test_quantized_draft_keeps_greedy_equality(int4_bundle, tmp_path, method):
     check_bundle_files(out, manifest)
     draft = manifest.draft
     assert draft.precision == ("int8-qdq" if method == "int8-qdq" else "int4") and draft.derived == method
-    assert draft.calibration["method"] == method
-    assert (draft.calibration["data"] is not None) == (method in ("int4-gptq", "int8-qdq"))
+    assert draft.calibration.method == method
+    assert (draft.calibration.data is not None) == (method in ("int4-gptq", "int8-qdq"))
     ops = {node.op_type for node in onnx.load(str(out / draft.onnx_path), load_external_data=False).graph.node}
     assert ("QuantizeLinear" if method == "int8-qdq" else "MatMulNBits") in ops
     _greedy_equal(out)
@@ -73,7 +73,7 @@ def test_int8_keeps_the_mlp_down_projections_fp32(int4_bundle, tmp_path, backend
         assert all(zp.dtype == np.int8 and not zp.any() for zp in activation_zps)
     else:
         assert all(zp.dtype == np.uint8 for zp in activation_zps)
-    assert manifest.draft.calibration["details"]["kept_fp32"].startswith(f"{manifest.target.dims.num_layers} ")
+    assert manifest.draft.calibration.details["kept_fp32"].startswith(f"{manifest.target.dims.num_layers} ")
 
 
 def _single_matmul(path, weight):
@@ -186,14 +186,14 @@ def test_modelopt_int8_and_fp8_drafts_on_the_cpu(int4_bundle, tmp_path):
     for bundle, precision, zero_point in ((int8, "int8-qdq", TensorProto.INT8), (fp8, "fp8-qdq", TensorProto.FLOAT8E4M3FN)):
         manifest = read_manifest(bundle)
         check_bundle_files(bundle, manifest)
-        assert manifest.draft.precision == precision and manifest.draft.calibration["details"]["tool"].startswith(
+        assert manifest.draft.precision == precision and manifest.draft.calibration.details["tool"].startswith(
             "nvidia-modelopt")
         graph = onnx.load(str(bundle / manifest.draft.onnx_path)).graph
         inits = {init.name: init for init in graph.initializer}
         types = {inits[n.input[2]].data_type for n in graph.node if n.op_type == "QuantizeLinear" and len(n.input) > 2}
         assert types == {zero_point}
         layers = manifest.target.dims.num_layers
-        assert manifest.draft.calibration["details"]["kept_fp32"].startswith(f"{layers} MLP down projections")
+        assert manifest.draft.calibration.details["kept_fp32"].startswith(f"{layers} MLP down projections")
         producers = {o: node for node in graph.node for o in node.output}
         down = [n for n in graph.node if n.op_type == "MatMul" and producers[n.input[0]].op_type == "Mul"]
         assert len(down) == layers  # their activations are not quantized
@@ -241,7 +241,7 @@ def test_quantized_layer_draft_keeps_greedy_equality(layer_draft_bundle, tmp_pat
     draft, fp32 = manifest.draft, read_manifest(layer_draft_bundle).draft
     assert (draft.dims.num_layers, manifest.target.dims.num_layers) == (1, 2)
     assert draft.derived == f"layers:1+{method}" and draft.lowering == fp32.lowering
-    assert draft.calibration["from"] == "draft/model.onnx (fp32 draft, layers:1)"
+    assert draft.calibration.origin == "draft/model.onnx (fp32 draft, layers:1)"
     assert manifest.target.files == read_manifest(layer_draft_bundle).target.files  # the target is untouched
     _greedy_equal(out, gammas=(1, 4))
 

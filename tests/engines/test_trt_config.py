@@ -115,14 +115,14 @@ def test_plan_names_are_keyed_by_role_gpu_and_tensorrt():
 
 def test_engine_record_round_trips_through_the_manifest(manifest, build):
     record = engine_record(build, manifest.target, (9, 0), "10.13.3.9", "ab" * 32)
-    assert record["path"] == "engines/target.sm90.trt10.13.3.9.plan"
-    assert record["compute_capability"] == "9.0" and record["tensorrt_version"] == "10.13.3.9"
-    assert record["backend"] == "tensorrt" and record["profile_order"] == ["prefill", "step"]
+    assert record.path == "engines/target.sm90.trt10.13.3.9.plan"
+    assert record.compute_capability == "9.0" and record.tensorrt_version == "10.13.3.9"
+    assert record.backend == "tensorrt" and record.profile_order == ["prefill", "step"]
     models = {**manifest.models, "target": with_engine(manifest.target, record)}
     text = json_from_manifest(dataclasses.replace(manifest, models=models))
     again = manifest_from_json(text)
     assert again.target.engines == [record]
     limits = token_limits(optimization_profiles(build, manifest.target))
-    assert token_limits(again.target.engines[0]["profiles"]) == limits
-    newer = dict(record, sha256="cd" * 32)
+    assert token_limits(again.target.engines[0].profiles) == limits
+    newer = dataclasses.replace(record, sha256="cd" * 32)
     assert with_engine(again.target, newer).engines == [newer]  # same plan path: replaced, not appended

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from specdec.engines.trt_config import build_config_for, engine_record, with_engine
 from specdec.engines.trt_select import check_plan_file, select_engine
 from specdec.errors import BackendError, ManifestError
-from specdec.manifest import read_manifest, sha256_file
+from specdec.manifest import json_from_manifest, manifest_from_json, read_manifest, sha256_file
 
 TRT = "10.13.3.9"
 
@@ -33,8 +34,8 @@ def _hint_ok(error: BackendError, bundle: str) -> None:
 
 def test_selects_the_matching_plan(manifest):
     entry = _entry(manifest, ((8, 6), TRT, {}), ((9, 0), TRT, {}))
-    assert select_engine(entry, (9, 0), TRT)["path"] == f"engines/target.sm90.trt{TRT}.plan"
-    assert select_engine(entry, "8.6", TRT)["compute_capability"] == "8.6"
+    assert select_engine(entry, (9, 0), TRT).path == f"engines/target.sm90.trt{TRT}.plan"
+    assert select_engine(entry, "8.6", TRT).compute_capability == "8.6"
 
 
 def test_no_engine_built(manifest):
@@ -65,15 +66,15 @@ def test_wrong_tensorrt_version(manifest):
 
 def test_version_compatible_plan_runs_on_later_tensorrt_only(manifest):
     entry = _entry(manifest, ((9, 0), TRT, {"version_compatible": True}))
-    assert select_engine(entry, (9, 0), "10.14.1.48")["version_compatible"] is True
-    assert select_engine(entry, (9, 0), "11.0.0")["tensorrt_version"] == TRT
+    assert select_engine(entry, (9, 0), "10.14.1.48").version_compatible is True
+    assert select_engine(entry, (9, 0), "11.0.0").tensorrt_version == TRT
     with pytest.raises(BackendError, match="version-compatible, needs that"):
         select_engine(entry, (9, 0), "10.8.0.43")
 
 
 def test_hardware_compatible_plan_runs_on_ampere_and_later_only(manifest):
     entry = _entry(manifest, ((8, 6), TRT, {"hardware_compatibility": "ampere_plus"}))
-    assert select_engine(entry, (9, 0), TRT)["compute_capability"] == "8.6"
+    assert select_engine(entry, (9, 0), TRT).compute_capability == "8.6"
     with pytest.raises(BackendError, match="this GPU is 7.5"):
         select_engine(entry, (7, 5), TRT)
     same = _entry(manifest, ((8, 6), TRT, {"hardware_compatibility": "same_compute_capability"}))
@@ -84,8 +85,8 @@ def test_hardware_compatible_plan_runs_on_ampere_and_later_only(manifest):
 def test_exact_plan_is_preferred_over_compatible_ones(manifest):
     portable = {"hardware_compatibility": "ampere_plus", "version_compatible": True}
     entry = _entry(manifest, ((8, 0), "10.8.0.43", portable), ((9, 0), TRT, {}))
-    assert select_engine(entry, (9, 0), TRT)["path"] == f"engines/target.sm90.trt{TRT}.plan"
-    assert select_engine(entry, (8, 9), TRT)["path"] == "engines/target.sm80.trt10.8.0.43.plan"
+    assert select_engine(entry, (9, 0), TRT).path == f"engines/target.sm90.trt{TRT}.plan"
+    assert select_engine(entry, (8, 9), TRT).path == "engines/target.sm80.trt10.8.0.43.plan"
 
 
 def test_every_mismatch_is_listed(manifest):
@@ -96,10 +97,11 @@ def test_every_mismatch_is_listed(manifest):
 
 
 def test_a_corrupt_record_is_a_manifest_error(manifest):
-    entry = dataclasses.replace(manifest.target, engines=[{"backend": "tensorrt", "path": "engines/x.plan"}])
-    with pytest.raises(ManifestError, match="lacks") as info:
-        select_engine(entry, (9, 0), TRT)
-    assert "--engine tensorrt" in info.value.hint
+    data = json.loads(json_from_manifest(manifest))
+    data["models"]["target"]["engines"] = [{"backend": "tensorrt", "path": "engines/x.plan"}]
+    with pytest.raises(ManifestError, match="engines.compute_capability is missing") as info:
+        manifest_from_json(json.dumps(data))
+    assert "re-export" in info.value.hint
 
 
 def test_plan_file_must_exist_and_match_its_hash(tmp_path, manifest):
@@ -107,9 +109,9 @@ def test_plan_file_must_exist_and_match_its_hash(tmp_path, manifest):
     with pytest.raises(BackendError, match="missing") as info:
         check_plan_file(tmp_path, record)
     _hint_ok(info.value, str(tmp_path))
-    plan = tmp_path / record["path"]
+    plan = tmp_path / record.path
     plan.parent.mkdir()
     plan.write_bytes(b"not a plan")
     with pytest.raises(BackendError, match="sha256"):
         check_plan_file(tmp_path, record)
-    assert check_plan_file(tmp_path, dict(record, sha256=sha256_file(plan))) == plan
+    assert check_plan_file(tmp_path, dataclasses.replace(record, sha256=sha256_file(plan))) == plan

@@ -46,9 +46,9 @@ def test_export_with_engine_builds_and_records_a_plan_per_model(trt_bundle, devi
     manifest = read_manifest(trt_bundle)
     for entry in manifest.models.values():
         (record,) = entry.engines
-        assert record["path"] == f"engines/{entry.role}.sm89.trt{device.trt_version}.plan"
-        assert (trt_bundle / record["path"]).is_file() and record["compute_capability"] == "8.9"
-        assert list(record["profiles"]) == ["prefill", "step"]
+        assert record.path == f"engines/{entry.role}.sm89.trt{device.trt_version}.plan"
+        assert (trt_bundle / record.path).is_file() and record.compute_capability == "8.9"
+        assert list(record.profiles) == ["prefill", "step"]
     assert (trt_bundle / "engines" / "timing.cache").is_file()
 
 
@@ -134,7 +134,7 @@ def test_a_plan_that_does_not_load_says_how_to_rebuild(trt_bundle, device, tmp_p
     copy = tmp_path / "b"
     shutil.copytree(trt_bundle, copy)
     record = read_manifest(copy).target.engines[0]
-    (copy / record["path"]).write_bytes(b"{}")  # not the recorded plan
+    (copy / record.path).write_bytes(b"{}")  # not the recorded plan
     with pytest.raises(BackendError, match="sha256") as info:
         specdec.load(copy, backend="tensorrt")
     assert "--engine tensorrt" in info.value.hint

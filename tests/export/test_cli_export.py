@@ -140,8 +140,8 @@ def test_quantized_layer_draft_export(capsys, tmp_path, tiny_llama):
     manifest = read_manifest(out)
     draft = manifest.draft
     assert (manifest.target.dims.num_layers, draft.dims.num_layers) == (2, 1)
-    assert (draft.derived, draft.precision, draft.calibration["method"]) == ("layers:1+int4-rtn", "int4", "int4-rtn")
-    assert draft.calibration["from"] == "draft/model.onnx (fp32 draft, layers:1)"
+    assert (draft.derived, draft.precision, draft.calibration.method) == ("layers:1+int4-rtn", "int4", "int4-rtn")
+    assert draft.calibration.origin == "draft/model.onnx (fp32 draft, layers:1)"
     assert main(["inspect", str(out)]) == 0 and "hashes: verified" in capsys.readouterr().out
 
 
@@ -151,7 +151,7 @@ def test_quantized_target_as_draft_export(capsys, tmp_path, tiny_llama):
             "--skip-parity"]
     assert export_main(argv) == 0
     draft = read_manifest(out).draft
-    assert (draft.dims.num_layers, draft.derived, draft.calibration["from"]) == (2, "int4-q41",
+    assert (draft.dims.num_layers, draft.derived, draft.calibration.origin) == (2, "int4-q41",
                                                                                  "target/model.onnx (fp32 target)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
 

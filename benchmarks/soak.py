@@ -1,0 +1,74 @@
+"""Soak benchmark (not a test): many generations on one Generator, resident memory sampled as it goes.
+
+    python benchmarks/soak.py bundles/smollm2-q41 --requests 300 --out benchmarks/results/soak
+
+Requests cycle through the committed prompt sets and through every drafter, greedy and seeded sampling, batch 1
+and 2, streamed and not. RSS (from /proc/self/statm) is read at the start, after the warm-up (the first 10% of the
+requests) and at the end; growth after warm-up is the figure to watch (goal: under 2%).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from specdec.bench.prompts import read_prompts
+from specdec.runtime import GenerationConfig, load
+
+DRAFTERS = ("auto", "model", "prompt_lookup", "none")
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm", encoding="ascii") as handle:
+        pages = int(handle.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def request(gen, prompts: list, index: int, tokens: int) -> int:
+    """One request, its kind chosen by `index`; -> tokens generated."""
+    drafter = DRAFTERS[index % len(DRAFTERS)]
+    sampled = index % 3 == 0
+    config = GenerationConfig(max_new_tokens=tokens, drafter=drafter, chat=True, temperature=0.8 if sampled else 0.0,
+                              seed=index if sampled else None, stop=("\n\n\n",))
+    prompt = prompts[index % len(prompts)].text
+    if index % 5 == 0:
+        return len("".join(gen.stream(prompt, config)))
+    if index % 7 == 0:
+        return sum(len(r.token_ids) for r in gen.generate([prompt, prompts[(index + 1) % len(prompts)].text], config))
+    return len(gen.generate(prompt, config).token_ids)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bundle")
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prompts", default="benchmarks/prompts")
+    parser.add_argument("--out", default="benchmarks/results/soak")
+    args = parser.parse_args()
+    prompts = read_prompts(args.prompts)
+    warmup = max(1, args.requests // 10)
+    samples, started, produced = [("start", 0, rss_mib())], time.perf_counter(), 0
+    with load(args.bundle) as gen:
+        for index in range(args.requests):
+            produced += request(gen, prompts, index, args.new_tokens)
+            if index + 1 == warmup or (index + 1) % 25 == 0 or index + 1 == args.requests:
+                samples.append(("warm" if index + 1 == warmup else "run", index + 1, rss_mib()))
+    warm = next(rss for kind, _, rss in samples if kind == "warm")
+    end = samples[-1][2]
+    summary = {"bundle": args.bundle, "requests": args.requests, "new_tokens": args.new_tokens,
+               "seconds": round(time.perf_counter() - started, 1), "produced": produced,
+               "rss_start_mib": round(samples[0][2], 1), "rss_after_warmup_mib": round(warm, 1),
+               "rss_end_mib": round(end, 1), "growth_after_warmup_pct": round(100 * (end - warm) / warm, 2),
+               "samples": [{"kind": k, "after": n, "rss_mib": round(r, 1)} for k, n, r in samples]}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "soak.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({k: v for k, v in summary.items() if k != "samples"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
