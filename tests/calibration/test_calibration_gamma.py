@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specdec import GenerationConfig, load
-from specdec.calibration.gamma import GammaConfig, calibrate_gamma
+from specdec.calibration.gamma import GammaConfig, calibrate_gamma, tune_gamma
 from specdec.calibration.policies import run_policy
 from specdec.errors import ConfigError
 from specdec.manifest import GammaRecord, check_bundle_files, read_manifest
@@ -124,3 +124,21 @@ def test_calibrate_gamma_writes_a_valid_manifest(bundle_copy):
     assert after.draft.calibration.gamma.verify_cost_used
     with pytest.raises(ConfigError, match="prompt"):
         GammaConfig(prompts=())
+
+
+def test_gamma_calibration_uses_raw_text_where_the_tokenizer_has_no_chat_template(bundle_copy):
+    """`specdec calibrate gamma` (chat by default) on a bundle whose tokenizer has no chat template."""
+    import json
+
+    (bundle_copy / "chat_template.jinja").unlink(missing_ok=True)
+    config_path = bundle_copy / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text())
+    tokenizer_config.pop("chat_template", None)
+    config_path.write_text(json.dumps(tokenizer_config))
+    with load(bundle_copy, verify=False) as gen:
+        assert not gen.codec.has_chat_template
+        with pytest.raises(ConfigError, match="no chat template") as info:
+            gen.generate("x", GenerationConfig(chat=True))
+        assert "chat=False" in info.value.hint and "generate without" not in info.value.hint
+    result = tune_gamma(bundle_copy, GammaConfig(prompts=("The quick brown fox",), max_new_tokens=16))
+    assert result.rounds > 0
