@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.runtime.config import DRAFTERS, GAMMA_POLICIES
+from specdec.runtime.config import COUPLINGS, DRAFTERS, GAMMA_POLICIES
 
 
 def add_generate_parser(commands) -> None:
@@ -21,6 +21,9 @@ def add_generate_parser(commands) -> None:
     parser.add_argument("--gamma-policy", choices=GAMMA_POLICIES, default="fixed",
                         help="fixed γ, adaptive (from running per-position acceptance) or HF's +2/-1 heuristic")
     parser.add_argument("--drafter", choices=DRAFTERS, default="auto")
+    parser.add_argument("--coupling", choices=COUPLINGS, default="leviathan",
+                        help="sampled tokens: leviathan (the paper's rule, default) or gumbel (noise fixed by seed and "
+                             "position: the same seed gives the same text whatever the drafter and γ)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     parser.set_defaults(run=run_generate)
@@ -33,6 +36,7 @@ def run_generate(args: argparse.Namespace) -> int:
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, gamma=args.gamma, gamma_policy=args.gamma_policy, drafter=args.drafter, stop=tuple(args.stop), chat=args.chat,
+        coupling=args.coupling,
     )
     with load(args.bundle, verify=not args.no_verify) as generator:
         for piece in generator.stream(args.prompt, config):

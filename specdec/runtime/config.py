@@ -8,6 +8,7 @@ from specdec.errors import ConfigError
 
 DRAFTERS = ("auto", "model", "prompt_lookup", "none")
 GAMMA_POLICIES = ("fixed", "adaptive", "heuristic")
+COUPLINGS = ("leviathan", "gumbel")  # how a sampled token is drawn and verified (specdec.runtime.sampling)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class GenerationConfig:
     chat: bool = False  # wrap a text prompt in the bundle's chat template
     lookup_ngram: int = 3  # longest n-gram prompt lookup tries to match
     lookup_min_ngram: int = 2  # shortest; a 1-token match proposes mostly wrong drafts
+    coupling: str = "leviathan"  # "gumbel": noise fixed by (seed, row, position); output independent of drafter and γ
 
     def __post_init__(self):
         object.__setattr__(self, "stop", _stops(self.stop))
@@ -44,6 +46,8 @@ class GenerationConfig:
             _int("gamma", self.gamma, 1, "pass gamma=1 or more, or None for the default")
         if self.gamma_policy not in GAMMA_POLICIES:
             raise ConfigError(f"gamma_policy {self.gamma_policy!r} is unknown", f"choose one of {', '.join(GAMMA_POLICIES)}")
+        if self.coupling not in COUPLINGS:
+            raise ConfigError(f"coupling {self.coupling!r} is unknown", f"choose one of {', '.join(COUPLINGS)}")
         if self.drafter not in DRAFTERS:
             raise ConfigError(f"drafter {self.drafter!r} is unknown", f"choose one of {', '.join(DRAFTERS)}")
         _int("lookup_ngram", self.lookup_ngram, 1, "use lookup_ngram=3")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.runtime.adaptive_gamma import expected_speedup
-from specdec.runtime.sampling import sample, warp
+from specdec.runtime.sampling import gumbel_choice, sample, warp
 from specdec.runtime.state import Row, feed_chunks, forward_rows
 
 
@@ -76,11 +76,13 @@ class ModelDrafter:
         self.step_timer = step_timer  # told the seconds of every one-token draft step (or None)
 
     @staticmethod
-    def _choose(logits: np.ndarray, row: Row):
-        # logits: [V] -> (token, q or None)
+    def _choose(logits: np.ndarray, row: Row, step: int):
+        # logits: [V] of the draft's `step`-th proposal -> (token, q or None)
         if row.config.greedy:
             return int(np.argmax(logits)), None
         q = warp(logits, row.config)
+        if row.config.coupling == "gumbel":  # the draft's guess at the target's coupled sample: a point proposal
+            return gumbel_choice(q, row.noise(row.generated + step, len(logits))), None
         return sample(q, row.rng), q
 
     def propose(self, rows: list, limits: list) -> list:
@@ -97,7 +99,7 @@ class ModelDrafter:
         for step in range(max(limits)):
             for b, row in enumerate(rows):
                 if wanted[b] and step < limits[b]:
-                    token, q = self._choose(logits[b], row)
+                    token, q = self._choose(logits[b], row, step)
                     drafts[b].append(token)
                     dists[b].append(q)
             feeding = [wanted[b] and step + 1 < limits[b] for b in range(len(rows))]
@@ -119,7 +121,7 @@ class ModelDrafter:
 
     @staticmethod
     def _proposal(row: Row, drafts: list, dists: list) -> Proposal:
-        q = None if row.config.greedy else np.stack(dists)
+        q = None if row.config.greedy or row.config.coupling == "gumbel" else np.stack(dists)
         return Proposal(np.asarray(drafts, dtype=np.int64), q, "model")
 
 

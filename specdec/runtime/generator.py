@@ -157,8 +157,15 @@ class Generator:
                     "shorten the prompt or re-export with a larger --max-seq-len",
                 )
             rows.append(Row(tokens=ids, prompt_len=len(ids), rng=row_rng(config.seed, index), config=config,
-                            slot=index, gate=self._gate(config)))
+                            slot=index, gate=self._gate(config), noise_key=self._noise_key(config, index)))
         return rows
+
+    @staticmethod
+    def _noise_key(config: GenerationConfig, row: int) -> tuple | None:
+        if config.greedy or config.coupling != "gumbel":
+            return None
+        seed = config.seed if config.seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+        return (seed, row)
 
     def _drafters(self, config: GenerationConfig) -> dict:
         kind = config.drafter

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from specdec.runtime.drafters import EMPTY, Proposal
-from specdec.runtime.sampling import accept_greedy, accept_sampled, warp
+from specdec.runtime.sampling import accept_greedy, accept_sampled, gumbel_choice, warp
 from specdec.runtime.state import Round, Row, RowRound, feed_chunks, forward_rows
 from specdec.runtime.text import StopStrings
 
@@ -71,6 +71,10 @@ class SpeculativeLoop:
         config, drafts = row.config, prop.tokens
         if config.greedy:
             return accept_greedy(drafts, logits.argmax(axis=-1))
+        if config.coupling == "gumbel":  # the target's own coupled samples; drafts are accepted while they match
+            probs, vocab = warp(logits, config), logits.shape[-1]
+            chosen = [gumbel_choice(probs[j], row.noise(row.generated + j, vocab)) for j in range(len(drafts) + 1)]
+            return accept_greedy(drafts, np.asarray(chosen))
         return accept_sampled(drafts, prop.q, warp(logits, config), row.rng.random(len(drafts)), row.rng)
 
     def commit(self, row: Row, prop: Proposal, accepted: int, token: int) -> list:

@@ -46,6 +46,18 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
 
 
+def gumbel_noise(seed: int, row: int, position: int, vocab: int) -> np.ndarray:
+    """Gumbel(0, 1) noise [V] of generated position `position` of row `row` of a request seeded `seed`."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(row, position)))
+    return rng.gumbel(size=vocab)
+
+
+def gumbel_choice(probs: np.ndarray, noise: np.ndarray) -> int:
+    """argmax(log p + G): a sample of p (the Gumbel-max trick) that is a fixed function of the noise."""
+    with np.errstate(divide="ignore"):
+        return int(np.argmax(np.log(probs) + noise))
+
+
 def accept_greedy(drafts: np.ndarray, target_argmax: np.ndarray) -> tuple[int, int]:
     """drafts: [k]; target_argmax: [k+1] -> (accepted count n, the token emitted after them)."""
     mismatch = np.flatnonzero(drafts != target_argmax[: len(drafts)])

@@ -8,6 +8,7 @@ import numpy as np
 
 from specdec.lowering import PAD_ID
 from specdec.runtime.config import GenerationConfig
+from specdec.runtime.sampling import gumbel_noise
 
 
 def row_rng(seed: int | None, row: int) -> np.random.Generator:
@@ -33,6 +34,18 @@ class Row:
     finish: str | None = None
     gate: object = None  # the ModelGate deciding `auto` for this row (specdec.runtime.drafters)
     stop_at: int | None = None  # for finish == "stop": the text length at which the stop string begins
+    noise_key: tuple | None = None  # (seed, row) of the Gumbel noise when config.coupling == "gumbel"
+    noise_cache: dict = field(default_factory=dict, repr=False)  # position -> noise, drafted but not yet verified
+
+    def noise(self, position: int, vocab: int) -> np.ndarray:
+        """The Gumbel noise [vocab] of generated position `position` (0 = the first generated token); the draft and
+        the verify pass of a round ask for the same positions, so it is made once."""
+        for old in [p for p in self.noise_cache if p < self.generated]:
+            del self.noise_cache[old]
+        noise = self.noise_cache.get(position)
+        if noise is None or len(noise) < vocab:
+            noise = self.noise_cache[position] = gumbel_noise(*self.noise_key, position, vocab)
+        return noise[:vocab]
 
     @property
     def generated(self) -> int:
