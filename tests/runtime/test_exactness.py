@@ -19,19 +19,6 @@ GAMMAS = [1, 2, 4, GAMMA_MAX]
 NEW_TOKENS = 24
 
 
-@pytest.fixture(scope="module", params=["plain", "gqa"])
-def int4_gen(request, int4_bundle, gqa_int4_bundle):
-    """The INT4 self-draft bundle in both lowerings: every exactness test runs on each."""
-    with specdec.load(int4_bundle if request.param == "plain" else gqa_int4_bundle) as gen:
-        yield gen
-
-
-@pytest.fixture(scope="module")
-def random_gen(random_draft_bundle):
-    with specdec.load(random_draft_bundle) as gen:
-        yield gen
-
-
 def _plain(gen, prompt):
     return gen.generate(prompt, GenerationConfig(max_new_tokens=NEW_TOKENS, drafter="none")).token_ids
 

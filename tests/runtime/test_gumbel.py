@@ -8,7 +8,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-import specdec
 from specdec import GenerationConfig
 from specdec.errors import ConfigError
 from specdec.runtime.sampling import gumbel_choice
@@ -17,16 +16,9 @@ from tests.runtime.test_distribution import PROMPT, SAMPLES, TOKENS, exact_joint
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Once upon a time", "a + b\n"]
 
 
-@pytest.fixture(scope="module", params=["plain", "gqa"])
-def gen(request, int4_bundle, gqa_int4_bundle):
-    with specdec.load(int4_bundle if request.param == "plain" else gqa_int4_bundle) as generator:
-        yield generator
-
-
 @pytest.fixture(scope="module")
-def random_gen(random_draft_bundle):
-    with specdec.load(random_draft_bundle) as generator:
-        yield generator
+def gen(int4_gen):
+    return int4_gen
 
 
 def _config(**options):
