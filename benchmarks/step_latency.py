@@ -25,8 +25,9 @@ def open_models(bundles: list) -> dict:
     models = {}
     for bundle in bundles:
         manifest = read_manifest(bundle)
+        label = Path(bundle).name if sum(Path(b).name == Path(bundle).name for b in bundles) == 1 else bundle
         for role, entry in manifest.models.items():
-            name = f"{Path(bundle).name}/{role} ({entry.lowering}, {entry.precision})"
+            name = f"{label}/{role} ({entry.lowering}, {entry.precision})"
             backend = ort_backend_for(Path(bundle), entry, None)
             backend.reset(1)
             models[name] = backend
