@@ -247,7 +247,8 @@ class GqaDecoder(StaticKVDecoder):
         args = (past_k, past_v, seqlens_k, total_len, self.cos_cache, self.sin_cache, dims.num_heads,
                 dims.num_kv_heads, self.arch.attn_scale(), int(self.fused_rotary))
         if self.packed[index]["qkv"]:  # qkv: [B, T, (Hq + 2 Hkv) D], rotated inside the attention op
-            qkv = torch.nn.functional.linear(x, getattr(self, f"qkv_weight_{index}"), getattr(self, f"qkv_bias_{index}"))
+            weight, bias = getattr(self, f"qkv_weight_{index}"), getattr(self, f"qkv_bias_{index}")
+            qkv = torch.nn.functional.linear(x, weight, bias)
             out, present_k, present_v = torch.ops.specdec.gqa_packed(qkv, *args)
             return self.arch.out_proj(layer, out), present_k, present_v
         rotate_here = not self.fused_rotary
