@@ -22,12 +22,12 @@ from specdec.runtime.backend import session_options
 from specdec.runtime.generator import ort_backend_for
 
 
-def profiled_backend(bundle: Path, entry, prefix: str):
+def profiled_backend(bundle: Path, entry, prefix: str, threads: int | None = None):
     """The runtime's backend for `entry`, its session re-opened with the profiler on."""
     import onnxruntime as ort
 
-    backend = ort_backend_for(bundle, entry, None)
-    options = session_options()
+    backend = ort_backend_for(bundle, entry, threads)
+    options = session_options(threads)
     options.enable_profiling = True
     options.profile_file_prefix = prefix
     backend.session = ort.InferenceSession(str(bundle / entry.onnx_path), options, providers=["CPUExecutionProvider"])
@@ -52,12 +52,12 @@ def op_table(profile: Path, steps: int) -> tuple[list, float]:
     return [(op, us, calls[op]) for op, us in totals.most_common()], total
 
 
-def profile_model(bundle: Path, role: str, cache_len: int, steps: int, top: int) -> str:
+def profile_model(bundle: Path, role: str, cache_len: int, steps: int, top: int, threads: int | None = None) -> str:
     import onnx
 
     entry = read_manifest(bundle).models[role]
     with tempfile.TemporaryDirectory() as scratch:
-        backend = profiled_backend(bundle, entry, str(Path(scratch) / "profile"))
+        backend = profiled_backend(bundle, entry, str(Path(scratch) / "profile"), threads)
         backend.forward(np.full((1, cache_len), 5, np.int64), np.array([0]), last_only=True)
         for step in range(steps):
             backend.forward(np.array([[7]], np.int64), np.array([cache_len + step]))
@@ -65,7 +65,8 @@ def profile_model(bundle: Path, role: str, cache_len: int, steps: int, top: int)
         rows, total = op_table(profile, steps)
     nodes = len(onnx.load(str(bundle / entry.onnx_path), load_external_data=False).graph.node)
     lines = [f"**{bundle.name}/{role}** ({entry.lowering}, {entry.precision}; {nodes} nodes in the file): "
-             f"T = 1 at cache length {cache_len}, {steps} steps, kernel time {total / steps / 1e3:.2f} ms/step",
+             f"T = 1 at cache length {cache_len}, {steps} steps, {threads or 'all'} threads, "
+             f"kernel time {total / steps / 1e3:.2f} ms/step",
              "", "| op | share | µs/step | calls/step |", "|---|---|---|---|"]
     for op, us, count in rows[:top]:
         lines.append(f"| {op} | {us / total:.1%} | {us / steps:.0f} | {count / steps:.0f} |")
@@ -79,11 +80,12 @@ def main() -> None:
     parser.add_argument("--cache-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: one per core)")
     args = parser.parse_args()
     for bundle in args.bundles:
         roles = [r for r in args.roles.split(",") if r in read_manifest(bundle).models]
         for role in roles:
-            print(profile_model(bundle, role, args.cache_len, args.steps, args.top))
+            print(profile_model(bundle, role, args.cache_len, args.steps, args.top, args.threads))
 
 
 if __name__ == "__main__":

@@ -59,4 +59,7 @@ if [ ! -f "$peers/models/ortgenai-layers$layers/genai_config.json" ]; then
 fi
 "$peers/ortgenai/bin/python" "$here/make_spec_config.py" --target "$peers/models/ortgenai-fp32" \
   --draft "$peers/models/ortgenai-layers$layers" --out "$peers/models/ortgenai-spec-layers$layers" --max-draft-tokens 4
+# its documented CPU tuning: intra-op threads = cores (see tune_config.py); the spec folder links the tuned ones
+python3 "$here/tune_config.py" "$peers/models/ortgenai-fp32" "$peers/models/ortgenai-int4" \
+  "$peers/models/ortgenai-layers$layers" "$peers/models/ortgenai-spec-layers$layers"
 echo "[setup] done: $peers" >&2
