@@ -19,8 +19,11 @@ log() { echo "[suite $(date +%T)] $*" >&2; }
 log "specdec bench: target-only, model (γ sweep $gammas), prompt_lookup, auto"
 "$python" -m specdec.cli bench "$bundle" --out "$out" --per-class "$per_class" --new-tokens "$tokens" --repeats 1 \
   --gammas "$gammas" --no-progress
-log "peers: onnxruntime-genai, transformers"
-"$python" "$here/run_peers.py" --bundle "$bundle" --merge "$out" --only ortgenai,hf --per-class "${PEER_PER_CLASS:-$per_class}" \
+log "peer: onnxruntime-genai"
+"$python" "$here/run_peers.py" --bundle "$bundle" --out "$out/peers" --only ortgenai --per-class "$per_class" \
+  --new-tokens "$tokens" --repeats 1 --gamma "$peer_gamma" --timeout 7200
+log "peer: transformers (HF_PER_CLASS prompts per class: it is the slowest system)"
+"$python" "$here/run_peers.py" --bundle "$bundle" --merge "$out" --only hf --per-class "${HF_PER_CLASS:-$per_class}" \
   --new-tokens "$tokens" --repeats 1 --gamma "$peer_gamma" --timeout 7200 > "$out/merged.md"
 log "per-step: decode by cache length against the peer's fp32 and INT4 graphs"
 "$python" "$here/decode_vs_ortgenai.py" "$bundle" --sides specdec:target,ortgenai:fp32,specdec:draft,ortgenai:int4 \
