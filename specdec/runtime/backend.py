@@ -46,7 +46,7 @@ def session_options(threads: int | None = None):
     """onnxruntime options for alternating draft/target sessions on few cores (DESIGN §5). Workers spin while a
     Run lasts (a step is hundreds of short kernels: waking sleeping workers for each cost 15 % of plain decoding
     on 2 cores) and stop spinning when it returns, so an idle session never takes cores from the one running
-    (benchmarks/results/threads.md)."""
+    (benchmarks/results/issue11/threads.md)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
