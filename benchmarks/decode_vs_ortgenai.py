@@ -1,11 +1,15 @@
-"""Plain decoding ms/token at cache lengths 64 / 512 / 1000, prefill time for 64 / 512 tokens, and peak RSS:
-specdec's target against onnxruntime-genai's build of the same weights, each in its own process, run A-B-A so
-machine drift shows.
+"""Decoding ms/token at cache lengths 64 / 512 / 1000, prefill time for 64 / 512 tokens, and peak RSS: specdec's
+models against onnxruntime-genai's builds of the same weights, each side in its own process, the sides interleaved
+round by round so machine drift shows.
 
     python benchmarks/decode_vs_ortgenai.py bundles/smollm2-q41        # after benchmarks/peers/setup.sh
+    python benchmarks/decode_vs_ortgenai.py bundles/smollm2-q41 --sides specdec:draft,ortgenai:int4 --rounds 3
 
-Each side: a fixed random prompt of L tokens is prefilled (timed), then 16 tokens are decoded one at a time
-(median ms per token reported). Prints a markdown table; asserts nothing (not a test).
+Sides: specdec:target and specdec:draft (one forward per token, the runtime's backend and session options),
+ortgenai:fp32 and ortgenai:int4 (its model builder's graphs, `generate_next_token`, the settings setup.sh writes
+into genai_config.json). Each side: a fixed random prompt of L tokens is prefilled (timed), then 16 tokens are
+decoded one at a time (median ms per token). A table row per side: min / median over the rounds. Prints
+markdown; asserts nothing (not a test).
 """
 from __future__ import annotations
 
@@ -29,11 +33,11 @@ def prompt(length: int) -> list:
     return np.random.default_rng(length).integers(100, 40000, size=length).tolist()
 
 
-def run_specdec(bundle: str) -> dict:
+def run_specdec(bundle: str, role: str = "target") -> dict:
     from specdec.manifest import read_manifest
     from specdec.runtime.ort_backend import OrtBackend
 
-    backend = OrtBackend(Path(bundle), read_manifest(bundle).target).open()
+    backend = OrtBackend(Path(bundle), read_manifest(bundle).models[role]).open()
     backend.reset(1)
     out = {}
     for length in LENGTHS:
@@ -72,37 +76,57 @@ def run_ortgenai(model_dir: str) -> dict:
     return out
 
 
-def child(kind: str, target: str) -> None:
-    run = run_specdec if kind == "specdec" else run_ortgenai
-    run(target)  # warm-up pass: first-call costs are not what we compare
-    result = run(target)
+def child(side: str, bundle: str) -> None:
+    system, which = side.split(":")
+    if system == "specdec":
+        def run():
+            return run_specdec(bundle, which)
+    else:
+        def run():
+            return run_ortgenai(str(PEERS / "models" / f"ortgenai-{which}"))
+    run()  # warm-up pass: first-call costs are not what we compare
+    result = run()
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
 
 
-def spawn(kind: str, target: str) -> dict:
-    python = sys.executable if kind == "specdec" else str(PEERS / "ortgenai" / "bin" / "python")
-    proc = subprocess.run([python, __file__, "--child", kind, target], capture_output=True, text=True, check=True)
+def spawn(side: str, bundle: str) -> dict:
+    python = sys.executable if side.startswith("specdec") else str(PEERS / "ortgenai" / "bin" / "python")
+    proc = subprocess.run([python, __file__, "--child", side, bundle], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def table(runs: list) -> str:
-    lines = ["| run | " + " | ".join(f"decode @{n} ms" for n in LENGTHS) + " | prefill 64 ms | prefill 512 ms | peak RSS MB |",
-             "|---" * 7 + "|"]
-    for name, result in runs:
-        cells = [f"{result[str(n)]['decode_ms']:.1f}" for n in LENGTHS]
-        cells += [f"{result['64']['prefill_ms']:.0f}", f"{result['512']['prefill_ms']:.0f}", f"{result['peak_rss_mb']:.0f}"]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def cell(values: list, pattern: str) -> str:
+    return f"{pattern.format(min(values))} / {pattern.format(statistics.median(values))}"
+
+
+def table(runs: dict) -> str:
+    lines = ["| side | " + " | ".join(f"decode @{n} ms" for n in LENGTHS)
+             + " | prefill 64 ms | prefill 512 ms | peak RSS MB |", "|---" * 7 + "|"]
+    for side, results in runs.items():
+        cells = [cell([r[str(n)]["decode_ms"] for r in results], "{:.1f}") for n in LENGTHS]
+        cells += [cell([r[str(n)]["prefill_ms"] for r in results], "{:.0f}") for n in (64, 512)]
+        cells.append(f"{max(r['peak_rss_mb'] for r in results):.0f}")
+        lines.append(f"| {side} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n(min / median over the rounds)"
 
 
 def main() -> None:
     if sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
         return
-    bundle, model_dir = sys.argv[1], str(PEERS / "models" / "ortgenai-fp32")
-    runs = [("specdec (A)", spawn("specdec", bundle)), ("onnxruntime-genai (B)", spawn("ortgenai", model_dir)),
-            ("specdec (A again)", spawn("specdec", bundle))]
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bundle")
+    parser.add_argument("--sides", default="specdec:target,ortgenai:fp32")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    sides = args.sides.split(",")
+    runs = {side: [] for side in sides}
+    for _ in range(args.rounds):
+        for side in sides:
+            runs[side].append(spawn(side, args.bundle))
     print(table(runs))
 
 

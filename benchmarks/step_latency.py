@@ -21,13 +21,16 @@ CASES = [("decode", 1, 64), ("decode", 1, 512), ("decode", 1, 1000), ("verify", 
          ("prefill", 64, 0), ("prefill", 512, 0)]
 
 
-def open_models(bundles: list) -> dict:
+def open_models(bundles: list, threads: int | None = None, roles=("target", "draft")) -> dict:
     models = {}
     for bundle in bundles:
         manifest = read_manifest(bundle)
+        label = Path(bundle).name if sum(Path(b).name == Path(bundle).name for b in bundles) == 1 else bundle
         for role, entry in manifest.models.items():
-            name = f"{Path(bundle).name}/{role} ({entry.lowering}, {entry.precision})"
-            backend = OrtBackend(Path(bundle), entry).open()
+            if role not in roles:
+                continue
+            name = f"{label}/{role} ({entry.lowering}, {entry.precision})"
+            backend = OrtBackend(Path(bundle), entry, threads).open()
             backend.reset(1)
             models[name] = backend
     return models
@@ -66,8 +69,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundles", nargs="+")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: one per core)")
+    parser.add_argument("--roles", default="target,draft")
     args = parser.parse_args()
-    models = open_models(args.bundles)
+    models = open_models(args.bundles, args.threads, args.roles.split(","))
     print(table(models, measure(models, args.repeats)))
 
 

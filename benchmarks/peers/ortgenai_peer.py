@@ -1,12 +1,15 @@
 """Peer: onnxruntime-genai 0.18 on CPU (runs in benchmarks/.peers/ortgenai; it brings its own onnxruntime).
 
-The models are built from the same HF weights by its model builder (fp32, CPU). Modes: plain greedy decoding;
-its n-gram speculative decoding (set_speculative_options(ngram_size=...)); and its draft-model speculative decoding
-with a K-layer truncated copy built by the same builder (a composite genai_config with model.draft). A mode the
-installed version refuses is recorded as failed with its error.
+The models are built from the same HF weights by its model builder (fp32, CPU), run with the session options
+setup.sh writes (intra_op_num_threads = cores, tune_config.py). Modes: plain greedy decoding; its n-gram speculative
+decoding (set_speculative_options(ngram_size=...)); its draft-model speculative decoding with a K-layer truncated
+copy built by the same builder (a composite genai_config with model.draft); and plain decoding of the builder's
+INT4 graph (-p int4: another model, for its per-token cost). A mode the installed version refuses is recorded as
+failed with its error.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -51,7 +54,9 @@ def modes(args) -> list:
 
     models = Path(args.models)
     target = og.Model(str(models / "ortgenai-fp32"))
-    base = f"onnxruntime-genai {og.__version__}, model builder fp32 CPU"
+    threads = json.loads((models / "ortgenai-fp32" / "genai_config.json").read_text())["model"]["decoder"].get(
+        "session_options", {}).get("intra_op_num_threads", "default")
+    base = f"onnxruntime-genai {og.__version__}, model builder fp32 CPU, intra_op_num_threads={threads}"
     plain = PeerMode("target-only", "none", 0, f"{base}; greedy", generate_fn(og, target))
     ngram = PeerMode(f"n-gram γ={args.gamma}", "prompt_lookup", args.gamma,
                      f"{base}; its n-gram speculative decoding (ngram_size=3: matches the last 2 tokens)",
@@ -65,7 +70,13 @@ def modes(args) -> list:
     except Exception as exc:  # the installed version may refuse the composite configuration
         draft = PeerMode(f"draft {args.layers}-layer γ={args.gamma}", "model", args.gamma,
                          f"{note}; failed to load: {type(exc).__name__}: {exc}"[:400], None, "failed")
-    return [plain, ngram, draft]
+    int4_dir = models / "ortgenai-int4"
+    int4_note = "onnxruntime-genai model builder INT4 CPU graph (MatMulNBits, accuracy level 4); greedy"
+    if (int4_dir / "genai_config.json").is_file():
+        int4 = PeerMode("int4 target-only", "none", 0, int4_note, generate_fn(og, og.Model(str(int4_dir))))
+    else:
+        int4 = PeerMode("int4 target-only", "none", 0, f"{int4_note}; not built (setup.sh)", None, "unsupported")
+    return [plain, ngram, draft, int4]
 
 
 if __name__ == "__main__":

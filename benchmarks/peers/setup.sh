@@ -5,6 +5,7 @@
 #   models/hf-fp32      the GGUF dequantized to an HF directory (save_pretrained)
 #   models/hf-layersK   its first K layers (the HF peer's closest equivalent of a truncated draft)
 #   models/ortgenai-fp32  built by onnxruntime_genai.models.builder from models/hf-fp32
+#   models/ortgenai-int4  the same builder's INT4 graph (-p int4, its CPU defaults: MatMulNBits, accuracy level 4)
 #   models/ortgenai-layersK  the same for the K-layer copy; models/ortgenai-spec-layersK a composite
 #                         genai_config (target + model.draft) for its draft-model speculative decoding
 # Idempotent: a step whose output exists is skipped. Usage: benchmarks/peers/setup.sh [--layers K]
@@ -46,6 +47,11 @@ if [ ! -f "$peers/models/ortgenai-fp32/genai_config.json" ]; then
   "$peers/ortgenai/bin/python" -m onnxruntime_genai.models.builder -i "$peers/models/hf-fp32" \
     -o "$peers/models/ortgenai-fp32" -p fp32 -e cpu -c "$peers/cache"
 fi
+if [ ! -f "$peers/models/ortgenai-int4/genai_config.json" ]; then
+  echo "[setup] onnxruntime-genai model builder (int4)" >&2
+  "$peers/ortgenai/bin/python" -m onnxruntime_genai.models.builder -i "$peers/models/hf-fp32" \
+    -o "$peers/models/ortgenai-int4" -p int4 -e cpu -c "$peers/cache"
+fi
 if [ ! -f "$peers/models/ortgenai-layers$layers/genai_config.json" ]; then
   echo "[setup] onnxruntime-genai model builder ($layers-layer draft)" >&2
   "$peers/ortgenai/bin/python" -m onnxruntime_genai.models.builder -i "$peers/models/hf-layers$layers" \
@@ -53,4 +59,7 @@ if [ ! -f "$peers/models/ortgenai-layers$layers/genai_config.json" ]; then
 fi
 "$peers/ortgenai/bin/python" "$here/make_spec_config.py" --target "$peers/models/ortgenai-fp32" \
   --draft "$peers/models/ortgenai-layers$layers" --out "$peers/models/ortgenai-spec-layers$layers" --max-draft-tokens 4
+# its documented CPU tuning: intra-op threads = cores (see tune_config.py); the spec folder links the tuned ones
+python3 "$here/tune_config.py" "$peers/models/ortgenai-fp32" "$peers/models/ortgenai-int4" \
+  "$peers/models/ortgenai-layers$layers" "$peers/models/ortgenai-spec-layers$layers"
 echo "[setup] done: $peers" >&2

@@ -55,6 +55,16 @@ def calibration_windows(bundle: Path, data: DataConfig):
     return token_windows(calibration, codec.encode, data.seq_len, data.num_samples, data.source), held_out
 
 
+def _head_tokens(bundle: Path, manifest: Manifest, entry: ModelEntry, config: QuantizeConfig):
+    """Token ids of a trimmed draft head, ranked by `entry` over the calibration (not held-out) texts."""
+    from specdec.calibration.head_trim import kept_tokens
+    from specdec.runtime.text import TextCodec
+
+    codec = TextCodec(bundle).open()
+    texts, _ = split_texts(texts_from_source(config.data.source, config.data.field), config.data.held_out)
+    return kept_tokens(bundle, manifest, entry, [codec.encode(text) for text in texts], config.head_tokens)
+
+
 def _entry_for(source: ModelEntry, root: Path, config: QuantizeConfig, record: CalibrationRecord) -> ModelEntry:
     """The quantized model's entry: the source's dims, sizes and lowering, with new files, precision and record."""
     files = {f"{config.role}/{p.name}": sha256_file(p) for p in sorted((root / config.role).iterdir()) if p.is_file()}
@@ -98,7 +108,11 @@ def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite:
         windows, _ = calibration_windows(bundle, config.data)
         graph = bundle / entry.onnx_path
         reader = StaticKVReader(graph, entry, windows, config.verify_len) if config.needs_data else None
-        details = quantize_onnx(graph, tmp / config.role / "model.onnx", config, reader)
+        keep = _head_tokens(bundle, manifest, entry, config) if config.head_tokens else None
+        details = quantize_onnx(graph, tmp / config.role / "model.onnx", config, reader, keep)
+        if keep is not None:
+            details["lm_head"]["ranked_by"] = (f"{entry.role}'s probability mass over the calibration texts "
+                                               f"({config.data.source}; held-out texts excluded)")
         origin = f"fp32 {source}" + (f", {entry.derived}" if entry.derived else "")
         record = CalibrationRecord(
             method=config.method, precision=config.precision, backend=config.backend,

@@ -99,18 +99,36 @@ def q8_0_from_weight(weight: np.ndarray) -> dict:
             "zero_point": np.full(scale.shape, 128, np.uint8), "grid_error": float(error.max())}
 
 
-def _replace_head(node, weight: np.ndarray, add_init, helper, accuracy_level: int) -> tuple:
+HEAD_FILL = -1e30  # logit of a token a trimmed head does not score: its probability is exactly 0 at any usable T
+
+
+def _replace_head(node, weight: np.ndarray, add_init, helper, accuracy_level: int, keep=None) -> tuple:
     """Gemm(x, E, transB=1), the LM head over the tied embedding E [N, K] -> 8-bit MatMulNBits on the Q8_0 grid
-    (SmolLM2's GGUF stores E as Q8_0, so the head stays exact). The embedding Gather keeps E. -> (nodes, error)"""
+    (SmolLM2's GGUF stores E as Q8_0, so the head stays exact). The embedding Gather keeps E. keep: sorted token ids
+    [N'] of a trimmed head (specdec.calibration.head_trim): MatMulNBits over those rows only, then the scores go back
+    to [M, N] (Pad one HEAD_FILL column, Gather with each token's row, or the fill's). -> (nodes, error)"""
     n, k = weight.shape
-    q = q8_0_from_weight(weight)
+    q = q8_0_from_weight(weight if keep is None else weight[keep])
     base = node.name or node.output[0]
     for suffix, value in (("Q8", q["codes"]), ("scales", q["scale"]), ("zp", q["zero_point"])):
         add_init(f"{base}_{suffix}", value)
-    return [helper.make_node(
-        "MatMulNBits", [node.input[0], f"{base}_Q8", f"{base}_scales", f"{base}_zp"], list(node.output),
-        name=f"{base}_Q8", domain="com.microsoft", K=k, N=n, bits=8, block_size=BLOCK, accuracy_level=accuracy_level,
-    )], q["grid_error"]
+    scored = list(node.output) if keep is None else [f"{base}_kept"]
+    nodes = [helper.make_node(
+        "MatMulNBits", [node.input[0], f"{base}_Q8", f"{base}_scales", f"{base}_zp"], scored,
+        name=f"{base}_Q8", domain="com.microsoft", K=k, N=len(q["scale"]), bits=8, block_size=BLOCK,
+        accuracy_level=accuracy_level,
+    )]
+    if keep is not None:  # [M, N'] -> [M, N' + 1] -> [M, N]
+        rows = np.full(n, len(keep), np.int64)
+        rows[keep] = np.arange(len(keep))
+        add_init(f"{base}_pads", np.array([0, 0, 0, 1], np.int64))
+        add_init(f"{base}_fill", np.array(HEAD_FILL, np.float32))
+        add_init(f"{base}_rows", rows)
+        nodes.append(helper.make_node("Pad", [scored[0], f"{base}_pads", f"{base}_fill"], [f"{base}_padded"],
+                                      name=f"{base}_pad", mode="constant"))
+        nodes.append(helper.make_node("Gather", [f"{base}_padded", f"{base}_rows"], list(node.output),
+                                      name=f"{base}_scatter", axis=1))
+    return nodes, q["grid_error"]
 
 
 def _is_plain_head(node, inits: dict) -> bool:
@@ -153,9 +171,10 @@ def _replace_group(group: list, weights: list, sums: dict, add_init, helper, acc
 
 
 def q41_from_onnx(source: Path, dest: Path, progress: bool = False, accuracy_level: int = ACCURACY_LEVEL,
-                  fuse: bool = True) -> dict:
+                  fuse: bool = True, head_keep: np.ndarray | None = None) -> dict:
     """Rewrite every constant-weight MatMul of `source` (K % 32 == 0) as Q4_1-grid MatMulNBits + correction, and
     the tied LM head Gemm as 8-bit MatMulNBits on the Q8_0 grid. fuse: MatMuls sharing an input become one.
+    head_keep: sorted token ids of a trimmed head (see _replace_head).
     -> {"quantized": count, "on_grid": count, "max_grid_error": float}"""
     try:
         import onnx
@@ -176,7 +195,7 @@ def q41_from_onnx(source: Path, dest: Path, progress: bool = False, accuracy_lev
     for index, node in enumerate(tqdm(originals, disable=not progress, desc="q4_1 grid", unit="node")):
         if _is_plain_head(node, inits):
             replaced, error = _replace_head(node, numpy_helper.to_array(inits[node.input[1]]), add_init, helper,
-                                            accuracy_level)
+                                            accuracy_level, head_keep)
             nodes.extend(replaced)
             head_errors.append(error)
             continue
@@ -210,4 +229,6 @@ def q41_from_onnx(source: Path, dest: Path, progress: bool = False, accuracy_lev
     stats = {"quantized": len(errors), "on_grid": int(on_grid), "max_grid_error": float(max(errors, default=0.0))}
     if head_errors:
         stats["lm_head"] = {"bits": 8, "grid": "Q8_0", "max_grid_error": float(max(head_errors))}
+        if head_keep is not None:
+            stats["lm_head"]["kept_tokens"] = int(len(head_keep))
     return stats

@@ -48,6 +48,7 @@ class QuantizeConfig:
     data: DataConfig = field(default_factory=DataConfig)
     verify_len: int = 5  # T of the verify-shaped calibration feeds (γ + 1)
     accuracy_level: int = ACCURACY_LEVEL  # MatMulNBits compute: 4 = int8 (fast on x86), 1 = fp32 (exact)
+    head_tokens: int = 0  # int4-q41 drafts: an LM head over this many tokens (0: the whole vocabulary)
     progress: bool = False
 
     def __post_init__(self):
@@ -66,6 +67,10 @@ class QuantizeConfig:
             )
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ConfigError(f"accuracy_level {self.accuracy_level} is not 0..4", "use 4 (int8) or 1 (fp32)")
+        if self.head_tokens < 0 or (self.head_tokens and (self.method != "int4-q41" or self.role != "draft")):
+            raise ConfigError(f"--head-tokens {self.head_tokens} with {self.method} for the {self.role}",
+                              "a trimmed LM head is for int4-q41 drafts only (--method int4-q41 --role draft), "
+                              "and counts tokens (>= 1)")
 
     @property
     def precision(self) -> str:
@@ -109,13 +114,13 @@ def _matmul_nbits(source: Path, dest: Path, algo_config, accuracy_level: int) ->
     return block
 
 
-def _int4(source: Path, dest: Path, config: QuantizeConfig, reader) -> dict:
+def _int4(source: Path, dest: Path, config: QuantizeConfig, reader, head_keep=None) -> dict:
     from onnxruntime.quantization import matmul_nbits_quantizer as nbits
 
     if config.method == "int4-q41":
         from specdec.calibration.q41 import q41_from_onnx
 
-        return q41_from_onnx(source, dest, config.progress, config.accuracy_level)
+        return q41_from_onnx(source, dest, config.progress, config.accuracy_level, head_keep=head_keep)
     algo = None
     if config.method == "int4-hqq":
         algo = nbits.HQQWeightOnlyQuantConfig(block_size=BLOCK, bits=4)
@@ -205,9 +210,9 @@ def _modelopt(source: Path, dest: Path, mode: str, reader) -> dict:
             "kept_fp32": f"{len(kept)} MLP down projections (activation outliers)"}
 
 
-def quantize_onnx(source: Path, dest: Path, config: QuantizeConfig, reader=None) -> dict:
-    """Quantize the fp32 graph `source` into `dest` (+ external data). `reader` feeds data-aware methods.
-    -> method details for the manifest."""
+def quantize_onnx(source: Path, dest: Path, config: QuantizeConfig, reader=None, head_keep=None) -> dict:
+    """Quantize the fp32 graph `source` into `dest` (+ external data). `reader` feeds data-aware methods; head_keep:
+    the token ids of a trimmed int4-q41 head (config.head_tokens). -> method details for the manifest."""
     if config.needs_data and reader is None:
         raise ConfigError(f"{config.method} needs calibration data", "pass a StaticKVReader (--data)")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -215,7 +220,7 @@ def quantize_onnx(source: Path, dest: Path, config: QuantizeConfig, reader=None)
         stale.unlink(missing_ok=True)
     log.info("quantizing %s with %s", source, config.method)
     if config.method.startswith("int4"):
-        return _int4(source, dest, config, reader)
+        return _int4(source, dest, config, reader, head_keep)
     if config.method == "int8-qdq":
         return _int8_static(source, dest, reader, config.backend)
     return _modelopt(source, dest, config.method.split("-", 1)[1], reader)

@@ -31,6 +31,9 @@ def add_calibrate_parser(commands) -> None:
     quantize.add_argument("--backend", choices=tuple(BACKENDS), default="onnxruntime",
                           help="the back end that will run the model (default onnxruntime)")
     quantize.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits compute: 4 int8 (default), 1 fp32")
+    quantize.add_argument("--head-tokens", type=int, default=0,
+                          help="int4-q41 draft: LM head over the N tokens the target most often emits on the "
+                               "calibration text (default 0: every token)")
     quantize.add_argument("--verify-len", type=int, default=5, help="T of verify-shaped calibration feeds (default 5)")
     quantize.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     _add_data_args(quantize, 64, 16)
@@ -83,6 +86,7 @@ def run_quantize(args) -> int:
 
     config = QuantizeConfig(method=args.method, role=args.role, backend=args.backend, data=_data(args),
                             verify_len=args.verify_len, accuracy_level=args.accuracy_level,
+                            head_tokens=args.head_tokens,
                             progress=sys.stderr.isatty() or args.verbose)
     out = quantized_bundle(args.bundle, args.out, config, overwrite=args.overwrite, source=args.source)
     print(f"wrote bundle {out} ({args.role} = {args.source} quantized with {args.method})", file=sys.stderr)

@@ -61,6 +61,18 @@ def dims_from_config(config) -> ModelDims:
     )
 
 
+def _packed_linear(projections: tuple):
+    """nn.Linear layers on one input as one (weight [sum N, K], bias or None); None if any is not nn.Linear or only
+    some have a bias."""
+    if not all(isinstance(p, nn.Linear) for p in projections):
+        return None
+    biases = [p.bias for p in projections]
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    weight = torch.cat([p.weight.detach() for p in projections])
+    return weight, None if biases[0] is None else torch.cat([b.detach() for b in biases])
+
+
 def _shallow_module_copy(module: nn.Module) -> nn.Module:
     """A copy whose submodule table can change without touching the original; parameters stay shared."""
     clone = copy.copy(module)
@@ -143,6 +155,21 @@ class Architecture:
     def mlp(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return layer.mlp(x)
 
+    # --- packed weights (the gqa lowering: one MatMul where the model has several on one input) -------------
+    def packed_qkv(self, layer: nn.Module):
+        """(weight [Hq*D + 2*Hkv*D, H], bias or None) of q, k and v side by side; None where they do not pack."""
+        attn = layer.self_attn
+        return _packed_linear((attn.q_proj, attn.k_proj, attn.v_proj))
+
+    def packed_gate_up(self, layer: nn.Module):
+        """(gate|up weight [2I, H], activation, down projection) of a gated MLP with bias-free gate and up
+        (down(act(x @ gate) * (x @ up))); None where the MLP is not one."""
+        mlp = layer.mlp
+        packed = _packed_linear((mlp.gate_proj, mlp.up_proj))
+        if packed is None or packed[1] is not None:
+            return None
+        return packed[0], mlp.act_fn, mlp.down_proj
+
     def attn_scale(self) -> float:
         return self.dims.head_dim**-0.5
 
@@ -166,6 +193,9 @@ class Qwen3Architecture(Architecture):
         # q: [B, Hq, T, D], k: [B, Hkv, T, D]; the norms act on D
         return layer.self_attn.q_norm(q), layer.self_attn.k_norm(k)
 
+    def packed_qkv(self, layer):
+        return None  # q and k are normalized per head before the attention op rotates them
+
 
 @register("phi3")
 class Phi3Architecture(Architecture):
@@ -177,6 +207,14 @@ class Phi3Architecture(Architecture):
         q_size = self.dims.num_heads * self.dims.head_dim
         kv_size = self.dims.num_kv_heads * self.dims.head_dim
         return packed.split([q_size, kv_size, kv_size], dim=-1)
+
+    def packed_qkv(self, layer):
+        return _packed_linear((layer.self_attn.qkv_proj,))
+
+    def packed_gate_up(self, layer):
+        mlp = layer.mlp  # gate_up_proj holds gate then up
+        packed = _packed_linear((mlp.gate_up_proj,))
+        return None if packed is None or packed[1] is not None else (packed[0], mlp.activation_fn, mlp.down_proj)
 
     def sliding_window(self) -> int | None:
         return getattr(self.config, "sliding_window", None)
@@ -214,6 +252,12 @@ class Gpt2Architecture(Architecture):
 
     def qkv(self, layer, x):
         return layer.attn.c_attn(x).split(self.dims.hidden_size, dim=-1)
+
+    def packed_qkv(self, layer):
+        return None  # Conv1D weights, and no rotary for the attention op to fuse
+
+    def packed_gate_up(self, layer):
+        return None
 
     def out_proj(self, layer, x):
         return layer.attn.c_proj(x)

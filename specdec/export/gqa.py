@@ -9,6 +9,9 @@ Bind past and present to the same buffer (IO binding) and GroupQueryAttention wr
 reads only the valid length; where the rotary embedding covers the whole head, GroupQueryAttention applies it
 too (from cos/sin caches), and RMSNorm becomes SimplifiedLayerNormalization. onnxruntime's CPU kernel needs
 B = 1 when T > 1 with a past, so the runtime runs rows one at a time.
+Where the family allows, each layer is few, large kernels (fewer thread-pool hand-offs per step on a CPU): q, k
+and v as one MatMul whose packed output GroupQueryAttention takes whole; gate and up as one MatMul and a Split;
+every residual Add fused into the next norm (SkipSimplifiedLayerNormalization, whose fourth output is the sum).
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ import torch
 from specdec.export.static_model import StaticKVDecoder
 
 STAGING_DOMAIN = "specdec.lowering"  # onnxscript has no schema for contrib ops: emit here, then rename
-TARGET_DOMAINS = {"GroupQueryAttention": "com.microsoft", "SimplifiedLayerNormalization": ""}
+TARGET_DOMAINS = {"GroupQueryAttention": "com.microsoft", "SimplifiedLayerNormalization": "",
+                  "SkipSimplifiedLayerNormalization": "com.microsoft"}
 
 
 def _rotate(x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, start: int) -> torch.Tensor:
@@ -81,12 +85,44 @@ def _rms_norm_fake(x, weight, eps):
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("specdec::gqa_packed", mutates_args=())
+def gqa_packed(qkv: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, seqlens_k: torch.Tensor,
+               total_len: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, num_heads: int,
+               kv_num_heads: int, scale: float, do_rotary: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GroupQueryAttention with q, k and v packed in one input: qkv [B, T, (Hq + 2 Hkv) D] -> out [B, T, Hq D]."""
+    head_dim = past_k.shape[-1]
+    q, k, v = qkv.split([num_heads * head_dim, kv_num_heads * head_dim, kv_num_heads * head_dim], dim=-1)
+    return gqa(q.contiguous(), k.contiguous(), v.contiguous(), past_k, past_v, seqlens_k, total_len, cos_cache,
+               sin_cache, num_heads, kv_num_heads, scale, do_rotary)
+
+
+@gqa_packed.register_fake
+def _gqa_packed_fake(qkv, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, num_heads, kv_num_heads, scale,
+                     do_rotary):
+    out = qkv.new_empty(*qkv.shape[:-1], num_heads * past_k.shape[-1])
+    return out, torch.empty_like(past_k), torch.empty_like(past_v)
+
+
+@torch.library.custom_op("specdec::skip_rms_norm", mutates_args=())
+def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, eps: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager reference of SkipSimplifiedLayerNormalization: (RMSNorm(x + skip) * weight, x + skip)."""
+    total = x + skip
+    return rms_norm(total, weight, eps), total
+
+
+@skip_rms_norm.register_fake
+def _skip_rms_norm_fake(x, skip, weight, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
 def _register_staging_schemas() -> None:
     """Give onnxscript schemas for the staged ops (onnx ships none for onnxruntime's contrib ops)."""
     import onnx
 
     schema, param = onnx.defs.OpSchema, onnx.defs.OpSchema.FormalParameter
     optional = onnx.defs.OpSchema.FormalParameterOption.Optional
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
     attr, kinds = onnx.defs.OpSchema.Attribute, onnx.defs.OpSchema.AttrType
     floats = ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "")
     if not onnx.defs.has("GroupQueryAttention", STAGING_DOMAIN):
@@ -94,7 +130,7 @@ def _register_staging_schemas() -> None:
         onnx.defs.register_schema(schema(
             "GroupQueryAttention", STAGING_DOMAIN, 1,
             inputs=[param(n, "M" if n in ("seqlens_k", "total_len") else "T",
-                          param_option=optional if n.endswith("cache") else onnx.defs.OpSchema.FormalParameterOption.Single)
+                          param_option=optional if n.endswith("cache") or n in ("k", "v") else single)
                     for n in names],
             outputs=[param(n, "T") for n in ("out", "present_k", "present_v")],
             type_constraints=[floats, ("M", ["tensor(int32)"], "")],
@@ -106,6 +142,14 @@ def _register_staging_schemas() -> None:
             "SimplifiedLayerNormalization", STAGING_DOMAIN, 1, inputs=[param("x", "T"), param("w", "T")],
             outputs=[param("y", "T")], type_constraints=[floats],
             attributes=[attr("axis", kinds.INT, ""), attr("epsilon", kinds.FLOAT, "")],
+        ))
+    if not onnx.defs.has("SkipSimplifiedLayerNormalization", STAGING_DOMAIN):
+        onnx.defs.register_schema(schema(
+            "SkipSimplifiedLayerNormalization", STAGING_DOMAIN, 1,
+            inputs=[param("x", "T"), param("skip", "T"), param("gamma", "T")],
+            outputs=[param("y", "T"), param("mean", "U", param_option=optional),
+                     param("inv_std_var", "U", param_option=optional), param("sum", "T", param_option=optional)],
+            type_constraints=[floats, ("U", ["tensor(float)"], "")], attributes=[attr("epsilon", kinds.FLOAT, "")],
         ))
 
 
@@ -124,10 +168,24 @@ def gqa_translation():
             num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale, do_rotary=do_rotary,
         )
 
+    def lower_gqa_packed(qkv, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, num_heads: int,
+                         kv_num_heads: int, scale: float, do_rotary: int):
+        caches = (cos_cache, sin_cache) if do_rotary else (None, None)
+        return staged.GroupQueryAttention(
+            qkv, None, None, past_k, past_v, seqlens_k, total_len, *caches,
+            num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale, do_rotary=do_rotary,
+        )
+
     def lower_rms_norm(x, weight, eps: float):
         return staged.SimplifiedLayerNormalization(x, weight, axis=-1, epsilon=eps)
 
-    return {torch.ops.specdec.gqa.default: lower_gqa, torch.ops.specdec.rms_norm.default: lower_rms_norm}
+    def lower_skip_rms_norm(x, skip, weight, eps: float):
+        normed, _, _, total = staged.SkipSimplifiedLayerNormalization(x, skip, weight, epsilon=eps, _num_outputs=4)
+        return normed, total
+
+    ops = torch.ops.specdec
+    return {ops.gqa.default: lower_gqa, ops.gqa_packed.default: lower_gqa_packed, ops.rms_norm.default: lower_rms_norm,
+            ops.skip_rms_norm.default: lower_skip_rms_norm}
 
 
 def move_to_target_domains(model) -> None:
@@ -140,7 +198,8 @@ def move_to_target_domains(model) -> None:
 
 
 class GqaDecoder(StaticKVDecoder):
-    """The decoder with GroupQueryAttention, fused RMSNorm and per-layer, shared-buffer KV inputs/outputs."""
+    """The decoder with GroupQueryAttention, fused norms, packed projections and per-layer, shared-buffer KV
+    inputs/outputs."""
 
     def __init__(self, arch, max_seq_len: int):
         super().__init__(arch, max_seq_len)
@@ -156,23 +215,55 @@ class GqaDecoder(StaticKVDecoder):
         else:
             self.register_buffer("cos_cache", torch.zeros(1, 1), persistent=False)
             self.register_buffer("sin_cache", torch.zeros(1, 1), persistent=False)
+        self.fused_norms = arch.rms_eps() is not None
+        self.packed = [self._pack(index, layer) for index, layer in enumerate(arch.layers())]
+
+    def _pack(self, index: int, layer) -> dict:
+        """Register layer `index`'s packed weights as buffers; -> which of them it has."""
+        qkv = self.arch.packed_qkv(layer) if self.fused_rotary else None  # unfused rotary needs q, k apart
+        if qkv is not None:
+            self.register_buffer(f"qkv_weight_{index}", qkv[0], persistent=False)
+            self.register_buffer(f"qkv_bias_{index}", qkv[1], persistent=False)
+        gate_up = self.arch.packed_gate_up(layer)
+        if gate_up is not None:
+            self.register_buffer(f"gate_up_weight_{index}", gate_up[0], persistent=False)
+        return {"qkv": qkv is not None, "gate_up": gate_up[1:] if gate_up is not None else None}
 
     def norm(self, module, x):
         eps = self.arch.rms_eps()
         return module(x) if eps is None else torch.ops.specdec.rms_norm(x, module.weight, float(eps))
 
-    def attention_gqa(self, layer, x, cos, sin, past_k, past_v, seqlens_k, total_len):
+    def add_norm(self, x, residual, module):
+        # x, residual: [B, T, H] -> (norm(x + residual), x + residual): one SkipSimplifiedLayerNormalization
+        if not self.fused_norms:
+            total = residual + x
+            return self.norm(module, total), total
+        return torch.ops.specdec.skip_rms_norm(x, residual, module.weight, float(self.arch.rms_eps()))
+
+    def attention_gqa(self, index, layer, x, cos, sin, past_k, past_v, seqlens_k, total_len):
         # x: [B, T, H]; past_*: [B, Hkv, S, D] -> attention output [B, T, H], present_k, present_v
         dims = self.arch.dims
         batch, steps, _ = x.shape
+        args = (past_k, past_v, seqlens_k, total_len, self.cos_cache, self.sin_cache, dims.num_heads,
+                dims.num_kv_heads, self.arch.attn_scale(), int(self.fused_rotary))
+        if self.packed[index]["qkv"]:  # qkv: [B, T, (Hq + 2 Hkv) D], rotated inside the attention op
+            weight, bias = getattr(self, f"qkv_weight_{index}"), getattr(self, f"qkv_bias_{index}")
+            qkv = torch.nn.functional.linear(x, weight, bias)
+            out, present_k, present_v = torch.ops.specdec.gqa_packed(qkv, *args)
+            return self.arch.out_proj(layer, out), present_k, present_v
         rotate_here = not self.fused_rotary
         q, k, v = self.project(layer, x, cos if rotate_here else None, sin if rotate_here else None)
         flat = lambda t: t.transpose(1, 2).reshape(batch, steps, -1)  # noqa: E731  [B, N, T, D] -> [B, T, N*D]
-        out, present_k, present_v = torch.ops.specdec.gqa(
-            flat(q), flat(k), flat(v), past_k, past_v, seqlens_k, total_len, self.cos_cache, self.sin_cache,
-            dims.num_heads, dims.num_kv_heads, self.arch.attn_scale(), int(self.fused_rotary),
-        )
+        out, present_k, present_v = torch.ops.specdec.gqa(flat(q), flat(k), flat(v), *args)
         return self.arch.out_proj(layer, out), present_k, present_v
+
+    def mlp_packed(self, index, layer, x):
+        # x: [B, T, H] -> [B, T, H]; gate and up as one MatMul where the family allows
+        if self.packed[index]["gate_up"] is None:
+            return self.arch.mlp(layer, x)
+        act, down = self.packed[index]["gate_up"]
+        gate, up = torch.nn.functional.linear(x, getattr(self, f"gate_up_weight_{index}")).chunk(2, dim=-1)
+        return down(act(gate) * up)
 
     def forward(self, input_ids, cache_len, logit_positions, past_keys: list, past_values: list):
         # input_ids: [B, T]; cache_len: [B]; logit_positions: [N]; past_*: L x [B, Hkv, S, D]
@@ -180,17 +271,20 @@ class GqaDecoder(StaticKVDecoder):
         hidden, _, (cos, sin) = self.embed(input_ids, cache_len)
         seqlens_k = (cache_len + steps - 1).to(torch.int32)  # [B]: last valid index after this step
         total_len = (cache_len.max() + steps).to(torch.int32)  # scalar
+        layers = list(self.arch.layers())
+        normed = self.norm(self.arch.attn_norm(layers[0]), hidden)
         presents_k, presents_v = [], []
-        for index, layer in enumerate(self.arch.layers()):
+        for index, layer in enumerate(layers):
             attn_out, present_k, present_v = self.attention_gqa(
-                layer, self.norm(self.arch.attn_norm(layer), hidden), cos, sin, past_keys[index], past_values[index],
-                seqlens_k, total_len,
-            )
-            hidden = hidden + attn_out
-            hidden = hidden + self.arch.mlp(layer, self.norm(self.arch.mlp_norm(layer), hidden))
+                index, layer, normed, cos, sin, past_keys[index], past_values[index], seqlens_k, total_len)
+            normed, hidden = self.add_norm(attn_out, hidden, self.arch.mlp_norm(layer))
+            mlp_out = self.mlp_packed(index, layer, normed)
+            last = index + 1 == len(layers)
+            normed, hidden = self.add_norm(mlp_out, hidden,
+                                           self.arch.final_norm() if last else self.arch.attn_norm(layers[index + 1]))
             presents_k.append(present_k)
             presents_v.append(present_v)
-        logits = self.head(torch.index_select(hidden, 1, logit_positions))  # [B, N, V]
+        logits = self.lm_logits(torch.index_select(normed, 1, logit_positions))  # [B, N, V]
         return (logits, *presents_k, *presents_v)
 
 

@@ -90,8 +90,12 @@ class StaticKVDecoder(nn.Module):
         return hidden, positions, rotary if rotary is not None else (None, None)
 
     def head(self, hidden):
-        # hidden: [B, N, H] -> logits [B, N, V] (float32); tied weights stay one initializer (Gemm transB)
-        hidden = self.norm(self.arch.final_norm(), hidden)
+        # hidden: [B, N, H] -> logits [B, N, V] (float32)
+        return self.lm_logits(self.norm(self.arch.final_norm(), hidden))
+
+    def lm_logits(self, hidden):
+        # hidden: [B, N, H], final norm applied -> logits [B, N, V] (float32); tied weights stay one initializer
+        # (Gemm transB)
         batch, steps, width = hidden.shape
         logits = nn.functional.linear(hidden.reshape(batch * steps, width), self.arch.lm_head_weight())
         return logits.reshape(batch, steps, -1).float()

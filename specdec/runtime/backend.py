@@ -95,7 +95,10 @@ def cpu_count() -> int:
 
 
 def session_options(threads: int | None = None):
-    """onnxruntime options for alternating draft/target sessions on few cores (DESIGN §5: no spinning)."""
+    """onnxruntime options for alternating draft/target sessions on few cores (DESIGN §5). Workers spin while a
+    Run lasts (a step is hundreds of short kernels: waking sleeping workers for each cost 15 % of plain decoding
+    on 2 cores) and stop spinning when it returns, so an idle session never takes cores from the one running
+    (benchmarks/results/issue11/threads.md)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -103,7 +106,8 @@ def session_options(threads: int | None = None):
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    options.add_session_config_entry("session.force_spinning_stop", "1")
     options.log_severity_level = 3
     return options
 

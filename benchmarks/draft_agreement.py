@@ -1,0 +1,78 @@
+"""Top-1 agreement of bundle drafts with their target, teacher-forced over the benchmark prompts.
+
+    python benchmarks/draft_agreement.py BUNDLE [BUNDLE ...] [--prompts benchmarks/prompts] [--per-class 0]
+
+Each prompt (chat template applied, as the benchmark sends it) is extended by the target's own greedy continuation
+of --continue tokens (where acceptance is decided), then fed to the target and the draft in one prefill; at every
+position the draft's argmax is compared with the target's. Prints a markdown table. No assertions (not a test).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from specdec.manifest import read_manifest
+from specdec.runtime.ort_backend import OrtBackend
+from specdec.runtime.text import TextCodec
+
+HERE = Path(__file__).resolve().parent
+
+
+def prompt_ids(bundle: Path, folder: Path, per_class: int) -> list:
+    codec = TextCodec(bundle).open()
+    ids = []
+    for file in sorted(folder.glob("*.jsonl")):
+        records = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        ids += [codec.chat(record["prompt"]) for record in records[: per_class or None]]
+    return ids
+
+
+def continued(target, ids: list, steps: int) -> list:
+    """ids + the target's greedy continuation of `steps` tokens."""
+    target.reset(1)
+    logits = target.forward(np.array([ids], dtype=np.int64), np.zeros(1, np.int64), last_only=True)
+    out = list(ids)
+    for _ in range(steps):
+        out.append(int(logits[0, -1].argmax()))
+        logits = target.forward(np.array([[out[-1]]], dtype=np.int64), np.array([len(out) - 1]))
+    return out
+
+
+def agreement(bundle: Path, prompts: list, steps: int) -> tuple[int, int]:
+    manifest = read_manifest(bundle)
+    target = OrtBackend(bundle, manifest.target).open()
+    draft = OrtBackend(bundle, manifest.draft).open()
+    agree = total = 0
+    for ids in prompts:
+        feeds = np.array([continued(target, ids, steps)], dtype=np.int64)
+        argmax = []
+        for backend in (target, draft):
+            backend.reset(1)
+            argmax.append(backend.forward(feeds, np.zeros(1, np.int64))[0].argmax(-1))
+        agree += int((argmax[0] == argmax[1]).sum())
+        total += feeds.shape[1]
+    return agree, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bundles", nargs="+", type=Path)
+    parser.add_argument("--prompts", type=Path, default=HERE / "prompts")
+    parser.add_argument("--per-class", type=int, default=0, help="prompts per class (0: all)")
+    parser.add_argument("--continue", dest="steps", type=int, default=64, help="target's greedy tokens per prompt")
+    args = parser.parse_args()
+    lines = ["| bundle | draft | positions | top-1 agreement |", "|---|---|---|---|"]
+    for bundle in args.bundles:
+        prompts = prompt_ids(bundle, args.prompts, args.per_class)
+        agree, total = agreement(bundle, prompts, args.steps)
+        draft = read_manifest(bundle).draft
+        method = draft.calibration.method or draft.derived
+        lines.append(f"| {bundle.name} | {method} ({draft.precision}) | {total} | {agree / total:.4f} |")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
