@@ -121,7 +121,7 @@ class Generator:
     @property
     def _gamma_record(self) -> dict:
         draft = self.manifest.draft
-        return draft.calibration.get("gamma", {}) if draft is not None else {}
+        return (draft.calibration.get("gamma") or {}) if draft is not None else {}  # a fresh export records None
 
     def default_policy(self, config: GenerationConfig):
         """The γ policy of a request. Adaptive starts from the bundle's γ calibration; without one, greedy requests
