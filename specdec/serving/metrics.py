@@ -33,6 +33,8 @@ class Metrics:
         self.active_rows = prom.Gauge("specdec_active_rows", "Rows in the running batch", registry=registry)
         self.gamma = prom.Gauge("specdec_gamma", "γ chosen for the latest round", registry=registry)
         self.rounds = prom.Counter("specdec_rounds", "Engine rounds by γ", ["gamma"], registry=registry)
+        self.round_rows = prom.Histogram("specdec_round_rows", "Rows in one engine round",
+                                         buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=registry)
         self.round_seconds = prom.Histogram("specdec_round_seconds", "Wall time of one engine round",
                                             buckets=LATENCY_BUCKETS, registry=registry)
         for status in STATUSES:
@@ -51,6 +53,7 @@ class Metrics:
         self.rounds.labels(str(record.gamma)).inc()
         self.gamma.set(record.gamma)
         self.round_seconds.observe(seconds)
+        self.round_rows.observe(len(rows))
         self._proposed += proposed
         self._accepted += accepted
         self._passes += len(rows)

@@ -47,9 +47,9 @@ def error_bytes(status: int, message: str, code: str | None = None) -> bytes:
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     messages = {}
     for error in exc.errors():
-        if error.get("type") == "json_invalid":
-            return "the request body is not valid JSON", None
         loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+        if error.get("type") == "json_invalid" or (not loc and error.get("type") != "missing"):
+            return "the request body is not a valid JSON object", None
         field = ".".join(part for part in loc if part.isidentifier() and part not in TYPE_NAMES) or "body"
         messages.setdefault(field, f"{field}: {error.get('msg', 'invalid')}")
     fields = list(messages)[:3]
@@ -59,15 +59,14 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def _count(request: Request, status: int) -> None:
     """Requests refused before reaching the engine, in specdec_requests_total."""
     metrics = getattr(request.app.state, "metrics", None)
-    if metrics is not None and request.method == "POST":
-        metrics.requests.labels("rejected" if status == 429 else "invalid" if status < 500 else "error").inc()
+    if metrics is not None and request.method == "POST" and status < 499:
+        metrics.requests.labels("rejected" if status == 429 else "invalid").inc()
 
 
 def install_error_handlers(app) -> None:
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError):
-        if exc.status != 499:
-            _count(request, exc.status)
+        _count(request, exc.status)
         return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
