@@ -23,10 +23,16 @@ def _config(options: ServeOptions, app):
 
 
 def serve(options: ServeOptions) -> None:
-    """Serve until interrupted."""
+    """Serve until interrupted. The bundle is loaded first, so a bad bundle fails here with its SpecDecError."""
     from specdec.serving.app import build_app
+    from specdec.serving.engine import Engine
 
-    _uvicorn().Server(_config(options, build_app(options))).run()
+    server = _uvicorn()
+    engine = Engine.from_options(options).start()
+    try:
+        server.Server(_config(options, build_app(options, engine))).run()
+    finally:
+        engine.close()
 
 
 class BackgroundServer:

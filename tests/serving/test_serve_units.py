@@ -1,0 +1,118 @@
+"""The goodput γ controller, the serving loop's per-row γ and verify grouping, options, and `specdec serve`."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from specdec.errors import ConfigError
+from specdec.runtime.state import Round, RowRound
+from specdec.serving.goodput import Costs, GoodputGamma
+from specdec.serving.options import API_KEY_ENV, ServeOptions
+
+GAMMA_MAX = 6
+
+
+def _costs(step_growth: float) -> Costs:
+    """A machine where a batched T=1 step over n rows costs 20 ms · (1 + growth · (n − 1)), a draft step a third of
+    that, and a one-row verify pass of T tokens 20 ms · (1 + 0.05 · (T − 1))."""
+    rows = np.arange(9)
+    step = np.where(rows > 0, 0.020 * (1 + step_growth * (rows - 1)), 0.0)
+    verify = 0.020 * (1 + 0.05 * np.maximum(np.arange(GAMMA_MAX + 2) - 1, 0))
+    return Costs(step, step / 3, verify)
+
+
+def test_controller_speculates_alone_and_stops_under_load_when_batching_pays():
+    controller = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9)
+    assert controller.plan(rows=1, drafting=1) > 0
+    assert controller.plan(rows=8, drafting=8) == 0
+    for rows in range(1, 9):  # never a γ whose expected rate is below plain decoding's
+        gamma = controller.plan(rows, rows)
+        tokens, seconds = controller.expected(rows, rows, gamma)
+        plain_tokens, plain_seconds = controller.expected(rows, rows, 0)
+        assert tokens / seconds >= plain_tokens / plain_seconds
+
+
+def test_controller_keeps_speculating_where_batching_gains_nothing_and_turns_off_for_a_bad_draft():
+    costly = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9)  # rows cost as much batched as not
+    assert costly.plan(rows=8, drafting=8) > 0
+    bad = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.05)
+    assert bad.plan(rows=1, drafting=1) == 0
+
+
+def test_controller_modes_and_learning_from_rounds():
+    assert GoodputGamma(_costs(0.15), GAMMA_MAX, mode="off").plan(1, 1) == 0
+    assert GoodputGamma(_costs(0.15), GAMMA_MAX, mode="fixed", fixed=3).plan(8, 8) == 3
+    controller = GoodputGamma(_costs(0.15), GAMMA_MAX, prior_alpha=0.9)
+    before = controller.acceptance.alphas[0]
+    rejected = [RowRound(4, 0, [1], "model", None)] * 2
+    for _ in range(20):
+        controller.observe(Round(4, rejected, draft_s=0.05, verify_s=0.30))  # slow, and every draft rejected
+    assert controller.acceptance.alphas[0] < before
+    assert controller.costs.verify[5] > 0.1  # 0.30 s over 2 rows, learnt
+    controller.observe(Round(0, [RowRound(0, 0, [1], "none", None)] * 3, draft_s=0.0, verify_s=0.5))
+    assert controller.costs.target_step[3] > _costs(0.15).target_step[3]
+    assert controller.plan(rows=2, drafting=2) == 0
+
+
+def test_serve_options_are_checked():
+    with pytest.raises(ConfigError, match="Hint"):
+        ServeOptions(bundle="b", speculation="always")
+    for bad in ({"port": 70000}, {"max_batch": 0}, {"max_queue": -1}, {"gamma": 0}, {"api_key": ""},
+                {"max_body_bytes": 10}):
+        with pytest.raises(ConfigError):
+            ServeOptions(bundle="b", **bad)
+    assert ServeOptions(bundle="b").host == "127.0.0.1"
+    os.environ[API_KEY_ENV] = "from-env"
+    try:
+        assert ServeOptions(bundle="b").key == "from-env" and ServeOptions(bundle="b", api_key="k").key == "k"
+    finally:
+        del os.environ[API_KEY_ENV]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_specdec_serve_binds_loopback_and_answers(gqa_int4_bundle):
+    pytest.importorskip("uvicorn", reason="the [serve] extra is not installed")
+    port = _free_port()
+    env = {**os.environ, API_KEY_ENV: "cli-key"}
+    command = [sys.executable, "-m", "specdec.cli", "serve", str(gqa_int4_bundle), "--port", str(port), "--max-batch", "2"]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline, health = time.monotonic() + 60, None
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert health is not None and health.json() == {"status": "ok"}
+        body = {"model": "gqa", "prompt": "hi", "max_tokens": 3}
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body).status_code == 401
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
+                            headers={"authorization": "Bearer cli-key"})
+        assert answer.json()["usage"]["completion_tokens"] == 3
+        if shutil.which("ss"):  # the listening socket's local address is loopback only
+            listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+            assert [line.split()[3] for line in listening.splitlines()] == [f"127.0.0.1:{port}"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_specdec_serve_reports_a_missing_bundle(tmp_path, capsys):
+    from specdec.cli import main
+
+    assert main(["serve", str(tmp_path / "missing"), "--port", "0"]) == 1
+    assert "Hint:" in capsys.readouterr().err
