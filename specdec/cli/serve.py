@@ -59,7 +59,7 @@ def _run_ray(options: ServeOptions, args: argparse.Namespace) -> int:
 
     application = build_app(options, args.replicas, args.cpus_per_replica)
     if args.ray_address is None:  # a local instance: keep Ray's own traffic on loopback
-        ray.init(_node_ip_address="127.0.0.1")
+        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False)
     else:
         ray.init(address=args.ray_address)
     try:

@@ -14,20 +14,16 @@ from specdec.runtime.state import forward_rows
 
 
 class ServingLoop(SpeculativeLoop):
-    """`pinned` maps a KV slot to the γ policy of the row on it (a seeded sampled request keeps the γ sequence it
-    would have alone, so its tokens reproduce); other rows take the engine's policy γ."""
+    """`gammas` maps a KV slot to the γ of the row on it for the next round (the engine sets it every round: a
+    seeded sampled request's own policy, a probe); other rows take the policy's γ."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.pinned = {}  # slot -> GammaPolicy
+        self.gammas = {}  # slot -> γ
 
     def limits(self, rows: list, gamma: int) -> list:
         # each row as if alone: its own γ, its own room in S (verify passes are per length, not shared)
-        limits = []
-        for row in rows:
-            policy = self.pinned.get(row.slot)
-            limits.append(super().limits([row], gamma if policy is None else policy.gamma)[0])
-        return limits
+        return [super(ServingLoop, self).limits([row], self.gammas.get(row.slot, gamma))[0] for row in rows]
 
     def verify(self, rows: list, proposals: list) -> list:
         # -> per active row: logits [k + 1, V] for [last token, drafts...]; one forward per distinct k + 1

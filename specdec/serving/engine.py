@@ -12,6 +12,7 @@ random stream `row_rng(seed, 0)`, so it reproduces `Generator.generate` of the s
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import threading
 import time
@@ -20,11 +21,12 @@ from dataclasses import dataclass, field
 
 from specdec.errors import CapacityError, ConfigError, SpecDecError
 from specdec.runtime.config import GenerationConfig
+from specdec.runtime.drafters import ChainDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.runtime.generator import Generator, load
 from specdec.runtime.state import Row, row_rng
 from specdec.runtime.text import StopStrings, holdback
 from specdec.serving.batching import ServingLoop
-from specdec.serving.goodput import GoodputGamma, measure_costs
+from specdec.serving.goodput import GoodputGamma, Metered, measure_costs
 from specdec.serving.metrics import Metrics
 from specdec.serving.options import ServeOptions
 
@@ -129,13 +131,23 @@ class Engine:
         self.controller = GoodputGamma(costs, defaults.gamma_max, self.options.speculation,
                                        self.options.gamma or defaults.gamma, self.gen._gamma_record.get("alphas") or 0.7,
                                        gen.draft is not None)
-        drafters = gen._drafters(GenerationConfig(drafter="auto"))
-        self.loop = ServingLoop(gen.target, drafters, self.controller, defaults.max_prefill_chunk,
-                                manifest.tokenizer.eos_token_ids, StopStrings(gen.codec))
-        self._free = list(range(self.batch - 1, -1, -1))
+        self.loop = ServingLoop(Metered(gen.target, "target", self.controller.observe_call), self._drafters(),
+                                self.controller, defaults.max_prefill_chunk, manifest.tokenizer.eos_token_ids,
+                                StopStrings(gen.codec))
+        self._free = list(range(self.batch))  # a heap: joiners take the lowest free slot (fewer holes in T=1 runs)
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
         self._thread.start()
         return self
+
+    def _drafters(self) -> dict:
+        """Every drafter kind, as Generator._drafters makes them, with the draft model's calls metered."""
+        gen = self.gen
+        lookup, model = PromptLookupDrafter(), None
+        if gen.draft is not None:
+            metered = Metered(gen.draft, "draft", self.controller.observe_call)
+            model = ModelDrafter(metered, gen.manifest.defaults.max_prefill_chunk, gen.gate.observe_draft_step)
+        drafters = {"prompt_lookup": lookup, "model": model, "auto": ChainDrafter(lookup, model)}
+        return {kind: drafter for kind, drafter in drafters.items() if drafter is not None}
 
     def close(self) -> None:
         with self._cond:
@@ -208,7 +220,7 @@ class Engine:
             return joiners
 
     def _free_slot_for(self, job: Job) -> None:
-        slot = self._free.pop()
+        slot = heapq.heappop(self._free)
         config = job.config
         job.row = Row(tokens=list(job.prompt_ids), prompt_len=len(job.prompt_ids), rng=row_rng(config.seed, 0),
                       config=config, slot=slot, gate=self.gen._gate(config))
@@ -224,8 +236,6 @@ class Engine:
         except SpecDecError as exc:
             self._release(job, "error", exc.message)
             return
-        if job.pinned is not None:
-            self.loop.pinned[job.row.slot] = job.pinned
         self.metrics.prompt_tokens.inc(job.row.prompt_len)
         self._active.append(job)
         self.metrics.active_rows.set(len(self._active))
@@ -236,10 +246,19 @@ class Engine:
             self._release(job, "cancelled")
         self.metrics.active_rows.set(len(self._active))
 
+    def _plan(self) -> None:
+        """γ for this round: the controller's for most rows, their own policy's for seeded sampled rows, and a
+        probe's for the free drafting row whose draft is the least behind."""
+        free = [job.row for job in self._active if job.pinned is None and job.row.config.drafter != "none"]
+        self.controller.plan(len(self._active), len(free))
+        self.loop.gammas = {job.row.slot: job.pinned.gamma for job in self._active if job.pinned is not None}
+        if self.controller.probe and free:
+            row = min(free, key=lambda r: (len(r.tokens) - r.draft_len, r.slot))
+            self.loop.gammas[row.slot] = self.controller.probe
+
     def _round(self) -> None:
         rows = [job.row for job in self._active]
-        drafting = sum(1 for job in self._active if job.pinned is None and job.row.config.drafter != "none")
-        self.controller.plan(len(rows), drafting)
+        self._plan()
         started = time.perf_counter()
         try:
             record = self.loop.step(rows)
@@ -291,9 +310,8 @@ class Engine:
     def _release(self, job: Job, status: str, message: str = "") -> None:
         """Free the job's slot (if it had one) and count it; an error or cancel ends its event stream."""
         if job.row is not None:
-            self.loop.pinned.pop(job.row.slot, None)
             with self._cond:
-                self._free.append(job.row.slot)
+                heapq.heappush(self._free, job.row.slot)
         if status == "error":
             job.deliver(Event("error", message))
         elif status == "cancelled":

@@ -7,8 +7,11 @@ A round over n rows, m of them drafting with the model at γ, costs on the onnxr
                                                       on the CPU takes B = 1 when T > 1), the others batched
 plus n·h of host time (sampling, acceptance, bookkeeping), and emits n − m + m·(1 + A_1 + … + A_γ) tokens, with
 A_j the running per-position acceptance. The controller picks the γ in 0..γ_max with the most tokens per second.
-T1, D1 and V are measured at start (`measure_costs`) and follow every round (exponential moving averages), so
-the choice tracks the machine's load; ties go to the smaller γ.
+T1, D1 and V are measured at start (`measure_costs`) and follow every round (moving averages whose first
+observations weigh most), so the choice tracks the machine's load; ties go to the smaller γ. While γ = 0 wins,
+the controller lets one row draft now and then (a probe, at most 1/(PROBE_EVERY + 1) of the predicted time, and
+only at loads where a high acceptance would make speculation win), so its acceptance estimate and speculative
+costs stay measured rather than stuck at the prior. Costs are learnt from every forward call (`Metered`).
 
 Greedy rows' output never depends on γ. Seeded sampled rows keep their own deterministic γ policy (the engine
 pins them), so the choice here never reaches their tokens.
@@ -16,14 +19,17 @@ pins them), so the choice here never reaches their tokens.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from specdec.lowering import PAD_ID
 from specdec.runtime.adaptive_gamma import AdaptiveGamma, GammaPolicy, cumulative_from_conditional
 
-EMA = 0.2  # weight of the newest round in a moving average
+EMA = 0.2  # weight of the newest round in a moving average, once a cell has 1/EMA observations
+PROBE_EVERY = 19  # plain rounds' predicted time per predicted probe round: probes cost at most 5 % of the time
+PRIOR_WEIGHT = 2.0  # pseudo-rounds the prior acceptance counts for
+OPTIMISTIC_ALPHA = 0.95  # probes only where speculation would win at this acceptance
 
 
 @dataclass
@@ -34,10 +40,13 @@ class Costs:
     draft_step: np.ndarray  # [B + 1]: the same for the draft (zeros without a draft)
     verify: np.ndarray  # [γ_max + 2]: one-row target forward of T tokens at index T
     host_row: float = 0.0  # host seconds per row and round
+    counts: dict = field(default_factory=dict)  # (table id, index) -> observations so far (the start's counts 1)
 
     def update(self, table: np.ndarray, index: int, seconds: float) -> None:
         if 0 < index < len(table) and seconds > 0:
-            table[index] += EMA * (seconds - table[index])
+            key = (id(table), index)
+            self.counts[key] = self.counts.get(key, 1) + 1
+            table[index] += max(EMA, 1.0 / self.counts[key]) * (seconds - table[index])
 
 
 def _median_time(call, repeats: int) -> float:
@@ -77,9 +86,33 @@ def measure_costs(target, draft, batch: int, gamma_max: int, length: int = 64, r
     return Costs(target_step, draft_step, verify_s)
 
 
+class Metered:
+    """A backend (or Timed backend) that tells `observe(role, width, steps, seconds)` about every forward call.
+    width: the rows the call costs, as the gqa driver runs them (a T = 1 call of several rows is one batched run
+    over slots 0..max(slot); a T > 1 call is one run per row)."""
+
+    def __init__(self, backend, role: str, observe):
+        self.backend = backend
+        self.role = role
+        self.observe = observe
+
+    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False, slots=None):
+        # input_ids: [B, T] -> logits [B, T or 1, V]
+        started = time.perf_counter()
+        logits = self.backend.forward(input_ids, cache_len, last_only, slots)
+        rows, steps = input_ids.shape
+        width = rows if rows == 1 or steps > 1 or slots is None else int(np.max(slots)) + 1
+        self.observe(self.role, width, steps, time.perf_counter() - started)
+        return logits
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
 class GoodputGamma(GammaPolicy):
-    """The engine's γ policy: `plan(rows, drafting)` before a round sets `gamma`; the loop's `observe(record)`
-    after it updates costs and acceptance. mode: "adaptive" (goodput), "fixed" (always `fixed`), "off" (0)."""
+    """The engine's γ policy: `plan(rows, drafting)` before a round sets `gamma` (and `probe`: a γ for one row, or
+    0); `observe_call` learns the cost of every forward call, the loop's `observe(record)` the acceptance.
+    mode: "adaptive" (goodput), "fixed" (always `fixed`), "off" (0)."""
 
     def __init__(self, costs: Costs, gamma_max: int, mode: str = "adaptive", fixed: int = 4,
                  prior_alpha=0.7, has_model: bool = True):
@@ -88,52 +121,71 @@ class GoodputGamma(GammaPolicy):
         self.mode = mode
         self.fixed = min(fixed, gamma_max)
         self.has_model = has_model
-        self.acceptance = AdaptiveGamma(gamma_max, 1.0, prior_alpha)  # its running per-position α only
+        self.acceptance = AdaptiveGamma(gamma_max, 1.0, prior_alpha, prior_weight=PRIOR_WEIGHT)  # its running α only
         self.gamma = 0 if mode == "off" else self.fixed
+        self.probe = 0  # γ for one drafting row this round while γ = 0 wins (0: no probe)
+        self.plain_s = 0.0  # predicted seconds of γ = 0 rounds since the last probe
 
-    def expected(self, rows: int, drafting: int, gamma: int) -> tuple[float, float]:
-        """(tokens, seconds) of a round over `rows` rows, `drafting` of them drafting at `gamma`."""
+    def expected(self, rows: int, drafting: int, gamma: int, alphas=None) -> tuple[float, float]:
+        """(tokens, seconds) of a round over `rows` rows, `drafting` of them drafting at `gamma`; alphas: the
+        conditional acceptance per position (default: the running estimate)."""
         c = self.costs
         host = rows * c.host_row
         if gamma == 0 or drafting == 0:
             return float(rows), c.target_step[rows] + host
-        gains = cumulative_from_conditional(self.acceptance.alphas)[:gamma]  # [γ] A_1..A_γ
+        alphas = self.acceptance.alphas if alphas is None else alphas
+        gains = cumulative_from_conditional(alphas)[:gamma]  # [γ] A_1..A_γ
         tokens = rows - drafting + drafting * (1.0 + float(gains.sum()))
         draft = gamma * c.draft_step[drafting] if self.has_model else 0.0
         seconds = draft + drafting * c.verify[gamma + 1] + c.target_step[rows - drafting] + host
         return tokens, seconds
 
+    def rates(self, rows: int, drafting: int, alphas=None) -> np.ndarray:
+        """[γ_max + 1] expected tokens per second for γ = 0..γ_max."""
+        return np.asarray([tokens / seconds for tokens, seconds in
+                           (self.expected(rows, drafting, g, alphas) for g in range(self.gamma_max + 1))])
+
     def best(self, rows: int, drafting: int) -> int:
         """The γ in 0..γ_max with the highest expected tokens per second (ties: the smaller)."""
-        rates = [tokens / seconds for tokens, seconds in
-                 (self.expected(rows, drafting, g) for g in range(self.gamma_max + 1))]
-        return int(np.argmax(rates))
+        return int(np.argmax(self.rates(rows, drafting)))
 
     def plan(self, rows: int, drafting: int) -> int:
         """Set and return γ for the next round of `rows` active rows, `drafting` of which may draft."""
-        if self.mode == "adaptive" and rows:
-            self.gamma = self.best(min(rows, len(self.costs.target_step) - 1), drafting)
+        self.probe = 0
+        if self.mode != "adaptive" or not rows:
+            return self.gamma
+        rows = min(rows, len(self.costs.target_step) - 1)
+        self.gamma = self.best(rows, drafting)
+        if self.gamma == 0 and drafting and self.has_model:
+            self._maybe_probe(rows, drafting)
         return self.gamma
 
+    def _maybe_probe(self, rows: int, drafting: int) -> None:
+        """While γ = 0 wins: where a high acceptance would make speculation win at this load, let one row draft
+        now and then (at most 1/(PROBE_EVERY + 1) of the predicted time) so α and the costs stay measured."""
+        hopeful = self.rates(rows, drafting, np.maximum(self.acceptance.alphas, OPTIMISTIC_ALPHA))
+        if int(np.argmax(hopeful)) == 0:
+            self.plain_s = 0.0
+            return
+        candidate = int(np.argmax(hopeful[1:])) + 1
+        self.plain_s += self.expected(rows, drafting, 0)[1]
+        if self.plain_s >= PROBE_EVERY * self.expected(1, 1, candidate)[1]:
+            self.probe, self.plain_s = candidate, 0.0
+
+    def observe_call(self, role: str, width: int, steps: int, seconds: float) -> None:
+        """The cost of one forward call (Metered): T = 1 steps of either model by width, target passes of T > 1
+        per row."""
+        c = self.costs
+        if steps == 1:
+            c.update(c.draft_step if role == "draft" else c.target_step, width, seconds)
+        elif role == "target":
+            c.update(c.verify, steps, seconds / width)
+
     def observe(self, record) -> None:
-        """Learn from a Round record: per-position acceptance of model rows, and the cost of the calls it made
-        where the record pins them down (every row with the same number of drafts)."""
-        rows = [row for row in record.rows if row is not None]
-        if not rows:
-            return
-        for row in rows:
-            if row.source == "model":
+        """Learn per-position acceptance from the model-drafted rows of a Round record."""
+        for row in record.rows:
+            if row is not None and row.source == "model":
                 self.acceptance.observe_row(row.proposed, row.accepted)
-        proposed = {row.proposed for row in rows}
-        if len(proposed) != 1:
-            return
-        k = proposed.pop()
-        if k == 0:
-            self.costs.update(self.costs.target_step, len(rows), record.verify_s)
-            return
-        self.costs.update(self.costs.verify, k + 1, record.verify_s / len(rows))
-        if all(row.source == "model" for row in rows):
-            self.costs.update(self.costs.draft_step, len(rows), record.draft_s / k)
 
     def observe_host(self, seconds: float, rows: int) -> None:
         """Round wall time outside the draft and verify calls, over `rows` rows."""

@@ -14,7 +14,7 @@ import pytest
 
 from specdec.errors import ConfigError
 from specdec.runtime.state import Round, RowRound
-from specdec.serving.goodput import Costs, GoodputGamma
+from specdec.serving.goodput import Costs, GoodputGamma, Metered
 from specdec.serving.options import API_KEY_ENV, ServeOptions
 
 GAMMA_MAX = 6
@@ -34,7 +34,7 @@ def test_controller_speculates_alone_and_stops_under_load_when_batching_pays():
     assert controller.plan(rows=1, drafting=1) > 0
     assert controller.plan(rows=8, drafting=8) == 0
     for rows in range(1, 9):  # never a γ whose expected rate is below plain decoding's
-        gamma = controller.plan(rows, rows)
+        gamma = controller.best(rows, rows)
         tokens, seconds = controller.expected(rows, rows, gamma)
         plain_tokens, plain_seconds = controller.expected(rows, rows, 0)
         assert tokens / seconds >= plain_tokens / plain_seconds
@@ -47,19 +47,50 @@ def test_controller_keeps_speculating_where_batching_gains_nothing_and_turns_off
     assert bad.plan(rows=1, drafting=1) == 0
 
 
-def test_controller_modes_and_learning_from_rounds():
+def test_controller_probes_with_one_row_at_most_a_twentieth_of_the_time_and_only_where_it_could_pay():
+    controller = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.3)  # a poor draft, so far
+    probes = []
+    for _ in range(400):
+        assert controller.plan(rows=2, drafting=2) == 0
+        probes.append(controller.probe)
+    assert any(probes), "γ = 0 won every round, but speculation was never measured again"
+    probe_s = sum(controller.expected(1, 1, g)[1] for g in probes if g)
+    plain_s = controller.expected(2, 2, 0)[1] * probes.count(0)
+    assert probe_s / (probe_s + plain_s) <= 0.06
+    batched = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.3)  # batching pays: no α could win
+    assert not any(batched.plan(rows=8, drafting=8) or batched.probe for _ in range(400))
+
+
+def test_controller_modes_and_learning_from_rounds_and_calls():
     assert GoodputGamma(_costs(0.15), GAMMA_MAX, mode="off").plan(1, 1) == 0
     assert GoodputGamma(_costs(0.15), GAMMA_MAX, mode="fixed", fixed=3).plan(8, 8) == 3
     controller = GoodputGamma(_costs(0.15), GAMMA_MAX, prior_alpha=0.9)
+    assert controller.plan(1, 1) > 0
     before = controller.acceptance.alphas[0]
-    rejected = [RowRound(4, 0, [1], "model", None)] * 2
-    for _ in range(20):
-        controller.observe(Round(4, rejected, draft_s=0.05, verify_s=0.30))  # slow, and every draft rejected
+    for _ in range(10):  # every draft rejected
+        controller.observe(Round(4, [RowRound(4, 0, [1], "model", None)] * 2, draft_s=0.05, verify_s=0.1))
     assert controller.acceptance.alphas[0] < before
-    assert controller.costs.verify[5] > 0.1  # 0.30 s over 2 rows, learnt
-    controller.observe(Round(0, [RowRound(0, 0, [1], "none", None)] * 3, draft_s=0.0, verify_s=0.5))
-    assert controller.costs.target_step[3] > _costs(0.15).target_step[3]
-    assert controller.plan(rows=2, drafting=2) == 0
+    controller.observe_call("target", 2, 5, 0.30)  # a verify pass of T = 5 over 2 rows: 0.15 s per row
+    assert controller.costs.verify[5] > 0.05
+    controller.observe_call("draft", 4, 1, 0.5)  # a batched draft step over slots 0..3
+    assert controller.costs.draft_step[4] > _costs(0.15).draft_step[4]
+    assert controller.plan(rows=1, drafting=1) == 0  # a rejected, slow draft no longer pays
+
+
+def test_metered_backend_reports_the_width_a_call_costs():
+    calls = []
+
+    class Echo:
+        max_seq_len = 9
+
+        def forward(self, ids, lens, last_only=False, slots=None):
+            return ids
+
+    metered = Metered(Echo(), "target", lambda *call: calls.append(call[:3]))
+    metered.forward(np.zeros((2, 1)), np.zeros(2), True, np.array([0, 5]))  # batched T=1 over slots 0..5
+    metered.forward(np.zeros((3, 4)), np.zeros(3), False, np.array([0, 1, 2]))  # T=4: one run per row
+    metered.forward(np.zeros((1, 1)), np.zeros(1), True, np.array([7]))  # one row on its own binding
+    assert calls == [("target", 6, 1), ("target", 3, 4), ("target", 1, 1)] and metered.max_seq_len == 9
 
 
 def test_serve_options_are_checked():
