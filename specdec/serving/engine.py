@@ -252,6 +252,7 @@ class Engine:
         free = [job.row for job in self._active if job.pinned is None and job.row.config.drafter != "none"]
         self.controller.plan(len(self._active), len(free))
         self.loop.gammas = {job.row.slot: job.pinned.gamma for job in self._active if job.pinned is not None}
+        self.loop.alone = set(self.loop.gammas)
         if self.controller.probe and free:
             row = min(free, key=lambda r: (len(r.tokens) - r.draft_len, r.slot))
             self.loop.gammas[row.slot] = self.controller.probe

@@ -2,9 +2,11 @@
 
 A round over n rows, m of them drafting with the model at γ, costs on the onnxruntime gqa backend
     γ = 0:  T1(n)                                   one batched T=1 target step (one read of the weights)
-    γ > 0:  γ·D1(m) + m·V(γ+1) + T1(n − m)          γ batched draft steps (catch-up included), the verify passes
-                                                      of the drafting rows one row at a time (GroupQueryAttention
-                                                      on the CPU takes B = 1 when T > 1), the others batched
+    γ > 0:  C(m) + (γ − 1)·D1(m) + m·V(γ+1) + T1(n − m)
+            the draft's catch-up C(m), γ − 1 batched draft steps, the verify passes of the drafting rows one row
+            at a time (GroupQueryAttention on the CPU takes B = 1 when T > 1), the other rows batched.
+            C(m) = D1(m) when every row has one token to catch up on, m·D2 (one T = 2 pass per row) when one
+            has two (all its drafts were accepted): C(m) = P·m·D2 + (1 − P)·D1(m), P = 1 − (1 − A_γ)^m
 plus n·h of host time (sampling, acceptance, bookkeeping), and emits n − m + m·(1 + A_1 + … + A_γ) tokens, with
 A_j the running per-position acceptance. The controller picks the γ in 0..γ_max with the most tokens per second.
 T1, D1 and V are measured at start (`measure_costs`) and follow every round (moving averages whose first
@@ -38,6 +40,7 @@ class Costs:
 
     target_step: np.ndarray  # [B + 1]: batched T = 1 target forward over n rows at index n (index 0: 0)
     draft_step: np.ndarray  # [B + 1]: the same for the draft (zeros without a draft)
+    draft_pass: np.ndarray  # [3]: one-row draft pass of T = 2 at index 2 (a catch-up after all drafts were accepted)
     verify: np.ndarray  # [γ_max + 2]: one-row target forward of T tokens at index T
     host_row: float = 0.0  # host seconds per row and round
     counts: dict = field(default_factory=dict)  # (table id, index) -> observations so far (the start's counts 1)
@@ -68,9 +71,9 @@ def measure_costs(target, draft, batch: int, gamma_max: int, length: int = 64, r
         lens = np.full(rows, length, dtype=np.int64)
         return lambda: backend.forward(ids, lens, True, np.arange(rows, dtype=np.int64))
 
-    def verify(steps: int):
+    def verify(steps: int, backend=target):
         ids = np.full((1, steps), PAD_ID, dtype=np.int64)  # [1, T]
-        return lambda: target.forward(ids, np.asarray([length], dtype=np.int64), False, np.zeros(1, dtype=np.int64))
+        return lambda: backend.forward(ids, np.asarray([length], dtype=np.int64), False, np.zeros(1, dtype=np.int64))
 
     sizes = range(1, batch + 1)
     target_step = np.zeros(batch + 1)
@@ -83,7 +86,10 @@ def measure_costs(target, draft, batch: int, gamma_max: int, length: int = 64, r
     verify_s[1] = target_step[1]
     for steps in range(2, gamma_max + 2):
         verify_s[steps] = _median_time(verify(steps), repeats)
-    return Costs(target_step, draft_step, verify_s)
+    draft_pass = np.zeros(3)
+    if draft is not None:
+        draft_pass[1], draft_pass[2] = draft_step[1], _median_time(verify(2, draft), repeats)
+    return Costs(target_step, draft_step, draft_pass, verify_s)
 
 
 class Metered:
@@ -136,7 +142,11 @@ class GoodputGamma(GammaPolicy):
         alphas = self.acceptance.alphas if alphas is None else alphas
         gains = cumulative_from_conditional(alphas)[:gamma]  # [γ] A_1..A_γ
         tokens = rows - drafting + drafting * (1.0 + float(gains.sum()))
-        draft = gamma * c.draft_step[drafting] if self.has_model else 0.0
+        draft = 0.0
+        if self.has_model:
+            pairs = 1.0 - (1.0 - float(gains[-1])) ** drafting  # some row catches up on two tokens
+            catch_up = pairs * drafting * c.draft_pass[2] + (1.0 - pairs) * c.draft_step[drafting]
+            draft = catch_up + (gamma - 1) * c.draft_step[drafting]
         seconds = draft + drafting * c.verify[gamma + 1] + c.target_step[rows - drafting] + host
         return tokens, seconds
 
@@ -180,6 +190,8 @@ class GoodputGamma(GammaPolicy):
             c.update(c.draft_step if role == "draft" else c.target_step, width, seconds)
         elif role == "target":
             c.update(c.verify, steps, seconds / width)
+        elif steps == 2:
+            c.update(c.draft_pass, 2, seconds / width)
 
     def observe(self, record) -> None:
         """Learn per-position acceptance from the model-drafted rows of a Round record."""

@@ -26,7 +26,7 @@ def _costs(step_growth: float) -> Costs:
     rows = np.arange(9)
     step = np.where(rows > 0, 0.020 * (1 + step_growth * (rows - 1)), 0.0)
     verify = 0.020 * (1 + 0.05 * np.maximum(np.arange(GAMMA_MAX + 2) - 1, 0))
-    return Costs(step, step / 3, verify)
+    return Costs(step, step / 3, np.asarray([0.0, step[1] / 3, step[1] / 2.5]), verify)
 
 
 def test_controller_speculates_alone_and_stops_under_load_when_batching_pays():
