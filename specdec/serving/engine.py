@@ -247,8 +247,9 @@ class Engine:
         self.metrics.active_rows.set(len(self._active))
 
     def _plan(self) -> None:
-        """γ for this round: the controller's for most rows, their own policy's for seeded sampled rows, and a
-        probe's for the free drafting row whose draft is the least behind."""
+        """γ for this round: the controller's for most rows, their own policy's for seeded sampled rows, a
+        probe's for the free drafting row whose draft is the least behind, and (adaptive) 0 for a row's first
+        round, so its first token costs one step after its prefill rather than the draft's prefill and a verify."""
         free = [job.row for job in self._active if job.pinned is None and job.row.config.drafter != "none"]
         self.controller.plan(len(self._active), len(free))
         self.loop.gammas = {job.row.slot: job.pinned.gamma for job in self._active if job.pinned is not None}
@@ -256,6 +257,8 @@ class Engine:
         if self.controller.probe and free:
             row = min(free, key=lambda r: (len(r.tokens) - r.draft_len, r.slot))
             self.loop.gammas[row.slot] = self.controller.probe
+        if self.controller.mode == "adaptive":
+            self.loop.gammas.update({row.slot: 0 for row in free if row.generated == 0})
 
     def _round(self) -> None:
         rows = [job.row for job in self._active]
