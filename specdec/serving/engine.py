@@ -236,6 +236,10 @@ class Engine:
         except SpecDecError as exc:
             self._release(job, "error", exc.message)
             return
+        except Exception:  # noqa: BLE001 - the engine outlives a failed prefill; the request gets a clean 500
+            log.exception("a prefill failed")
+            self._release(job, "error", "the engine failed on this request")
+            return
         self.metrics.prompt_tokens.inc(job.row.prompt_len)
         self._active.append(job)
         self.metrics.active_rows.set(len(self._active))
@@ -247,23 +251,20 @@ class Engine:
         self.metrics.active_rows.set(len(self._active))
 
     def _plan(self) -> None:
-        """γ for this round: the controller's for most rows, their own policy's for seeded sampled rows, a
-        probe's for the free drafting row whose draft is the least behind, and (adaptive) 0 for a row's first
-        round, so its first token costs one step after its prefill rather than the draft's prefill and a verify."""
+        """γ for this round: the controller's for most rows, their own policy's for seeded sampled rows, and
+        (adaptive) 0 for a row's first round, so its first token costs one step after its prefill rather than the
+        draft's prefill and a verify pass."""
         free = [job.row for job in self._active if job.pinned is None and job.row.config.drafter != "none"]
         self.controller.plan(len(self._active), len(free))
         self.loop.gammas = {job.row.slot: job.pinned.gamma for job in self._active if job.pinned is not None}
         self.loop.alone = set(self.loop.gammas)
-        if self.controller.probe and free:
-            row = min(free, key=lambda r: (len(r.tokens) - r.draft_len, r.slot))
-            self.loop.gammas[row.slot] = self.controller.probe
         if self.controller.mode == "adaptive":
             self.loop.gammas.update({row.slot: 0 for row in free if row.generated == 0})
 
     def _round(self) -> None:
         rows = [job.row for job in self._active]
-        self._plan()
         started = time.perf_counter()
+        self._plan()
         try:
             record = self.loop.step(rows)
         except Exception:  # noqa: BLE001 - the engine must outlive a failed round; its rows get a clean 500
@@ -272,13 +273,15 @@ class Engine:
                 self._release(job, "error", "the engine failed on this request")
             self._active = []
             return
-        wall = time.perf_counter() - started
-        self.controller.observe_host(wall - record.draft_s - record.verify_s, len(rows))
-        self.metrics.observe_round(record, wall)
+        stepped = time.perf_counter()
+        self.controller.observe_host(stepped - started - record.draft_s - record.verify_s, len(rows))
         for job, row_round in zip(list(self._active), record.rows):
             if job.pinned is not None and row_round.source == "model":
                 job.pinned.observe_row(row_round.proposed, row_round.accepted)
             self._progress(job, row_round)
+        seconds = time.perf_counter() - started
+        self.controller.observe_round(len(rows), sum(len(r.committed) for r in record.rows), seconds)
+        self.metrics.observe_round(record, seconds)
         self.metrics.active_rows.set(len(self._active))
 
     def _progress(self, job: Job, row_round) -> None:

@@ -8,12 +8,17 @@ A round over n rows, m of them drafting with the model at γ, costs on the onnxr
             C(m) = D1(m) when every row has one token to catch up on, m·D2 (one T = 2 pass per row) when one
             has two (all its drafts were accepted): C(m) = P·m·D2 + (1 − P)·D1(m), P = 1 − (1 − A_γ)^m
 plus n·h of host time (sampling, acceptance, bookkeeping), and emits n − m + m·(1 + A_1 + … + A_γ) tokens, with
-A_j the running per-position acceptance. The controller picks the γ in 0..γ_max with the most tokens per second.
-T1, D1 and V are measured at start (`measure_costs`) and follow every round (moving averages whose first
-observations weigh most), so the choice tracks the machine's load; ties go to the smaller γ. While γ = 0 wins,
-the controller lets one row draft now and then (a probe, at most 1/(PROBE_EVERY + 1) of the predicted time, and
-only at loads where a high acceptance would make speculation win), so its acceptance estimate and speculative
-costs stay measured rather than stuck at the prior. Costs are learnt from every forward call (`Metered`).
+A_j the running per-position acceptance. T1, D1, D2 and V are measured at start (`measure_costs`) and learnt from
+every forward call (`Metered`; moving averages whose first observations weigh most).
+
+The model picks the γ > 0 to speculate with; whether to speculate at all at n rows is decided by **measured**
+goodput: tokens per second of whole engine rounds (host work and text delivery included), kept per (n, plain or
+speculative) as decayed sums. Where only one side is measured yet, the model decides. Every EXPLORE_EVERY rounds
+at a load, a run of EXPLORE_RUN rounds re-measures the other side, and speculation is explored only where a high
+acceptance (OPTIMISTIC_ALPHA) would make the model expect it to win. The first speculative round after plain
+ones (the draft catching up on every token it missed) is not counted: it is the price of exploring, not of
+speculating. On a 2-core CPU the model alone erred both ways by 15–30 % (acceptance cut short by max_tokens,
+host time, a T1 measured under other load), which is why the switch itself is measured.
 
 Greedy rows' output never depends on γ. Seeded sampled rows keep their own deterministic γ policy (the engine
 pins them), so the choice here never reaches their tokens.
@@ -29,9 +34,11 @@ from specdec.lowering import PAD_ID
 from specdec.runtime.adaptive_gamma import AdaptiveGamma, GammaPolicy, cumulative_from_conditional
 
 EMA = 0.2  # weight of the newest round in a moving average, once a cell has 1/EMA observations
-PROBE_EVERY = 19  # plain rounds' predicted time per predicted probe round: probes cost at most 5 % of the time
 PRIOR_WEIGHT = 2.0  # pseudo-rounds the prior acceptance counts for
-OPTIMISTIC_ALPHA = 0.95  # probes only where speculation would win at this acceptance
+OPTIMISTIC_ALPHA = 0.95  # speculation is explored only where it would win at this acceptance
+EXPLORE_EVERY = 40  # rounds at one load between re-measurements of the side not chosen
+EXPLORE_RUN = 3  # rounds a re-measurement lasts
+DECAY = 0.9  # weight of older rounds in measured goodput
 
 
 @dataclass
@@ -116,8 +123,8 @@ class Metered:
 
 
 class GoodputGamma(GammaPolicy):
-    """The engine's γ policy: `plan(rows, drafting)` before a round sets `gamma` (and `probe`: a γ for one row, or
-    0); `observe_call` learns the cost of every forward call, the loop's `observe(record)` the acceptance.
+    """The engine's γ policy: `plan(rows, drafting)` before a round sets `gamma`; `observe_call` learns the cost
+    of every forward call, the loop's `observe(record)` the acceptance, `observe_round` the measured goodput.
     mode: "adaptive" (goodput), "fixed" (always `fixed`), "off" (0)."""
 
     def __init__(self, costs: Costs, gamma_max: int, mode: str = "adaptive", fixed: int = 4,
@@ -129,8 +136,10 @@ class GoodputGamma(GammaPolicy):
         self.has_model = has_model
         self.acceptance = AdaptiveGamma(gamma_max, 1.0, prior_alpha, prior_weight=PRIOR_WEIGHT)  # its running α only
         self.gamma = 0 if mode == "off" else self.fixed
-        self.probe = 0  # γ for one drafting row this round while γ = 0 wins (0: no probe)
-        self.plain_s = 0.0  # predicted seconds of γ = 0 rounds since the last probe
+        self.goodput = {}  # (rows, speculating) -> [decayed tokens, decayed seconds] of whole rounds
+        self.streak = {}  # rows -> rounds since the side not chosen was last re-measured at that load
+        self.explore = (0, False)  # (rounds left, speculating) of a re-measurement run
+        self.previous_gamma = 0
 
     def expected(self, rows: int, drafting: int, gamma: int, alphas=None) -> tuple[float, float]:
         """(tokens, seconds) of a round over `rows` rows, `drafting` of them drafting at `gamma`; alphas: the
@@ -161,26 +170,45 @@ class GoodputGamma(GammaPolicy):
 
     def plan(self, rows: int, drafting: int) -> int:
         """Set and return γ for the next round of `rows` active rows, `drafting` of which may draft."""
-        self.probe = 0
+        self.previous_gamma = self.gamma
         if self.mode != "adaptive" or not rows:
             return self.gamma
         rows = min(rows, len(self.costs.target_step) - 1)
-        self.gamma = self.best(rows, drafting)
-        if self.gamma == 0 and drafting and self.has_model:
-            self._maybe_probe(rows, drafting)
+        rates = self.rates(rows, drafting)
+        best = int(np.argmax(rates[1:])) + 1
+        speculate = drafting > 0 and self.has_model and self._speculate(rows, drafting, rates[best] > rates[0])
+        self.gamma = best if speculate else 0
         return self.gamma
 
-    def _maybe_probe(self, rows: int, drafting: int) -> None:
-        """While γ = 0 wins: where a high acceptance would make speculation win at this load, let one row draft
-        now and then (at most 1/(PROBE_EVERY + 1) of the predicted time) so α and the costs stay measured."""
-        hopeful = self.rates(rows, drafting, np.maximum(self.acceptance.alphas, OPTIMISTIC_ALPHA))
-        if int(np.argmax(hopeful)) == 0:
-            self.plain_s = 0.0
-            return
-        candidate = int(np.argmax(hopeful[1:])) + 1
-        self.plain_s += self.expected(rows, drafting, 0)[1]
-        if self.plain_s >= PROBE_EVERY * self.expected(1, 1, candidate)[1]:
-            self.probe, self.plain_s = candidate, 0.0
+    def measured(self, rows: int, speculating: bool) -> float | None:
+        """Measured tokens per second at `rows` rows, speculating or not; None before any round was counted."""
+        tokens, seconds = self.goodput.get((rows, speculating), (0.0, 0.0))
+        return tokens / seconds if seconds else None
+
+    def _speculate(self, rows: int, drafting: int, model_says: bool) -> bool:
+        left, side = self.explore
+        if left:
+            self.explore = (left - 1, side)
+            return side
+        plain, spec = self.measured(rows, False), self.measured(rows, True)
+        choice = spec > plain if plain is not None and spec is not None else model_says
+        self.streak[rows] = self.streak.get(rows, 0) + 1
+        if self.streak[rows] >= EXPLORE_EVERY:
+            self.streak[rows] = 0
+            hopeful = self.rates(rows, drafting, np.maximum(self.acceptance.alphas, OPTIMISTIC_ALPHA))
+            if choice or int(np.argmax(hopeful)) > 0:
+                self.explore = (EXPLORE_RUN - 1, not choice)
+                return not choice
+        return choice
+
+    def observe_round(self, rows: int, tokens: int, seconds: float) -> None:
+        """A whole round of `rows` rows (planned by the latest `plan`) committed `tokens` in `seconds`."""
+        speculating = self.gamma > 0
+        if self.mode != "adaptive" or (speculating and self.previous_gamma == 0) or seconds <= 0:
+            return  # the first speculative round after plain ones pays the draft's catch-up: not counted
+        key = (min(rows, len(self.costs.target_step) - 1), speculating)
+        old_tokens, old_seconds = self.goodput.get(key, (0.0, 0.0))
+        self.goodput[key] = (DECAY * old_tokens + tokens, DECAY * old_seconds + seconds)
 
     def observe_call(self, role: str, width: int, steps: int, seconds: float) -> None:
         """The cost of one forward call (Metered): T = 1 steps of either model by width, target passes of T > 1
