@@ -22,7 +22,7 @@ from specdec.runtime.state import forward_rows
 
 class ServingLoop(SpeculativeLoop):
     """`gammas` maps a KV slot to the γ of the row on it for the next round (the engine sets it every round: a
-    seeded sampled request's own policy, a probe); other rows take the policy's γ."""
+    seeded sampled request's own policy, a first round's 0); other rows take the policy's γ."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
