@@ -13,11 +13,12 @@ every forward call (`Metered`; moving averages whose first observations weigh mo
 
 The model picks the γ > 0 to speculate with; whether to speculate at all at n rows is decided by **measured**
 goodput: tokens per second of whole engine rounds (host work and text delivery included), kept per (n, plain or
-speculative) as decayed sums. Where only one side is measured yet, the model decides. Every EXPLORE_EVERY rounds
-at a load, a run of EXPLORE_RUN rounds re-measures the other side, and speculation is explored only where a high
-acceptance (OPTIMISTIC_ALPHA) would make the model expect it to win. The first speculative round after plain
-ones (the draft catching up on every token it missed) is not counted: it is the price of exploring, not of
-speculating. On a 2-core CPU the model alone erred both ways by 15–30 % (acceptance cut short by max_tokens,
+speculative) as decayed sums. Where only one side is measured yet, the model decides. After EXPLORE_EVERY rounds
+at a load, a run of EXPLORE_RUN rounds re-measures the other side; the interval doubles each time the run confirms
+the choice (a speculative run after plain ones costs the draft's catch-up on every token it missed, about a
+prefill per row), and speculation is explored only where a high acceptance (OPTIMISTIC_ALPHA) would make the
+model expect it to win. That first catching-up round is not counted in the speculative goodput: it is the price
+of exploring, not of speculating. On a 2-core CPU the model alone erred both ways by 15–30 % (acceptance cut short by max_tokens,
 host time, a T1 measured under other load), which is why the switch itself is measured.
 
 Greedy rows' output never depends on γ. Seeded sampled rows keep their own deterministic γ policy (the engine
@@ -36,7 +37,8 @@ from specdec.runtime.adaptive_gamma import AdaptiveGamma, GammaPolicy, cumulativ
 EMA = 0.2  # weight of the newest round in a moving average, once a cell has 1/EMA observations
 PRIOR_WEIGHT = 2.0  # pseudo-rounds the prior acceptance counts for
 OPTIMISTIC_ALPHA = 0.95  # speculation is explored only where it would win at this acceptance
-EXPLORE_EVERY = 40  # rounds at one load between re-measurements of the side not chosen
+EXPLORE_EVERY = 40  # rounds at one load before the side not chosen is re-measured; doubles (up to EXPLORE_MAX)
+EXPLORE_MAX = 1280  # each time a re-measurement confirms the choice, and resets when it does not
 EXPLORE_RUN = 3  # rounds a re-measurement lasts
 DECAY = 0.9  # weight of older rounds in measured goodput
 
@@ -138,7 +140,9 @@ class GoodputGamma(GammaPolicy):
         self.gamma = 0 if mode == "off" else self.fixed
         self.goodput = {}  # (rows, speculating) -> [decayed tokens, decayed seconds] of whole rounds
         self.streak = {}  # rows -> rounds since the side not chosen was last re-measured at that load
+        self.interval = {}  # rows -> rounds between re-measurements at that load
         self.explore = (0, False)  # (rounds left, speculating) of a re-measurement run
+        self.explored = None  # (rows, the choice it questioned) after a run, until the next plan judges it
         self.previous_gamma = 0
 
     def expected(self, rows: int, drafting: int, gamma: int, alphas=None) -> tuple[float, float]:
@@ -192,14 +196,25 @@ class GoodputGamma(GammaPolicy):
             return side
         plain, spec = self.measured(rows, False), self.measured(rows, True)
         choice = spec > plain if plain is not None and spec is not None else model_says
+        self._judge_run(rows, choice)
         self.streak[rows] = self.streak.get(rows, 0) + 1
-        if self.streak[rows] >= EXPLORE_EVERY:
+        if self.streak[rows] >= self.interval.get(rows, EXPLORE_EVERY):
             self.streak[rows] = 0
             hopeful = self.rates(rows, drafting, np.maximum(self.acceptance.alphas, OPTIMISTIC_ALPHA))
             if choice or int(np.argmax(hopeful)) > 0:
-                self.explore = (EXPLORE_RUN - 1, not choice)
+                self.explore, self.explored = (EXPLORE_RUN - 1, not choice), (rows, choice)
                 return not choice
         return choice
+
+    def _judge_run(self, rows: int, choice: bool) -> None:
+        """After a re-measurement run: explore less often where it confirmed the choice, as often as at first
+        where it changed it."""
+        if self.explored is None:
+            return
+        explored_rows, before = self.explored
+        self.explored = None
+        interval = self.interval.get(explored_rows, EXPLORE_EVERY)
+        self.interval[explored_rows] = min(2 * interval, EXPLORE_MAX) if before == choice else EXPLORE_EVERY
 
     def observe_round(self, rows: int, tokens: int, seconds: float) -> None:
         """A whole round of `rows` rows (planned by the latest `plan`) committed `tokens` in `seconds`."""
