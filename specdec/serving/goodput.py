@@ -11,9 +11,11 @@ plus n·h of host time (sampling, acceptance, bookkeeping), and emits n − m + 
 A_j the running per-position acceptance. T1, D1, D2 and V are measured at start (`measure_costs`) and learnt from
 every forward call (`Metered`; moving averages whose first observations weigh most).
 
-The model picks the γ > 0 to speculate with; whether to speculate at all at n rows is decided by **measured**
-goodput: tokens per second of whole engine rounds (host work and text delivery included), kept per (n, plain or
-speculative) as decayed sums. Where only one side is measured yet, the model decides. After EXPLORE_EVERY rounds
+The model picks the γ > 0 to speculate with; whether to speculate at all is decided by **measured** goodput:
+tokens per second of whole engine rounds (host work and text delivery included), kept per (load, plain or
+speculative) as decayed sums. The load is the number of active rows smoothed over rounds (LOAD_EMA): under a
+steady load of C clients the batch dips below C between one request and the next, and following every dip would
+switch to speculation and back, each switch costing the draft a catch-up on every row. Where only one side is measured yet, the model decides. After EXPLORE_EVERY rounds
 at a load, a run of EXPLORE_RUN rounds re-measures the other side; the interval doubles each time the run confirms
 the choice (a speculative run after plain ones costs the draft's catch-up on every token it missed, about a
 prefill per row), and speculation is explored only where a high acceptance (OPTIMISTIC_ALPHA) would make the
@@ -41,6 +43,7 @@ EXPLORE_EVERY = 40  # rounds at one load before the side not chosen is re-measur
 EXPLORE_MAX = 1280  # each time a re-measurement confirms the choice, and resets when it does not
 EXPLORE_RUN = 3  # rounds a re-measurement lasts
 DECAY = 0.9  # weight of older rounds in measured goodput
+LOAD_EMA = 0.05  # weight of the newest round in the smoothed number of active rows
 
 
 @dataclass
@@ -144,6 +147,7 @@ class GoodputGamma(GammaPolicy):
         self.explore = (0, False)  # (rounds left, speculating) of a re-measurement run
         self.explored = None  # (rows, the choice it questioned) after a run, until the next plan judges it
         self.previous_gamma = 0
+        self.load = 0.0  # active rows, smoothed
 
     def expected(self, rows: int, drafting: int, gamma: int, alphas=None) -> tuple[float, float]:
         """(tokens, seconds) of a round over `rows` rows, `drafting` of them drafting at `gamma`; alphas: the
@@ -178,9 +182,11 @@ class GoodputGamma(GammaPolicy):
         if self.mode != "adaptive" or not rows:
             return self.gamma
         rows = min(rows, len(self.costs.target_step) - 1)
-        rates = self.rates(rows, drafting)
+        self.load = rows if not self.load else self.load + LOAD_EMA * (rows - self.load)
+        load = min(max(1, round(self.load)), len(self.costs.target_step) - 1)
+        rates = self.rates(load, min(drafting, load))
         best = int(np.argmax(rates[1:])) + 1
-        speculate = drafting > 0 and self.has_model and self._speculate(rows, drafting, rates[best] > rates[0])
+        speculate = drafting > 0 and self.has_model and self._speculate(load, min(drafting, load), rates[best] > rates[0])
         self.gamma = best if speculate else 0
         return self.gamma
 
@@ -221,7 +227,7 @@ class GoodputGamma(GammaPolicy):
         speculating = self.gamma > 0
         if self.mode != "adaptive" or (speculating and self.previous_gamma == 0) or seconds <= 0:
             return  # the first speculative round after plain ones pays the draft's catch-up: not counted
-        key = (min(rows, len(self.costs.target_step) - 1), speculating)
+        key = (min(max(1, round(self.load)), len(self.costs.target_step) - 1), speculating)
         old_tokens, old_seconds = self.goodput.get(key, (0.0, 0.0))
         self.goodput[key] = (DECAY * old_tokens + tokens, DECAY * old_seconds + seconds)
 

@@ -32,7 +32,7 @@ def _costs(step_growth: float) -> Costs:
 def test_controller_speculates_alone_and_stops_under_load_when_batching_pays():
     controller = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9)
     assert controller.plan(rows=1, drafting=1) > 0
-    assert controller.plan(rows=8, drafting=8) == 0
+    assert GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9).plan(rows=8, drafting=8) == 0
     for rows in range(1, 9):  # never a γ whose expected rate is below plain decoding's
         gamma = controller.best(rows, rows)
         tokens, seconds = controller.expected(rows, rows, gamma)
@@ -61,6 +61,14 @@ def test_controller_decides_by_measured_goodput_and_re_measures_the_other_side()
     assert controller.interval[2] > 40
     batched = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.3)  # batching pays: no α could win
     assert not any(batched.plan(rows=8, drafting=8) for _ in range(400))
+
+
+def test_controller_follows_the_smoothed_load_not_every_dip():
+    controller = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9)  # speculates alone, not at 8
+    plan = [controller.plan(rows=7 if i % 8 == 0 else 8, drafting=8) for i in range(200)]  # brief dips to 7 rows
+    assert not any(plan)
+    rising = [controller.plan(rows=1, drafting=1) for _ in range(200)]  # the load really drops
+    assert rising[0] == 0 and rising[-1] > 0
 
 
 def test_controller_modes_and_learning_from_rounds_and_calls():
