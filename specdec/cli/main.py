@@ -40,6 +40,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from specdec.cli.calibrate import add_calibrate_parser
 
     add_calibrate_parser(commands)
+    from specdec.cli.serve import add_serve_parser
+
+    add_serve_parser(commands)
     return parser
 
 

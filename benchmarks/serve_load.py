@@ -1,0 +1,294 @@
+"""Bounded load test of `specdec serve` on 127.0.0.1: plain decoding, fixed γ and load-adaptive speculation.
+
+One server process per mode (`specdec serve --speculation off|fixed|adaptive`), all started before the run and
+idle while another is measured. For each concurrency C, every mode in turn (the order rotates with C) serves
+`--requests` streamed greedy chat requests from C closed-loop clients (each sends its next request when the
+previous one ends); the prompts are benchmarks/prompts/*.jsonl in order, so every mode sees the same requests.
+
+Per (mode, C): p50/p90 TTFT (request sent -> first content), p50/p90 TPOT ((last content - first content) /
+(tokens - 1)), aggregate tokens/s (completion tokens / wall time of the phase), errors, the rounds' γ as the
+server counted them, and the server's RSS. Greedy outputs are compared across modes and concurrency levels.
+
+    python benchmarks/serve_load.py --bundle bundles/smollm2-b8-q41 --out benchmarks/results/serve
+
+Results: requests.csv, summary.csv, summary.md, run.json and throughput.png under --out. Not a test: it asserts
+nothing about timings.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+
+MODES = {"plain": "off", "fixed": "fixed", "adaptive": "adaptive"}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bundle", default="bundles/smollm2-b8-q41")
+    parser.add_argument("--out", default="benchmarks/results/serve")
+    parser.add_argument("--requests", type=int, default=50, help="requests per (mode, concurrency)")
+    parser.add_argument("--concurrency", default="1,2,4,8")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--modes", default="plain,fixed,adaptive")
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--gamma", type=int, default=None, help="γ of the fixed mode (default: the bundle's)")
+    parser.add_argument("--drafter", default="model", help="the requests' drafter (specdec extension)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
+    return parser.parse_args(argv)
+
+
+def load_prompts() -> list:
+    prompts = []
+    for path in sorted((ROOT / "benchmarks" / "prompts").glob("*.jsonl")):
+        prompts += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return prompts
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """`specdec serve` in its own process on 127.0.0.1, with its RSS sampled every second."""
+
+    def __init__(self, mode: str, args: argparse.Namespace):
+        self.mode, self.args = mode, args
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = None
+        self.rss = []  # (seconds since start, bytes)
+        self._stop = threading.Event()
+
+    def start(self) -> "Server":
+        command = [sys.executable, "-m", "specdec.cli", "serve", self.args.bundle, "--port", str(self.port),
+                   "--max-batch", str(self.args.max_batch), "--max-queue", "256", "--speculation", MODES[self.mode],
+                   "--no-verify"] + (["--gamma", str(self.args.gamma)] if self.args.gamma else [])
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the {self.mode} server exited with {self.process.returncode}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    threading.Thread(target=self._sample, daemon=True).start()
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.5)
+        raise RuntimeError(f"the {self.mode} server did not start")
+
+    def _sample(self) -> None:
+        process, started = psutil.Process(self.process.pid), time.monotonic()
+        while not self._stop.wait(1.0):
+            try:
+                self.rss.append((time.monotonic() - started, process.memory_info().rss))
+            except psutil.Error:
+                return
+
+    def rounds_by_gamma(self) -> dict:
+        text = httpx.get(self.url + "/metrics", timeout=30).text
+        return {int(g): float(n) for g, n in re.findall(r'specdec_rounds_total\{gamma="(\d+)"\} ([0-9.e+]+)', text)}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+
+
+async def one_request(client: httpx.AsyncClient, url: str, prompt: dict, args) -> dict:
+    body = {"model": Path(args.bundle).resolve().name, "messages": [{"role": "user", "content": prompt["prompt"]}],
+            "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "specdec": {"drafter": args.drafter}}
+    record = {"prompt_id": prompt["id"], "status": 0, "tokens": 0, "text": "", "error": ""}
+    sent, first, last, pieces = time.perf_counter(), None, None, []
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=args.timeout) as response:
+            record["status"] = response.status_code
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    record["error"] = chunk["error"]["message"]
+                for choice in chunk.get("choices", []):
+                    if choice["delta"].get("content"):
+                        first = first or time.perf_counter()
+                        last = time.perf_counter()
+                        pieces.append(choice["delta"]["content"])
+                record["tokens"] = (chunk.get("usage") or {}).get("completion_tokens", record["tokens"])
+    except httpx.HTTPError as exc:
+        record["error"] = type(exc).__name__
+    ended = time.perf_counter()
+    record.update(text="".join(pieces), e2e_s=ended - sent, ttft_s=(first or ended) - sent,
+                  tpot_s=(last - first) / (record["tokens"] - 1) if first and record["tokens"] > 1 else float("nan"))
+    record["ok"] = record["status"] == 200 and not record["error"] and record["tokens"] > 0
+    return record
+
+
+async def run_phase(url: str, prompts: list, concurrency: int, count: int, args) -> tuple[list, float]:
+    """`count` requests from `concurrency` closed-loop clients; -> (records, wall seconds)."""
+    records, next_index = [None] * count, iter(range(count))
+
+    async def worker(client):
+        for index in next_index:
+            records[index] = await one_request(client, url, prompts[index % len(prompts)], args)
+
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
+    async with httpx.AsyncClient(limits=limits) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        return records, time.perf_counter() - started
+
+
+def _pct(values, q) -> float:
+    values = [v for v in values if v == v]
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(mode: str, concurrency: int, records: list, wall: float, gammas: dict, rss_mb: float) -> dict:
+    ok = [r for r in records if r["ok"]]
+    rounds = sum(gammas.values()) or 1.0
+    return {
+        "mode": mode, "concurrency": concurrency, "requests": len(records), "errors": len(records) - len(ok),
+        "ttft_p50_ms": 1e3 * _pct([r["ttft_s"] for r in ok], 50), "ttft_p90_ms": 1e3 * _pct([r["ttft_s"] for r in ok], 90),
+        "tpot_p50_ms": 1e3 * _pct([r["tpot_s"] for r in ok], 50), "tpot_p90_ms": 1e3 * _pct([r["tpot_s"] for r in ok], 90),
+        "tokens": sum(r["tokens"] for r in ok), "wall_s": wall,
+        "tokens_per_s": sum(r["tokens"] for r in ok) / wall if wall else 0.0,
+        "gamma0_share": gammas.get(0, 0.0) / rounds,
+        "mean_gamma": sum(g * n for g, n in gammas.items()) / rounds,
+        "rss_mb": rss_mb,
+    }
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {g: n - before.get(g, 0.0) for g, n in after.items() if n - before.get(g, 0.0) > 0}
+
+
+def warm_up(servers: dict, prompts: list, args) -> None:
+    """One request alone, then max_batch together, on every server (allocates what the run will use)."""
+    for server in servers.values():
+        asyncio.run(run_phase(server.url, prompts, 1, 1, args))
+        asyncio.run(run_phase(server.url, prompts, args.max_batch, args.max_batch, args))
+
+
+def run_all(servers: dict, prompts: list, args) -> tuple[list, list]:
+    requests, summary = [], []
+    levels = [int(c) for c in args.concurrency.split(",")]
+    for step, concurrency in enumerate(levels):
+        order = list(servers)[step % len(servers):] + list(servers)[: step % len(servers)]
+        for mode in order:
+            server = servers[mode]
+            before = server.rounds_by_gamma()
+            records, wall = asyncio.run(run_phase(server.url, prompts, concurrency, args.requests, args))
+            gammas = _delta(server.rounds_by_gamma(), before)
+            rss = server.rss[-1][1] / 2**20 if server.rss else float("nan")
+            summary.append(summarize(mode, concurrency, records, wall, gammas, rss))
+            requests += [{"mode": mode, "concurrency": concurrency, **r} for r in records]
+            row = summary[-1]
+            print(f"{mode:9s} C={concurrency}: {row['tokens_per_s']:.1f} tok/s, TPOT p50 {row['tpot_p50_ms']:.1f} ms, "
+                  f"TTFT p50 {row['ttft_p50_ms']:.0f} ms, errors {row['errors']}, γ=0 share {row['gamma0_share']:.2f}",
+                  flush=True)
+    return requests, summary
+
+
+def identical_outputs(requests: list) -> tuple[int, int]:
+    """(prompts whose greedy text is the same in every mode and concurrency, prompts compared)."""
+    texts = {}
+    for r in requests:
+        if r["ok"]:
+            texts.setdefault(r["prompt_id"], set()).add(r["text"])
+    return sum(len(t) == 1 for t in texts.values()), len(texts)
+
+
+def markdown(summary: list) -> str:
+    head = ("| mode | C | requests | errors | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms | tokens/s | "
+            "γ=0 rounds | mean γ | RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = [f"| {s['mode']} | {s['concurrency']} | {s['requests']} | {s['errors']} | {s['ttft_p50_ms']:.0f} | "
+            f"{s['ttft_p90_ms']:.0f} | {s['tpot_p50_ms']:.1f} | {s['tpot_p90_ms']:.1f} | {s['tokens_per_s']:.1f} | "
+            f"{100 * s['gamma0_share']:.0f}% | {s['mean_gamma']:.2f} | {s['rss_mb']:.0f} |"
+            for s in sorted(summary, key=lambda s: (list(MODES).index(s["mode"]), s["concurrency"]))]
+    return head + "\n".join(rows) + "\n"
+
+
+def write_csv(path: Path, rows: list, skip=()) -> None:
+    keys = [k for k in rows[0] if k not in skip]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot(summary: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode in MODES:
+        rows = sorted((s for s in summary if s["mode"] == mode), key=lambda s: s["concurrency"])
+        if rows:
+            levels = [s["concurrency"] for s in rows]
+            left.plot(levels, [s["tokens_per_s"] for s in rows], marker="o", label=mode)
+            right.plot(levels, [s["tpot_p50_ms"] for s in rows], marker="o", label=mode)
+    left.set(xlabel="concurrency", ylabel="aggregate tokens/s", title="throughput")
+    right.set(xlabel="concurrency", ylabel="TPOT p50 (ms)", title="time per output token")
+    for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts()
+    servers = {}
+    try:
+        for mode in args.modes.split(","):
+            servers[mode] = Server(mode, args).start()  # one at a time: each measures its costs on a quiet machine
+        warm_up(servers, prompts, args)
+        rss_start = {mode: s.rss[-1][1] / 2**20 if s.rss else float("nan") for mode, s in servers.items()}
+        started = time.time()
+        requests, summary = run_all(servers, prompts, args)
+        rss_end = {mode: s.rss[-1][1] / 2**20 if s.rss else float("nan") for mode, s in servers.items()}
+    finally:
+        for server in servers.values():
+            server.stop()
+    same, compared = identical_outputs(requests)
+    run = {"command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])), "started": started,
+           "args": vars(args), "python": platform.python_version(), "cpus": os.cpu_count(),
+           "identical_greedy_outputs": [same, compared], "rss_mb_after_warmup": rss_start, "rss_mb_end": rss_end}
+    (out / "run.json").write_text(json.dumps(run, indent=1), encoding="utf-8")
+    write_csv(out / "requests.csv", requests)
+    write_csv(out / "summary.csv", summary)
+    (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
+    plot(summary, out / "throughput.png")
+    print(markdown(summary))
+    print(f"identical greedy outputs across modes and concurrency: {same}/{compared}; RSS MB {rss_start} -> {rss_end}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""`specdec serve BUNDLE`: the OpenAI-compatible server, on this machine or as Ray Serve replicas."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from specdec.serving.options import API_KEY_ENV, SPECULATION, ServeOptions
+
+
+def add_serve_parser(commands) -> None:
+    parser = commands.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API")
+    parser.add_argument("bundle")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-batch", type=int, default=None, help="rows decoded together (default: the bundle's)")
+    parser.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a row; more get 429")
+    parser.add_argument("--api-key", default=None,
+                        help=f"required bearer key (default: ${API_KEY_ENV}; the variable keeps it out of `ps`)")
+    parser.add_argument("--model-name", default=None, help="the model id clients send (default: the bundle's name)")
+    parser.add_argument("--speculation", choices=SPECULATION, default="adaptive",
+                        help="adaptive: γ per round from measured goodput (default); fixed: the bundle's γ; off: γ = 0")
+    parser.add_argument("--gamma", type=int, default=None, help="γ of --speculation fixed (default: the bundle's)")
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body cap (default 1 MiB)")
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime threads (default: every core)")
+    parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
+    ray = parser.add_argument_group("scale-out on Ray Serve (the [ray] extra)")
+    ray.add_argument("--ray", action="store_true", help="deploy as Ray Serve replicas behind Ray's HTTP proxy")
+    ray.add_argument("--replicas", type=int, default=2)
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0)
+    ray.add_argument("--ray-address", default=None,
+                     help="an existing cluster ('auto' on one of its nodes); default: start a local Ray instance")
+    parser.set_defaults(run=run_serve)
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    return ServeOptions(bundle=args.bundle, host=args.host, port=args.port, max_batch=args.max_batch,
+                        max_queue=args.max_queue, api_key=args.api_key, model_name=args.model_name,
+                        speculation=args.speculation, gamma=args.gamma, max_body_bytes=args.max_body_bytes,
+                        threads=args.threads, verify_files=not args.no_verify)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    if args.ray:
+        return _run_ray(options, args)
+    from specdec.serving.server import serve
+
+    print(f"specdec: serving {options.bundle} on http://{options.host}:{options.port}/v1", file=sys.stderr)
+    serve(options)
+    return 0
+
+
+def _run_ray(options: ServeOptions, args: argparse.Namespace) -> int:
+    from specdec.serving.ray_app import APP_NAME, _serve, build_app
+
+    serve = _serve()
+    import ray
+
+    application = build_app(options, args.replicas, args.cpus_per_replica)
+    if args.ray_address is None:  # a local instance: keep Ray's own traffic on loopback
+        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False)
+    else:
+        ray.init(address=args.ray_address)
+    try:
+        serve.start(http_options={"host": options.host, "port": options.port})
+        serve.run(application, name=APP_NAME, route_prefix="/")
+        print(f"specdec: {args.replicas} Ray Serve replicas on http://{options.host}:{options.port}/v1 "
+              "(Ctrl-C stops)", file=sys.stderr)
+        while True:
+            time.sleep(3600)
+    finally:
+        serve.shutdown()
+        ray.shutdown()

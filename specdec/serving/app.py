@@ -1,0 +1,251 @@
+"""The OpenAI-compatible ASGI app (fastapi): /v1/completions, /v1/chat/completions (streaming or not),
+/v1/models, /health and /metrics, over one Engine. Handlers parse, enqueue and await; they never run the model.
+
+    app = build_app(ServeOptions(bundle="bundles/smollm2-q41"))   # uvicorn.run(app, host="127.0.0.1")
+"""
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import Response
+
+from specdec.errors import CapacityError, SpecDecError
+from specdec.runtime.config import GenerationConfig
+from specdec.serving.engine import Engine, EngineClosedError, QueueFullError
+from specdec.serving.metrics import Metrics
+from specdec.serving.options import ServeOptions
+from specdec.serving.schemas import (
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+    Completion, CompletionChoice, CompletionRequest, Delta, ModelCard, ModelList, SpecdecOptions, Usage, new_id, now,
+)
+from specdec.serving.web import ApiError, BodyLimit, EventStream, check_api_key, install_error_handlers, sse
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the room left in S
+
+
+def build_app(options: ServeOptions, engine: Engine | None = None, replica: str | None = None) -> FastAPI:
+    """The app. Without `engine` it loads the bundle at startup and closes it at shutdown (the lifespan);
+    with one, the caller starts and closes it. `replica` is sent back in an `x-specdec-replica` header."""
+    metrics = engine.metrics if engine is not None else Metrics()
+    owned = engine is None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if owned:
+            app.state.engine = await asyncio.to_thread(lambda: Engine.from_options(options, metrics).start())
+        try:
+            yield
+        finally:
+            if owned and app.state.engine is not None:
+                await asyncio.to_thread(app.state.engine.close)
+
+    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine, app.state.options, app.state.metrics = engine, options, metrics
+    app.state.model_name = options.model_name or Path(options.bundle).resolve().name
+    install_error_handlers(app)
+    app.include_router(_api_router(options))
+    _add_plain_routes(app, options)
+    if replica is not None:
+        @app.middleware("http")
+        async def _replica_header(request: Request, call_next):
+            response = await call_next(request)
+            response.headers["x-specdec-replica"] = replica
+            return response
+    app.add_middleware(BodyLimit, limit=options.max_body_bytes)
+    return app
+
+
+def _add_plain_routes(app: FastAPI, options: ServeOptions) -> None:
+    def authorized(request: Request) -> None:
+        check_api_key(request, options.key)
+
+    @app.get("/health")
+    async def health(request: Request):
+        engine = request.app.state.engine
+        if engine is None or not engine.running:
+            raise ApiError(503, "the engine is not running", "engine_not_running")
+        return {"status": "ok"}
+
+    @app.get("/metrics", dependencies=[Depends(authorized)])
+    async def metrics(request: Request):
+        content, media_type = request.app.state.metrics.exposition()
+        return Response(content, media_type=media_type)
+
+
+def _api_router(options: ServeOptions) -> APIRouter:
+    def authorized(request: Request) -> None:
+        check_api_key(request, options.key)
+
+    router = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
+
+    @router.get("/models")
+    async def models(request: Request) -> ModelList:
+        return ModelList(data=[ModelCard(id=request.app.state.model_name, created=now())])
+
+    @router.post("/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        engine = _engine(request, body.model)
+        ids = _prompt_ids(engine, body.prompt)
+        config = _config(engine, body, len(ids), COMPLETION_DEFAULT_MAX_TOKENS)
+        ticket = _submit(engine, ids, config, body.stream)
+        rid, created, name = new_id("cmpl"), now(), request.app.state.model_name
+        if body.stream:
+            return EventStream(_completion_events(ticket, rid, created, name, body.include_usage), ticket.cancel)
+        text, done = await _collect(ticket, request)
+        choice = CompletionChoice(text=text, finish_reason=done.finish_reason)
+        return Completion(id=rid, created=created, model=name, choices=[choice], usage=_usage(done))
+
+    @router.post("/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        engine = _engine(request, body.model)
+        ids = _chat_ids(engine, body)
+        config = _config(engine, body, len(ids), None, body.max_completion_tokens)
+        ticket = _submit(engine, ids, config, body.stream)
+        rid, created, name = new_id("chatcmpl"), now(), request.app.state.model_name
+        if body.stream:
+            return EventStream(_chat_events(ticket, rid, created, name, body.include_usage), ticket.cancel)
+        text, done = await _collect(ticket, request)
+        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=done.finish_reason)
+        return ChatCompletion(id=rid, created=created, model=name, choices=[choice], usage=_usage(done))
+
+    return router
+
+
+# --- request -> engine ------------------------------------------------------------------------------------------
+def _engine(request: Request, model: str) -> Engine:
+    if model != request.app.state.model_name:
+        raise ApiError(404, f"the model {model[:64]!r} does not exist; GET /v1/models lists the one served here",
+                       "model_not_found", "model")
+    engine = request.app.state.engine
+    if engine is None or not engine.running:
+        raise ApiError(503, "the engine is not running", "engine_not_running")
+    return engine
+
+
+def _refuse(exc: SpecDecError, param: str | None = None):
+    code = "context_length_exceeded" if isinstance(exc, CapacityError) else "invalid_value"
+    hint = f" ({exc.hint})" if exc.hint else ""
+    return ApiError(400, f"{exc.message}{hint}", code, param)
+
+
+def _prompt_ids(engine: Engine, prompt) -> list:
+    try:
+        return engine.gen._prompt_ids(prompt, GenerationConfig())
+    except SpecDecError as exc:
+        raise _refuse(exc, "prompt") from None
+
+
+def _chat_ids(engine: Engine, body: ChatCompletionRequest) -> list:
+    codec = engine.gen.codec
+    if not codec.has_chat_template:
+        raise ApiError(400, "this model has no chat template; use /v1/completions", "no_chat_template", "messages")
+    messages = [{"role": m.role, "content": m.text} for m in body.messages]
+    try:
+        rendered = codec.template.render(messages=messages, add_generation_prompt=True, **codec.special)
+    except Exception:  # noqa: BLE001 - a template may raise anything on an odd conversation (jinja2 errors)
+        raise ApiError(400, "the chat template refused these messages", "invalid_messages", "messages") from None
+    return codec.encode(rendered, special=False)
+
+
+def _config(engine: Engine, body, prompt_len: int, default_max: int | None, alt_max: int | None = None):
+    defaults, size = engine.gen.manifest.defaults, engine.gen.manifest.target.max_seq_len
+    ext = body.specdec or SpecdecOptions()
+    max_tokens = body.max_tokens or alt_max or default_max or max(1, size - prompt_len)
+    try:
+        config = GenerationConfig(
+            max_new_tokens=max_tokens, temperature=defaults.temperature if body.temperature is None else body.temperature,
+            top_k=ext.top_k or defaults.top_k, top_p=defaults.top_p if body.top_p is None else body.top_p,
+            seed=body.seed, gamma=ext.gamma, drafter=ext.drafter or "auto", stop=tuple(body.stop or ()))
+        engine.check(prompt_len, config)
+    except SpecDecError as exc:
+        raise _refuse(exc) from None
+    return config
+
+
+def _submit(engine: Engine, ids: list, config: GenerationConfig, stream: bool):
+    try:
+        return engine.submit(ids, config, stream)
+    except QueueFullError as exc:
+        retry = str(engine.options.retry_after_s)
+        raise ApiError(429, exc.message, "queue_full", headers={"retry-after": retry}) from None
+    except EngineClosedError as exc:
+        raise ApiError(503, exc.message, "engine_not_running") from None
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(ticket, request: Request) -> tuple:
+    """-> (text, the final Event) of a non-streaming request; a client that goes away cancels it."""
+    async def final():
+        parts = []
+        async for event in ticket.events():
+            if event.kind == "text":
+                parts.append(event.text)
+            else:
+                return "".join(parts), event
+
+    waiter = asyncio.ensure_future(final())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not waiter.done():
+            waiter.cancel()
+            ticket.cancel()
+    if waiter.cancelled():
+        raise ApiError(499, "the client closed the request", "client_closed")
+    text, event = waiter.result()
+    if event.kind == "error":
+        raise ApiError(500 if event.text != "cancelled" else 499, event.text, "generation_failed")
+    return text, event
+
+
+def _usage(done) -> Usage:
+    return Usage(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
+                 total_tokens=done.prompt_tokens + done.completion_tokens)
+
+
+def _error_event(event) -> str:
+    return sse({"error": {"message": event.text, "type": "server_error", "param": None, "code": "generation_failed"}})
+
+
+async def _completion_events(ticket, rid: str, created: int, name: str, include_usage: bool):
+    def chunk(text: str = "", finish: str | None = None, usage=None, choices=True) -> str:
+        choice = [CompletionChoice(text=text, finish_reason=finish)] if choices else []
+        return sse(Completion(id=rid, created=created, model=name, choices=choice, usage=usage))
+
+    async for event in ticket.events():
+        if event.kind == "text":
+            yield chunk(event.text)
+        elif event.kind == "done":
+            yield chunk(finish=event.finish_reason)
+            if include_usage:
+                yield chunk(usage=_usage(event), choices=False)
+        else:
+            yield _error_event(event)
+    yield "data: [DONE]\n\n"
+
+
+async def _chat_events(ticket, rid: str, created: int, name: str, include_usage: bool):
+    def chunk(delta: Delta | None, finish: str | None = None, usage=None) -> str:
+        choices = [] if delta is None else [ChatChunkChoice(delta=delta, finish_reason=finish)]
+        return sse(ChatCompletionChunk(id=rid, created=created, model=name, choices=choices, usage=usage))
+
+    yield chunk(Delta(role="assistant", content=""))
+    async for event in ticket.events():
+        if event.kind == "text":
+            yield chunk(Delta(content=event.text))
+        elif event.kind == "done":
+            yield chunk(Delta(), event.finish_reason)
+            if include_usage:
+                yield chunk(None, usage=_usage(event))
+        else:
+            yield _error_event(event)
+    yield "data: [DONE]\n\n"

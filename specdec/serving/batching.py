@@ -1,0 +1,61 @@
+"""The speculative loop as the engine runs it over a changing batch: rows with their own γ, and verify passes
+grouped by length so rows without drafts share one batched T = 1 step (issue 12 §3).
+
+`SpeculativeLoop` pads every row of a verify pass to a common T. On the gqa backend a T > 1 call runs row by row
+(onnxruntime's CPU GroupQueryAttention takes B = 1 when T > 1 with a past), so padding a row that has no drafts to
+T = γ + 1 costs it a whole extra pass and loses the batched T = 1 step. Here each distinct length is one call:
+the rows without drafts go together at T = 1 (one read of the weights for all of them) and every row with k
+drafts is verified at exactly T = k + 1, as it would be alone.
+
+Rows whose tokens must not depend on their batch-mates (seeded sampled requests: slots in `alone`) also draft
+apart from the others, grouped by how many tokens the draft model has to catch up on, so no row of theirs is
+padded to another row's length. Batched T = 1 steps are bitwise equal to one-row steps on onnxruntime's CPU
+kernels (measured on the default bundle, both models), but a padded T = 2 pass of the INT4 draft is not equal to
+its T = 1 pass (logits differ by up to ~0.9 of ~25), and a sampled draft token depends on those bits.
+"""
+from __future__ import annotations
+
+from specdec.runtime.drafters import EMPTY
+from specdec.runtime.loop import SpeculativeLoop
+from specdec.runtime.state import forward_rows
+
+
+class ServingLoop(SpeculativeLoop):
+    """`gammas` maps a KV slot to the γ of the row on it for the next round (the engine sets it every round: a
+    seeded sampled request's own policy, a first round's 0); other rows take the policy's γ."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gammas = {}  # slot -> γ
+        self.alone = set()  # slots whose rows draft apart from the others
+
+    def limits(self, rows: list, gamma: int) -> list:
+        # each row as if alone: its own γ, its own room in S (verify passes are per length, not shared)
+        return [super(ServingLoop, self).limits([row], self.gammas.get(row.slot, gamma))[0] for row in rows]
+
+    def draft(self, rows: list, limits: list) -> list:
+        groups = {}
+        for b, row in enumerate(rows):
+            key = ("alone", len(row.tokens) - row.draft_len) if row.slot in self.alone else ("shared",)
+            groups.setdefault(key, []).append(b)
+        if list(groups) == [("shared",)]:
+            return super().draft(rows, limits)
+        proposals = [EMPTY] * len(rows)
+        for members in groups.values():
+            mine = [limits[b] if b in members else 0 for b in range(len(rows))]
+            for b, proposal in enumerate(super().draft(rows, mine)):
+                if b in members:
+                    proposals[b] = proposal
+        return proposals
+
+    def verify(self, rows: list, proposals: list) -> list:
+        # -> per active row: logits [k + 1, V] for [last token, drafts...]; one forward per distinct k + 1
+        seqs = [[row.tokens[-1]] + prop.tokens.tolist() if row.active else None for row, prop in zip(rows, proposals)]
+        starts = [row.target_len for row in rows]
+        out = [None] * len(rows)
+        for steps in sorted({len(seq) for seq in seqs if seq is not None}):
+            group = [seq if seq is not None and len(seq) == steps else None for seq in seqs]
+            for b, logits in enumerate(forward_rows(self.target, rows, group, starts)):
+                if logits is not None:
+                    out[b] = logits
+        return out

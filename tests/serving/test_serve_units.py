@@ -1,0 +1,159 @@
+"""The goodput γ controller, the serving loop's per-row γ and verify grouping, options, and `specdec serve`."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from specdec.errors import ConfigError
+from specdec.runtime.state import Round, RowRound
+from specdec.serving.goodput import Costs, GoodputGamma, Metered
+from specdec.serving.options import API_KEY_ENV, ServeOptions
+
+GAMMA_MAX = 6
+
+
+def _costs(step_growth: float) -> Costs:
+    """A machine where a batched T=1 step over n rows costs 20 ms · (1 + growth · (n − 1)), a draft step a third of
+    that, and a one-row verify pass of T tokens 20 ms · (1 + 0.05 · (T − 1))."""
+    rows = np.arange(9)
+    step = np.where(rows > 0, 0.020 * (1 + step_growth * (rows - 1)), 0.0)
+    verify = 0.020 * (1 + 0.05 * np.maximum(np.arange(GAMMA_MAX + 2) - 1, 0))
+    return Costs(step, step / 3, np.asarray([0.0, step[1] / 3, step[1] / 2.5]), verify)
+
+
+def test_controller_speculates_alone_and_stops_under_load_when_batching_pays():
+    controller = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9)
+    assert controller.plan(rows=1, drafting=1) > 0
+    assert GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9).plan(rows=8, drafting=8) == 0
+    for rows in range(1, 9):  # never a γ whose expected rate is below plain decoding's
+        gamma = controller.best(rows, rows)
+        tokens, seconds = controller.expected(rows, rows, gamma)
+        plain_tokens, plain_seconds = controller.expected(rows, rows, 0)
+        assert tokens / seconds >= plain_tokens / plain_seconds
+
+
+def test_controller_keeps_speculating_where_batching_gains_nothing_and_turns_off_for_a_bad_draft():
+    costly = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9)  # rows cost as much batched as not
+    assert costly.plan(rows=8, drafting=8) > 0
+    bad = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.05)
+    assert bad.plan(rows=1, drafting=1) == 0
+
+
+def test_controller_decides_by_measured_goodput_and_re_measures_the_other_side():
+    controller = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9)  # the model favours speculating
+    plan = []
+    for _ in range(200):  # but speculative rounds measure 20 tokens/s, plain ones 30
+        gamma = controller.plan(rows=2, drafting=2)
+        plan.append(gamma)
+        controller.observe_round(2, 8 if gamma else 2, 0.4 if gamma else 2 / 30)
+    assert plan[0] > 0 and plan[-1] == 0
+    assert controller.measured(2, True) < controller.measured(2, False)
+    late = plan[100:]
+    assert 0 < sum(g > 0 for g in late) <= len(late) // 20  # speculation is re-measured, less and less often
+    assert controller.interval[2] > 40
+    batched = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.3)  # batching pays: no α could win
+    assert not any(batched.plan(rows=8, drafting=8) for _ in range(400))
+
+
+def test_controller_follows_the_smoothed_load_not_every_dip():
+    controller = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9)  # speculates alone, not at 8
+    plan = [controller.plan(rows=7 if i % 8 == 0 else 8, drafting=8) for i in range(200)]  # brief dips to 7 rows
+    assert not any(plan)
+    rising = [controller.plan(rows=1, drafting=1) for _ in range(200)]  # the load really drops
+    assert rising[0] == 0 and rising[-1] > 0
+
+
+def test_controller_modes_and_learning_from_rounds_and_calls():
+    assert GoodputGamma(_costs(0.15), GAMMA_MAX, mode="off").plan(1, 1) == 0
+    assert GoodputGamma(_costs(0.15), GAMMA_MAX, mode="fixed", fixed=3).plan(8, 8) == 3
+    controller = GoodputGamma(_costs(0.15), GAMMA_MAX, prior_alpha=0.9)
+    assert controller.plan(1, 1) > 0
+    before = controller.acceptance.alphas[0]
+    for _ in range(10):  # every draft rejected
+        controller.observe(Round(4, [RowRound(4, 0, [1], "model", None)] * 2, draft_s=0.05, verify_s=0.1))
+    assert controller.acceptance.alphas[0] < before
+    controller.observe_call("target", 2, 5, 0.30)  # a verify pass of T = 5 over 2 rows: 0.15 s per row
+    assert controller.costs.verify[5] > 0.05
+    controller.observe_call("draft", 4, 1, 0.5)  # a batched draft step over slots 0..3
+    assert controller.costs.draft_step[4] > _costs(0.15).draft_step[4]
+    assert controller.plan(rows=1, drafting=1) == 0  # a rejected, slow draft no longer pays
+
+
+def test_metered_backend_reports_the_width_a_call_costs():
+    calls = []
+
+    class Echo:
+        max_seq_len = 9
+
+        def forward(self, ids, lens, last_only=False, slots=None):
+            return ids
+
+    metered = Metered(Echo(), "target", lambda *call: calls.append(call[:3]))
+    metered.forward(np.zeros((2, 1)), np.zeros(2), True, np.array([0, 5]))  # batched T=1 over slots 0..5
+    metered.forward(np.zeros((3, 4)), np.zeros(3), False, np.array([0, 1, 2]))  # T=4: one run per row
+    metered.forward(np.zeros((1, 1)), np.zeros(1), True, np.array([7]))  # one row on its own binding
+    assert calls == [("target", 6, 1), ("target", 3, 4), ("target", 1, 1)] and metered.max_seq_len == 9
+
+
+def test_serve_options_are_checked():
+    with pytest.raises(ConfigError, match="Hint"):
+        ServeOptions(bundle="b", speculation="always")
+    for bad in ({"port": 70000}, {"max_batch": 0}, {"max_queue": -1}, {"gamma": 0}, {"api_key": ""},
+                {"max_body_bytes": 10}):
+        with pytest.raises(ConfigError):
+            ServeOptions(bundle="b", **bad)
+    assert ServeOptions(bundle="b").host == "127.0.0.1"
+    os.environ[API_KEY_ENV] = "from-env"
+    try:
+        assert ServeOptions(bundle="b").key == "from-env" and ServeOptions(bundle="b", api_key="k").key == "k"
+    finally:
+        del os.environ[API_KEY_ENV]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_specdec_serve_binds_loopback_and_answers(gqa_int4_bundle):
+    pytest.importorskip("uvicorn", reason="the [serve] extra is not installed")
+    port = _free_port()
+    env = {**os.environ, API_KEY_ENV: "cli-key"}
+    command = [sys.executable, "-m", "specdec.cli", "serve", str(gqa_int4_bundle), "--port", str(port), "--max-batch", "2"]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline, health = time.monotonic() + 60, None
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert health is not None and health.json() == {"status": "ok"}
+        body = {"model": "gqa", "prompt": "hi", "max_tokens": 3}
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body).status_code == 401
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
+                            headers={"authorization": "Bearer cli-key"})
+        assert answer.json()["usage"]["completion_tokens"] == 3
+        if shutil.which("ss"):  # the listening socket's local address is loopback only
+            listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+            assert [line.split()[3] for line in listening.splitlines()] == [f"127.0.0.1:{port}"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_specdec_serve_reports_a_missing_bundle(tmp_path, capsys):
+    from specdec.cli import main
+
+    assert main(["serve", str(tmp_path / "missing"), "--port", "0"]) == 1
+    assert "Hint:" in capsys.readouterr().err
