@@ -45,3 +45,7 @@ def missing_dependency(module: str, extra: str) -> MissingDependencyError:
         f"the optional dependency {module!r} is not installed",
         f"pip install 'specdec[{extra}]'",
     )
+
+
+class Terminated(KeyboardInterrupt):
+    """The process was asked to stop (SIGTERM); raised like Ctrl-C so that every `finally` and cleanup runs."""

@@ -14,14 +14,17 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterator
 
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, Terminated
 
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+_STOPPING = threading.Event()  # set by a SIGTERM handler: nothing is published after it, even if a library swallowed
+# the Terminated exception it raised (third-party code may catch BaseException around a long native call)
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[^.]+\.(partial|old)$")
 
 
@@ -104,6 +107,15 @@ def publish_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def stop_publishing() -> None:
+    """From a signal handler: from now on every staged bundle is removed instead of published."""
+    _STOPPING.set()
+
+
+def stopping() -> bool:
+    return _STOPPING.is_set()
+
+
 @contextlib.contextmanager
 def staged_bundle(out: str | os.PathLike) -> Iterator[Path]:
     """Yield a staging directory; on success it replaces `out`, on any error (or signal) it is removed.
@@ -112,6 +124,8 @@ def staged_bundle(out: str | os.PathLike) -> Iterator[Path]:
     tmp = staging_dir(out)
     try:
         yield tmp
+        if _STOPPING.is_set():
+            raise Terminated()
         publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

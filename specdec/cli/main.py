@@ -10,7 +10,8 @@ import threading
 import traceback
 
 from specdec.cli.export import add_export_args, run_export
-from specdec.errors import SpecDecError
+from specdec import publish
+from specdec.errors import SpecDecError, Terminated
 
 
 def _run_inspect(args) -> int:
@@ -46,11 +47,8 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that every `finally` and staging cleanup runs."""
-
-
 def _on_sigterm(signum, frame):
+    publish.stop_publishing()
     raise Terminated()
 
 
@@ -88,7 +86,11 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
-            return _run(args)
+            code = _run(args)
+            if publish.stopping() and code != 143:  # the Terminated exception was swallowed on its way up
+                print("terminated", file=sys.stderr)
+                return 143
+            return code
         finally:
             signal.signal(signal.SIGTERM, previous)
     return _run(args)

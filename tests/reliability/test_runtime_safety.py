@@ -16,8 +16,9 @@ import pytest
 import specdec
 from specdec import GenerationConfig
 from specdec.cli import main
-from specdec.errors import BackendError
-from specdec.publish import remove_stale_leftovers
+from specdec import publish
+from specdec.errors import BackendError, Terminated
+from specdec.publish import remove_stale_leftovers, staged_bundle
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Once upon a time", "a + b\n", "Summarize the following text"]
 
@@ -193,6 +194,19 @@ def test_sigterm_during_an_export_leaves_nothing(tmp_path, tiny_llama):
     err = proc.communicate(timeout=120)[1].decode()
     assert proc.returncode == 143 and "terminated" in err and "Traceback" not in err, err
     assert _partials(tmp_path) == [] and not (tmp_path / "o").exists()
+
+
+def test_a_swallowed_termination_still_publishes_nothing(tmp_path, monkeypatch):
+    """Third-party code may catch the Terminated a SIGTERM raises; the flag set beside it still stops publication."""
+    monkeypatch.setattr(publish, "_STOPPING", threading.Event())
+    out = tmp_path / "o"
+    with staged_bundle(out) as stage:
+        (stage / "manifest.json").write_text("{}")
+    assert out.exists()  # control: without the flag the staged bundle is published
+    publish.stop_publishing()
+    with pytest.raises(Terminated), staged_bundle(tmp_path / "p") as stage:
+        (stage / "manifest.json").write_text("{}")
+    assert not (tmp_path / "p").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".p.")]
 
 
 def test_a_killed_exports_partial_is_removed_by_the_next_export(tmp_path, tiny_llama):
