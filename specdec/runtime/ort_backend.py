@@ -8,7 +8,7 @@ import numpy as np
 from specdec.errors import BackendError, ConfigError, missing_dependency
 from specdec.lowering import kv_numpy_dtype, lowering_for
 from specdec.manifest import Manifest, ModelEntry
-from specdec.runtime.backend import Backend, check_device, session_options
+from specdec.runtime.backend import Backend, check_device, session_options, steady_malloc
 
 
 class OrtBackend(Backend):
@@ -40,6 +40,7 @@ class OrtBackend(Backend):
             raise BackendError(f"{self.entry.role} has KV dtype {self.entry.kv_dtype}, which the CPU backend does "
                                "not run", exc.hint) from exc
         path = self.root / self.entry.onnx_path
+        steady_malloc()
         try:
             self.session = ort.InferenceSession(str(path), session_options(self.threads), providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types from C++
