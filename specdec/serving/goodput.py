@@ -44,6 +44,8 @@ EXPLORE_MAX = 1280  # each time a re-measurement confirms the choice, and resets
 EXPLORE_RUN = 3  # rounds a re-measurement lasts
 DECAY = 0.9  # weight of older rounds in measured goodput
 LOAD_EMA = 0.05  # weight of the newest round in the smoothed number of active rows
+KEEP_GAMMA = 0.95  # a speculating controller keeps its γ while the model rates it within 5 % of the best γ: near
+# the optimum the rate curve is flat and its noisy inputs would otherwise swing γ between 2 and 8 (measured)
 
 
 @dataclass
@@ -186,6 +188,8 @@ class GoodputGamma(GammaPolicy):
         load = min(max(1, round(self.load)), len(self.costs.target_step) - 1)
         rates = self.rates(load, min(drafting, load))
         best = int(np.argmax(rates[1:])) + 1
+        if self.previous_gamma and rates[self.previous_gamma] >= KEEP_GAMMA * rates[best]:
+            best = self.previous_gamma
         speculate = drafting > 0 and self.has_model and self._speculate(load, min(drafting, load), rates[best] > rates[0])
         self.gamma = best if speculate else 0
         return self.gamma
@@ -222,9 +226,11 @@ class GoodputGamma(GammaPolicy):
         interval = self.interval.get(explored_rows, EXPLORE_EVERY)
         self.interval[explored_rows] = min(2 * interval, EXPLORE_MAX) if before == choice else EXPLORE_EVERY
 
-    def observe_round(self, rows: int, tokens: int, seconds: float) -> None:
-        """A whole round of `rows` rows (planned by the latest `plan`) committed `tokens` in `seconds`."""
-        speculating = self.gamma > 0
+    def observe_round(self, rows: int, tokens: int, seconds: float, speculated: bool | None = None) -> None:
+        """A whole round of `rows` rows (planned by the latest `plan`) committed `tokens` in `seconds`.
+        speculated: whether any row drafted (default: γ > 0); a round the engine ran at γ = 0 for every row (each
+        a request's first round) is a plain round whatever γ was planned."""
+        speculating = self.gamma > 0 if speculated is None else speculated
         if self.mode != "adaptive" or (speculating and self.previous_gamma == 0) or seconds <= 0:
             return  # the first speculative round after plain ones pays the draft's catch-up: not counted
         key = (min(max(1, round(self.load)), len(self.costs.target_step) - 1), speculating)

@@ -63,6 +63,31 @@ def test_controller_decides_by_measured_goodput_and_re_measures_the_other_side()
     assert not any(batched.plan(rows=8, drafting=8) for _ in range(400))
 
 
+def test_controller_keeps_its_gamma_near_the_optimum_and_moves_when_it_falls_behind():
+    controller = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9)
+    first = controller.plan(rows=1, drafting=1)
+    assert first == controller.best(1, 1) > 0
+    rates = controller.rates(1, 1)
+    near = [g for g in range(1, GAMMA_MAX + 1) if g != first and rates[g] >= 0.95 * rates[first]]
+    assert near, "the test needs a flat optimum"
+    controller.gamma = near[0]  # as if the previous round had chosen another γ close to the best
+    assert controller.plan(rows=1, drafting=1) == near[0]
+    far = [g for g in range(1, GAMMA_MAX + 1) if rates[g] < 0.9 * rates[first]]
+    controller.gamma = far[0]
+    assert controller.plan(rows=1, drafting=1) == first
+
+
+def test_a_round_without_drafts_counts_as_plain_whatever_was_planned():
+    controller = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9)
+    controller.plan(rows=1, drafting=1)
+    controller.plan(rows=1, drafting=1)  # the previous γ was > 0 too: this round's goodput counts
+    assert controller.gamma > 0
+    controller.observe_round(1, 1, 0.02, speculated=False)  # every row ran its first round at γ = 0
+    assert controller.measured(1, False) == pytest.approx(50.0) and controller.measured(1, True) is None
+    controller.observe_round(1, 5, 0.1)
+    assert controller.measured(1, True) == pytest.approx(50.0)
+
+
 def test_controller_follows_the_smoothed_load_not_every_dip():
     controller = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9)  # speculates alone, not at 8
     plan = [controller.plan(rows=7 if i % 8 == 0 else 8, drafting=8) for i in range(200)]  # brief dips to 7 rows
