@@ -42,7 +42,13 @@ OPTIMISTIC_ALPHA = 0.95  # speculation is explored only where it would win at th
 EXPLORE_EVERY = 40  # rounds at one load before the side not chosen is re-measured; doubles (up to EXPLORE_MAX)
 EXPLORE_MAX = 1280  # each time a re-measurement confirms the choice, and resets when it does not
 EXPLORE_RUN = 3  # rounds a re-measurement lasts
-DECAY = 0.9  # weight of older rounds in measured goodput
+DECAY = 0.97  # weight of older rounds in measured goodput: ~33 rounds, since one speculative round's tokens swing
+# from 1 to γ + 1 (at 0.9 three rejected rounds in a row turned a 79 tokens/s side into 44 and stopped speculation)
+FEW_ROUNDS = 6  # until both sides of a load have this many counted rounds, re-measure every EXPLORE_SOON rounds
+EXPLORE_SOON = 8
+SWITCH_ON = 1.1  # plain → speculative only where speculation measured 10 % more: the switch costs each row a draft
+# catch-up on every token decoded plainly, which no round's goodput counts (at C = 2, where the two sides measured
+# within 5 %, switching back and forth cost 9 % of plain decoding's throughput)
 LOAD_EMA = 0.05  # weight of the newest round in the smoothed number of active rows
 KEEP_GAMMA = 0.95  # a speculating controller keeps its γ while the model rates it within 5 % of the best γ: near
 # the optimum the rate curve is flat and its noisy inputs would otherwise swing γ between 2 and 8 (measured)
@@ -144,6 +150,7 @@ class GoodputGamma(GammaPolicy):
         self.acceptance = AdaptiveGamma(gamma_max, 1.0, prior_alpha, prior_weight=PRIOR_WEIGHT)  # its running α only
         self.gamma = 0 if mode == "off" else self.fixed
         self.goodput = {}  # (rows, speculating) -> [decayed tokens, decayed seconds] of whole rounds
+        self.counted = {}  # (rows, speculating) -> rounds counted
         self.streak = {}  # rows -> rounds since the side not chosen was last re-measured at that load
         self.interval = {}  # rows -> rounds between re-measurements at that load
         self.explore = (0, False)  # (rounds left, speculating) of a re-measurement run
@@ -205,10 +212,14 @@ class GoodputGamma(GammaPolicy):
             self.explore = (left - 1, side)
             return side
         plain, spec = self.measured(rows, False), self.measured(rows, True)
-        choice = spec > plain if plain is not None and spec is not None else model_says
+        margin = 1.0 if self.previous_gamma else SWITCH_ON
+        choice = spec > margin * plain if plain is not None and spec is not None else model_says
         self._judge_run(rows, choice)
         self.streak[rows] = self.streak.get(rows, 0) + 1
-        if self.streak[rows] >= self.interval.get(rows, EXPLORE_EVERY):
+        interval = self.interval.get(rows, EXPLORE_EVERY)
+        if min(self.counted.get((rows, False), 0), self.counted.get((rows, True), 0)) < FEW_ROUNDS:
+            interval = min(interval, EXPLORE_SOON)  # a side seen only a few times (a bad start) is not trusted long
+        if self.streak[rows] >= interval:
             self.streak[rows] = 0
             hopeful = self.rates(rows, drafting, np.maximum(self.acceptance.alphas, OPTIMISTIC_ALPHA))
             if choice or int(np.argmax(hopeful)) > 0:
@@ -236,6 +247,7 @@ class GoodputGamma(GammaPolicy):
         key = (min(max(1, round(self.load)), len(self.costs.target_step) - 1), speculating)
         old_tokens, old_seconds = self.goodput.get(key, (0.0, 0.0))
         self.goodput[key] = (DECAY * old_tokens + tokens, DECAY * old_seconds + seconds)
+        self.counted[key] = self.counted.get(key, 0) + 1
 
     def observe_call(self, role: str, width: int, steps: int, seconds: float) -> None:
         """The cost of one forward call (Metered): T = 1 steps of either model by width, target passes of T > 1
