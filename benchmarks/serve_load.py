@@ -44,6 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default="benchmarks/results/serve")
     parser.add_argument("--requests", type=int, default=50, help="requests per (mode, concurrency)")
     parser.add_argument("--concurrency", default="1,2,4,8")
+    parser.add_argument("--repeats", type=int, default=3, help="spells per (mode, C), interleaved across modes")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--modes", default="plain,fixed,adaptive")
     parser.add_argument("--max-batch", type=int, default=8)
@@ -190,22 +191,37 @@ def warm_up(servers: dict, prompts: list, args) -> None:
 
 
 def run_all(servers: dict, prompts: list, args) -> tuple[list, list]:
+    """For each C, `--repeats` rounds; in each, every mode in turn (the order rotates) serves the same slice of the
+    requests, so a mode's numbers pool several spells spread over the phase (one long spell per mode measured
+    10-15 % apart for identical work on a 2-core machine)."""
     requests, summary = [], []
     levels = [int(c) for c in args.concurrency.split(",")]
+    share = max(1, args.requests // args.repeats)
     for step, concurrency in enumerate(levels):
-        order = list(servers)[step % len(servers):] + list(servers)[: step % len(servers)]
-        for mode in order:
+        pooled = {mode: ([], 0.0, {}, []) for mode in servers}  # records, wall, γ counts, tokens/s per spell
+        for repeat in range(args.repeats):
+            turn = step + repeat
+            order = list(servers)[turn % len(servers):] + list(servers)[: turn % len(servers)]
+            part = prompts[repeat * share:] + prompts[: repeat * share]
+            for mode in order:
+                server = servers[mode]
+                before = server.rounds_by_gamma()
+                records, wall = asyncio.run(run_phase(server.url, part, concurrency, share, args))
+                records_so_far, wall_so_far, gammas, spells = pooled[mode]
+                for gamma, count in _delta(server.rounds_by_gamma(), before).items():
+                    gammas[gamma] = gammas.get(gamma, 0.0) + count
+                spells.append(sum(r["tokens"] for r in records if r["ok"]) / wall if wall else 0.0)
+                pooled[mode] = (records_so_far + records, wall_so_far + wall, gammas, spells)
+        for mode, (records, wall, gammas, spells) in pooled.items():
             server = servers[mode]
-            before = server.rounds_by_gamma()
-            records, wall = asyncio.run(run_phase(server.url, prompts, concurrency, args.requests, args))
-            gammas = _delta(server.rounds_by_gamma(), before)
             rss = server.rss[-1][1] / 2**20 if server.rss else float("nan")
             summary.append(summarize(mode, concurrency, records, wall, gammas, rss))
+            summary[-1]["spells_tokens_per_s"] = " ".join(f"{x:.1f}" for x in spells)
             requests += [{"mode": mode, "concurrency": concurrency, **r} for r in records]
             row = summary[-1]
-            print(f"{mode:9s} C={concurrency}: {row['tokens_per_s']:.1f} tok/s, TPOT p50 {row['tpot_p50_ms']:.1f} ms, "
-                  f"TTFT p50 {row['ttft_p50_ms']:.0f} ms, errors {row['errors']}, γ=0 share {row['gamma0_share']:.2f}",
-                  flush=True)
+            print(f"{mode:9s} C={concurrency}: {row['tokens_per_s']:.1f} tok/s (spells {row['spells_tokens_per_s']}), "
+                  f"TPOT p50 {row['tpot_p50_ms']:.1f} ms, TTFT p50 {row['ttft_p50_ms']:.0f} ms, errors {row['errors']}, "
+                  f"γ=0 share {row['gamma0_share']:.2f}", flush=True)
     return requests, summary
 
 
@@ -220,10 +236,10 @@ def identical_outputs(requests: list) -> tuple[int, int]:
 
 def markdown(summary: list) -> str:
     head = ("| mode | C | requests | errors | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms | tokens/s | "
-            "γ=0 rounds | mean γ | RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "γ=0 rounds | mean γ | RSS MB | tokens/s per spell |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = [f"| {s['mode']} | {s['concurrency']} | {s['requests']} | {s['errors']} | {s['ttft_p50_ms']:.0f} | "
             f"{s['ttft_p90_ms']:.0f} | {s['tpot_p50_ms']:.1f} | {s['tpot_p90_ms']:.1f} | {s['tokens_per_s']:.1f} | "
-            f"{100 * s['gamma0_share']:.0f}% | {s['mean_gamma']:.2f} | {s['rss_mb']:.0f} |"
+            f"{100 * s['gamma0_share']:.0f}% | {s['mean_gamma']:.2f} | {s['rss_mb']:.0f} | {s.get('spells_tokens_per_s', '')} |"
             for s in sorted(summary, key=lambda s: (list(MODES).index(s["mode"]), s["concurrency"]))]
     return head + "\n".join(rows) + "\n"
 

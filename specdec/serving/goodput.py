@@ -50,8 +50,8 @@ SWITCH_ON = 1.1  # plain → speculative only where speculation measured 10 % mo
 # catch-up on every token decoded plainly, which no round's goodput counts (at C = 2, where the two sides measured
 # within 5 %, switching back and forth cost 9 % of plain decoding's throughput)
 LOAD_EMA = 0.05  # weight of the newest round in the smoothed number of active rows
-KEEP_GAMMA = 0.95  # a speculating controller keeps its γ while the model rates it within 5 % of the best γ: near
-# the optimum the rate curve is flat and its noisy inputs would otherwise swing γ between 2 and 8 (measured)
+KEEP_GAMMA = 0.95  # the bundle's γ, else the current one, is kept while the model rates it within 5 % of its best:
+# near the optimum the rate curve is flat and its noisy inputs would otherwise swing γ between 2 and 8 (measured)
 
 
 @dataclass
@@ -195,8 +195,10 @@ class GoodputGamma(GammaPolicy):
         load = min(max(1, round(self.load)), len(self.costs.target_step) - 1)
         rates = self.rates(load, min(drafting, load))
         best = int(np.argmax(rates[1:])) + 1
-        if self.previous_gamma and rates[self.previous_gamma] >= KEEP_GAMMA * rates[best]:
-            best = self.previous_gamma
+        for anchor in (self.fixed, self.previous_gamma):  # the bundle's (calibrated) γ first, then the last one
+            if anchor and rates[anchor] >= KEEP_GAMMA * rates[best]:
+                best = anchor
+                break
         speculate = drafting > 0 and self.has_model and self._speculate(load, min(drafting, load), rates[best] > rates[0])
         self.gamma = best if speculate else 0
         return self.gamma

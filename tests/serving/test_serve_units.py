@@ -63,18 +63,20 @@ def test_controller_decides_by_measured_goodput_and_re_measures_the_other_side()
     assert not any(batched.plan(rows=8, drafting=8) for _ in range(400))
 
 
-def test_controller_keeps_its_gamma_near_the_optimum_and_moves_when_it_falls_behind():
-    controller = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9)
-    first = controller.plan(rows=1, drafting=1)
-    assert first == controller.best(1, 1) > 0
-    rates = controller.rates(1, 1)
-    near = [g for g in range(1, GAMMA_MAX + 1) if g != first and rates[g] >= 0.95 * rates[first]]
-    assert near, "the test needs a flat optimum"
-    controller.gamma = near[0]  # as if the previous round had chosen another γ close to the best
-    assert controller.plan(rows=1, drafting=1) == near[0]
-    far = [g for g in range(1, GAMMA_MAX + 1) if rates[g] < 0.9 * rates[first]]
+def test_controller_keeps_the_bundles_gamma_or_its_own_near_the_optimum_and_moves_when_they_fall_behind():
+    probe = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9)
+    best, rates = probe.best(1, 1), probe.rates(1, 1)
+    near = [g for g in range(1, GAMMA_MAX + 1) if g != best and rates[g] >= 0.95 * rates[best]]
+    far = [g for g in range(1, GAMMA_MAX + 1) if rates[g] < 0.9 * rates[best]]
+    assert best > 0 and near and far, "the test needs a flat optimum and a poor γ"
+    anchored = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9, fixed=near[0])
+    assert anchored.plan(rows=1, drafting=1) == near[0]  # the bundle's γ, close enough to the model's best
+    controller = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9, fixed=far[0])
+    assert controller.plan(rows=1, drafting=1) == best  # the bundle's γ is too far behind
+    controller.gamma = near[-1]  # as if the previous round had chosen another γ close to the best
+    assert controller.plan(rows=1, drafting=1) == near[-1]
     controller.gamma = far[0]
-    assert controller.plan(rows=1, drafting=1) == first
+    assert controller.plan(rows=1, drafting=1) == best
 
 
 def test_a_side_seen_only_a_few_times_is_re_measured_soon():
