@@ -44,8 +44,7 @@ EXPLORE_MAX = 1280  # each time a re-measurement confirms the choice, and resets
 EXPLORE_RUN = 3  # rounds a re-measurement lasts
 DECAY = 0.97  # weight of older rounds in measured goodput: ~33 rounds, since one speculative round's tokens swing
 # from 1 to γ + 1 (at 0.9 three rejected rounds in a row turned a 79 tokens/s side into 44 and stopped speculation)
-FEW_ROUNDS = 6  # where the model favours speculation: re-measure every EXPLORE_SOON rounds until both sides of a
-# load have this many counted rounds
+FEW_ROUNDS = 6  # re-measure every EXPLORE_SOON · rows rounds until both sides of a load have this many counted rounds
 EXPLORE_SOON = 8
 SWITCH_ON = 1.1  # plain → speculative only where speculation measured 10 % more: the switch costs each row a draft
 # catch-up on every token decoded plainly, which no round's goodput counts (at C = 2, where the two sides measured
@@ -220,10 +219,10 @@ class GoodputGamma(GammaPolicy):
         self._judge_run(rows, choice)
         self.streak[rows] = self.streak.get(rows, 0) + 1
         interval = self.interval.get(rows, EXPLORE_EVERY)
-        if model_says and min(self.counted.get((rows, False), 0), self.counted.get((rows, True), 0)) < FEW_ROUNDS:
-            interval = min(interval, EXPLORE_SOON)  # where the model expects speculation to win, a side seen only
-            # a few times (a bad start) is not trusted long; elsewhere each re-measurement costs every row a
-            # catch-up (at C = 4 early re-measuring cost 8-11 % of throughput)
+        if min(self.counted.get((rows, False), 0), self.counted.get((rows, True), 0)) < FEW_ROUNDS:
+            # a side seen only a few times (a bad start) is not trusted long; a re-measurement costs every row a
+            # draft catch-up, so the early interval grows with the rows (at C = 4, every 8 rounds cost 8-11 %)
+            interval = min(interval, EXPLORE_SOON * rows)
         if self.streak[rows] >= interval:
             self.streak[rows] = 0
             hopeful = self.rates(rows, drafting, np.maximum(self.acceptance.alphas, OPTIMISTIC_ALPHA))
