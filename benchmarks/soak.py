@@ -5,9 +5,8 @@
 Requests cycle through the committed prompt sets and through every drafter, greedy and seeded sampling, batch 1
 and 2, streamed and not. RSS (from /proc/self/statm) is read at the start, after the warm-up and every 25 requests
 to the end; growth after warm-up is the figure to watch (goal: under 2%). The warm-up gives both models every
-shape a request can bring: a prompt of a full prefill chunk (and more) with each drafter at γ_max, and a full batch.
-onnxruntime's CPU arena keeps the largest buffers it was ever asked for, so until the largest shapes have been seen
-RSS climbs in steps, bounded by them; after that it must stay flat.
+shape a request can bring: a prompt of a full prefill chunk (and more) with each drafter at γ_max, and a full batch,
+so that memory sized by the largest shapes is already counted in the warm-up figure; after it RSS must stay flat.
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ not list stays valid below their committed length. Rollback is the caller passin
 """
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -94,24 +95,20 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-_MALLOC_TUNED = []
-
-
+@functools.cache
 def steady_malloc() -> None:
     """Keep a long-running process's resident memory flat (glibc only; once per process; skipped when the user
     set MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ themselves). glibc raises its mmap threshold each time a
     large block is freed, so later logits and KV-sized numpy arrays come from the heap, which fragments and grows;
-    a fixed 512 KiB threshold returns every such block to the system when freed. 300 soak requests: RSS growth
-    after warm-up 5.8 % -> 1.2 % with the arena off too, same time (benchmarks/results/soak)."""
-    if _MALLOC_TUNED or "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+    a fixed 512 KiB threshold returns every such block to the system when freed (soak: README, "Memory stays
+    flat")."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
         return
-    _MALLOC_TUNED.append(True)
     import ctypes
     import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return
     m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
@@ -134,7 +131,7 @@ def session_options(threads: int | None = None):
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     options.add_session_config_entry("session.force_spinning_stop", "1")
     options.enable_cpu_mem_arena = False  # the arena keeps every shape's largest buffer: RSS crept up under varied
-    # requests, and without it steps measured the same (benchmarks/results/soak)
+    # requests; without it step times stayed within the measurement's noise (README, "Memory stays flat")
     options.log_severity_level = 3
     return options
 

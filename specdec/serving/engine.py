@@ -281,8 +281,9 @@ class Engine:
                 job.pinned.observe_row(row_round.proposed, row_round.accepted)
             self._progress(job, row_round)
         seconds = time.perf_counter() - started
-        speculated = any(r is not None and r.proposed for r in record.rows)
-        self.controller.observe_round(len(rows), sum(len(r.committed) for r in record.rows), seconds, speculated)
+        done = [r for r in record.rows if r is not None]
+        self.controller.observe_round(len(rows), sum(len(r.committed) for r in done), seconds,
+                                      any(r.proposed for r in done))
         self.metrics.observe_round(record, seconds)
         self.metrics.active_rows.set(len(self._active))
 
