@@ -20,7 +20,10 @@ at a load, a run of EXPLORE_RUN rounds re-measures the other side; the interval 
 the choice (a speculative run after plain ones costs the draft's catch-up on every token it missed, about a
 prefill per row), and speculation is explored only where a high acceptance (OPTIMISTIC_ALPHA) would make the
 model expect it to win. That first catching-up round is not counted in the speculative goodput: it is the price
-of exploring, not of speculating. On a 2-core CPU the model alone erred both ways by 15–30 % (acceptance cut short by max_tokens,
+of exploring, not of speculating. Speculation's gain only falls as rows are added (plain decoding's batched step
+is sublinear in the rows, verification runs per row), so a load where both sides are measured (`settled`) speaks
+for others (`implied`): plain ahead there means plain above it, with no re-measuring of speculation up there
+(each would cost every row a catch-up), and speculation ahead means speculation below it. On a 2-core CPU the model alone erred both ways by 15–30 % (acceptance cut short by max_tokens,
 host time, a T1 measured under other load), which is why the switch itself is measured.
 
 Greedy rows' output never depends on γ. Seeded sampled rows keep their own deterministic γ policy (the engine
@@ -215,8 +218,14 @@ class GoodputGamma(GammaPolicy):
             return side
         plain, spec = self.measured(rows, False), self.measured(rows, True)
         margin = 1.0 if self.previous_gamma else SWITCH_ON
-        choice = spec > margin * plain if plain is not None and spec is not None else model_says
+        implied = self.implied(rows)
+        if plain is not None and spec is not None:
+            choice = spec > margin * plain
+        else:
+            choice = model_says if implied is None else implied
         self._judge_run(rows, choice)
+        if implied is False and not choice:
+            return False  # a lower load measured plain decoding ahead: speculation is not re-measured up here
         self.streak[rows] = self.streak.get(rows, 0) + 1
         interval = self.interval.get(rows, EXPLORE_EVERY)
         if min(self.counted.get((rows, False), 0), self.counted.get((rows, True), 0)) < FEW_ROUNDS:
@@ -230,6 +239,22 @@ class GoodputGamma(GammaPolicy):
                 self.explore, self.explored = (EXPLORE_RUN - 1, not choice), (rows, choice)
                 return not choice
         return choice
+
+    def settled(self, rows: int) -> bool | None:
+        """Whether speculation measured ahead at `rows` rows (None until both sides have FEW_ROUNDS rounds)."""
+        if min(self.counted.get((rows, False), 0), self.counted.get((rows, True), 0)) < FEW_ROUNDS:
+            return None
+        return self.measured(rows, True) > self.measured(rows, False)
+
+    def implied(self, rows: int) -> bool | None:
+        """What the loads measured on both sides imply at `rows` rows: speculation's gain only falls as rows are
+        added (plain decoding's batched step is sublinear in the rows, verification is per row), so plain ahead
+        at fewer rows implies plain here and speculation ahead at more rows implies speculation here. None where
+        nothing is implied, or measurements disagree."""
+        verdicts = [(load, self.settled(load)) for load in range(1, len(self.costs.target_step))]
+        plain_below = any(verdict is False for load, verdict in verdicts if load < rows)
+        spec_above = any(verdict is True for load, verdict in verdicts if load > rows)
+        return None if plain_below == spec_above else spec_above
 
     def _judge_run(self, rows: int, choice: bool) -> None:
         """After a re-measurement run: explore less often where it confirmed the choice, as often as at first

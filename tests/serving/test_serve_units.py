@@ -91,6 +91,36 @@ def test_a_side_seen_only_a_few_times_is_re_measured_soon():
     assert all(g > 0 for g in plan[-10:])  # ... and it came back well before EXPLORE_EVERY (40) plain rounds
 
 
+def _measure(controller, rows: int, spec_rate: float, plain_rate: float, rounds: int) -> list:
+    """Run `rounds` rounds at `rows` rows on a machine where speculative rounds measure spec_rate tokens/s and plain
+    ones plain_rate; -> the planned γ per round."""
+    plan = []
+    for _ in range(rounds):
+        gamma = controller.plan(rows=rows, drafting=rows)
+        plan.append(gamma)
+        tokens = rows * (3 if gamma else 1)
+        controller.observe_round(rows, tokens, tokens / (spec_rate if gamma else plain_rate))
+    return plan
+
+
+def test_plain_decoding_ahead_at_fewer_rows_stops_speculation_being_measured_at_more():
+    controller = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9)  # the model favours speculating
+    assert controller.settled(2) is None and controller.implied(4) is None
+    _measure(controller, 2, spec_rate=20.0, plain_rate=30.0, rounds=300)
+    assert controller.settled(2) is False and controller.implied(4) is False and controller.implied(1) is None
+    plan = _measure(controller, 4, spec_rate=20.0, plain_rate=40.0, rounds=400)  # the smoothed load passes 2 and 3
+    assert round(controller.load) == 4 and not any(plan[60:])  # from 3 rows on, speculation is never re-measured
+    ahead = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.3)  # the model: plain at 6 rows ...
+    assert ahead.best(6, 6) == 0
+    _measure(ahead, 8, spec_rate=60.0, plain_rate=40.0, rounds=300)  # ... but speculation measured ahead at 8
+    assert ahead.settled(8) is True and ahead.implied(6) is True
+    assert ahead.plan(rows=6, drafting=6) > 0
+    wrong = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9)
+    _measure(wrong, 8, spec_rate=60.0, plain_rate=40.0, rounds=300)
+    _measure(wrong, 2, spec_rate=20.0, plain_rate=30.0, rounds=300)  # noise: the two loads disagree
+    assert wrong.settled(8) is True and wrong.settled(2) is False and wrong.implied(4) is None
+
+
 def test_a_round_without_drafts_counts_as_plain_whatever_was_planned():
     controller = GoodputGamma(_costs(step_growth=1.0), GAMMA_MAX, prior_alpha=0.9)
     controller.plan(rows=1, drafting=1)
