@@ -267,13 +267,15 @@ class GoodputGamma(GammaPolicy):
         self.interval[explored_rows] = min(2 * interval, EXPLORE_MAX) if before == choice else EXPLORE_EVERY
 
     def observe_round(self, rows: int, tokens: int, seconds: float, speculated: bool | None = None) -> None:
-        """A whole round of `rows` rows (planned by the latest `plan`) committed `tokens` in `seconds`.
+        """A whole round of `rows` rows (planned by the latest `plan`) committed `tokens` in `seconds`. It counts
+        at the rows it had, not the smoothed load the plan chose by: a burst of 8 rows while the load still reads 1
+        once made plain decoding "measure" 62 tokens/s at 1 row, more than speculation, and stopped it at C = 1.
         speculated: whether any row drafted (default: γ > 0); a round the engine ran at γ = 0 for every row (each
         a request's first round) is a plain round whatever γ was planned."""
         speculating = self.gamma > 0 if speculated is None else speculated
         if self.mode != "adaptive" or (speculating and self.previous_gamma == 0) or seconds <= 0:
             return  # the first speculative round after plain ones pays the draft's catch-up: not counted
-        key = (min(max(1, round(self.load)), len(self.costs.target_step) - 1), speculating)
+        key = (min(max(1, rows), len(self.costs.target_step) - 1), speculating)  # the rows it really had
         old_tokens, old_seconds = self.goodput.get(key, (0.0, 0.0))
         self.goodput[key] = (DECAY * old_tokens + tokens, DECAY * old_seconds + seconds)
         self.counted[key] = self.counted.get(key, 0) + 1

@@ -132,6 +132,17 @@ def test_a_round_without_drafts_counts_as_plain_whatever_was_planned():
     assert controller.measured(1, True) == pytest.approx(50.0)
 
 
+def test_a_round_counts_at_the_rows_it_had_not_the_smoothed_load():
+    controller = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9)
+    for _ in range(20):
+        controller.plan(rows=1, drafting=1)
+        controller.observe_round(1, 1, 0.025, speculated=False)  # one row alone: 40 tokens/s
+    controller.plan(rows=8, drafting=8)  # a burst of 8 rows while the smoothed load still reads about 1
+    assert round(controller.load) < 8
+    controller.observe_round(8, 8, 0.035, speculated=False)
+    assert controller.measured(1, False) == pytest.approx(40.0) and controller.measured(8, False) > 200
+
+
 def test_controller_follows_the_smoothed_load_not_every_dip():
     controller = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9)  # speculates alone, not at 8
     plan = [controller.plan(rows=7 if i % 8 == 0 else 8, drafting=8) for i in range(200)]  # brief dips to 7 rows
