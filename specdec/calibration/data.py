@@ -116,8 +116,9 @@ def token_windows(texts: list[str], encode, seq_len: int, count: int, source: st
             f"pass more text (at least {seq_len} tokens), or a smaller --seq-len",
         )
     windows = np.asarray(stream[: (len(stream) // seq_len) * seq_len], dtype=np.int64).reshape(-1, seq_len)
-    if len(windows) < count:
-        log.warning("calibration data has %d windows of %d tokens; %d were asked for", len(windows), seq_len, count)
+    if len(windows) < count:  # the user's own data falls short: say so; the built-in text's size is known
+        (log.info if source == BUILTIN else log.warning)(
+            "calibration data %s has %d windows of %d tokens; %d were asked for", source, len(windows), seq_len, count)
     picks = np.linspace(0, len(windows) - 1, num=min(count, len(windows))).round().astype(int)
     return windows[picks]
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import numpy as np
@@ -37,6 +38,30 @@ def test_text_jsonl_and_parquet_sources(tmp_path):
 def test_windows_have_the_asked_shape():
     windows = token_windows(["abcdefgh" * 10], encode, seq_len=16, count=3)
     assert windows.shape == (3, 16) and windows.dtype == np.int64
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("source, level", [("mine.txt", logging.WARNING), ("builtin", logging.INFO)])
+def test_short_data_is_a_warning_only_for_the_users_own_source(source, level):
+    logger, handler = logging.getLogger("specdec.calibration.data"), _Records()
+    logger.addHandler(handler)
+    old_level, logger.level = logger.level, logging.DEBUG
+    try:
+        windows = token_windows(["abcdefgh" * 4], encode, seq_len=16, count=5, source=source)  # 32 bytes: 2 windows
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    assert windows.shape == (2, 16)
+    assert [(r.levelno, r.getMessage()) for r in handler.records] == [
+        (level, f"calibration data {source} has 2 windows of 16 tokens; 5 were asked for")]
 
 
 @pytest.mark.parametrize("content", ["", "\n\n  \n"])
