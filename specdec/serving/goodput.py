@@ -11,20 +11,21 @@ plus n·h of host time (sampling, acceptance, bookkeeping), and emits n − m + 
 A_j the running per-position acceptance. T1, D1, D2 and V are measured at start (`measure_costs`) and learnt from
 every forward call (`Metered`; moving averages whose first observations weigh most).
 
-The model picks the γ > 0 to speculate with; whether to speculate at all is decided by **measured** goodput:
-tokens per second of whole engine rounds (host work and text delivery included), kept per (load, plain or
-speculative) as decayed sums. The load is the number of active rows smoothed over rounds (LOAD_EMA): under a
-steady load of C clients the batch dips below C between one request and the next, and following every dip would
-switch to speculation and back, each switch costing the draft a catch-up on every row. Where only one side is measured yet, the model decides. After EXPLORE_EVERY rounds
-at a load, a run of EXPLORE_RUN rounds re-measures the other side; the interval doubles each time the run confirms
-the choice (a speculative run after plain ones costs the draft's catch-up on every token it missed, about a
-prefill per row), and speculation is explored only where a high acceptance (OPTIMISTIC_ALPHA) would make the
-model expect it to win. That first catching-up round is not counted in the speculative goodput: it is the price
-of exploring, not of speculating. Speculation's gain only falls as rows are added (plain decoding's batched step
-is sublinear in the rows, verification runs per row), so a load where both sides are measured (`settled`) speaks
-for others (`implied`): plain ahead there means plain above it, with no re-measuring of speculation up there
-(each would cost every row a catch-up), and speculation ahead means speculation below it. On a 2-core CPU the model alone erred both ways by 15–30 % (acceptance cut short by max_tokens,
-host time, a T1 measured under other load), which is why the switch itself is measured.
+The model picks the γ > 0 to speculate with; whether to speculate at all is decided by **measured** goodput: tokens
+per second of whole engine rounds (host work and text delivery included), kept per (rows the round had, plain or
+speculative) as decayed sums. The load a plan goes by is the number of active rows smoothed over rounds (LOAD_EMA): under a steady load of C
+clients the batch dips below C between one request and the next, and following every dip would switch to speculation
+and back, each switch costing the draft a catch-up on every row. Where only one side is measured yet, the model
+decides. After EXPLORE_EVERY rounds at a load, a run of EXPLORE_RUN rounds re-measures the other side; the interval
+doubles each time the run confirms the choice (a speculative run after plain ones costs the draft's catch-up on
+every token it missed, about a prefill per row), and speculation is explored only where a high acceptance
+(OPTIMISTIC_ALPHA) would make the model expect it to win. That first catching-up round is not counted in the
+speculative goodput: it is the price of exploring, not of speculating. Speculation's gain only falls as rows are
+added (plain decoding's batched step is sublinear in the rows, verification runs per row), so a load where both
+sides are measured (`settled`) speaks for others (`implied`): plain ahead there means plain above it, with no
+re-measuring of speculation up there (each would cost every row a catch-up), and speculation ahead means speculation
+below it. On a 2-core CPU the model alone erred both ways by 15–30 % (acceptance cut short by max_tokens, host time,
+a T1 measured under other load), which is why the switch itself is measured.
 
 Greedy rows' output never depends on γ. Seeded sampled rows keep their own deterministic γ policy (the engine
 pins them), so the choice here never reaches their tokens.
@@ -196,13 +197,14 @@ class GoodputGamma(GammaPolicy):
         rows = min(rows, len(self.costs.target_step) - 1)
         self.load = rows if not self.load else self.load + LOAD_EMA * (rows - self.load)
         load = min(max(1, round(self.load)), len(self.costs.target_step) - 1)
-        rates = self.rates(load, min(drafting, load))
+        drafting = min(drafting, load)
+        rates = self.rates(load, drafting)
         best = int(np.argmax(rates[1:])) + 1
         for anchor in (self.fixed, self.previous_gamma):  # the bundle's (calibrated) γ first, then the last one
             if anchor and rates[anchor] >= KEEP_GAMMA * rates[best]:
                 best = anchor
                 break
-        speculate = drafting > 0 and self.has_model and self._speculate(load, min(drafting, load), rates[best] > rates[0])
+        speculate = drafting > 0 and self.has_model and self._speculate(load, drafting, rates[best] > rates[0])
         self.gamma = best if speculate else 0
         return self.gamma
 
