@@ -85,6 +85,12 @@ class PlainDriver:
         return {"input_ids": input_ids, "cache_len": cache_len, "past_keys": self.keys.copy(),
                 "past_values": self.values.copy()}
 
+    def copy_kv(self, source: "PlainDriver", slot: int, start: int, stop: int) -> None:
+        """Positions [start, stop) of `slot` from another model's driver (its first L layers)."""
+        layers = self.geometry.dims.num_layers
+        self.keys[:, slot, :, start:stop] = source.keys[:layers, slot, :, start:stop]
+        self.values[:, slot, :, start:stop] = source.values[:layers, slot, :, start:stop]
+
     def run(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False, slots=None) -> np.ndarray:
         # input_ids: [B, T]; cache_len: [B] -> logits [B, T, V] ([B, 1, V] if last_only)
         slots = _slots(slots, len(input_ids))
@@ -154,6 +160,14 @@ class GqaDriver:
         kv = {name: buffer[:1].copy() for name, buffer in zip(self._names(), self.buffers)}
         return {"input_ids": input_ids, "cache_len": cache_len,
                 "logit_positions": np.arange(steps, dtype=np.int64), **kv}
+
+    def copy_kv(self, source: "GqaDriver", slot: int, start: int, stop: int) -> None:
+        """Positions [start, stop) of `slot` from another model's driver (its first L layers)."""
+        layers, theirs = self.geometry.dims.num_layers, source.geometry.dims.num_layers
+        for i in range(layers):
+            self.buffers[i][slot, :, start:stop] = source.buffers[i][slot, :, start:stop]
+            self.buffers[layers + i][slot, :, start:stop] = source.buffers[theirs + i][slot, :, start:stop]
+        self.written[slot] = max(int(self.written[slot]), stop)
 
     def run(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False, slots=None) -> np.ndarray:
         # input_ids: [B, T]; cache_len: [B] -> logits [B, T, V] ([B, 1, V] if last_only)

@@ -55,6 +55,14 @@ class Backend:
         self._reset(int(batch))
         self.batch = int(batch)
 
+    def takes_kv_from(self, source) -> bool:
+        """Whether `copy_kv(source, ...)` may stand in for this model computing its own KV (no by default)."""
+        return False
+
+    def copy_kv(self, source, slot: int, start: int, stop: int) -> None:
+        """Write positions [start, stop) of `slot` from `source`'s KV (only where takes_kv_from(source))."""
+        raise BackendError(f"the {self.name} backend does not copy KV between models", "draft without copying")
+
     def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False,
                 slots: np.ndarray | None = None) -> np.ndarray:
         """input_ids: [B, T] int64; cache_len: [B] int64; slots: [B] distinct slots -> logits [B, T or 1, V]."""

@@ -70,10 +70,12 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, backend, chunk: int, step_timer=None):
+    def __init__(self, backend, chunk: int, step_timer=None, kv_source=None):
         self.backend = backend
         self.chunk = chunk
         self.step_timer = step_timer  # told the seconds of every one-token draft step (or None)
+        # the target, where the draft may copy its committed KV instead of computing its own (takes_kv_from)
+        self.kv_source = kv_source if kv_source is not None and backend.takes_kv_from(kv_source) else None
 
     @staticmethod
     def _choose(logits: np.ndarray, row: Row, step: int):
@@ -89,6 +91,11 @@ class ModelDrafter:
         wanted = [row.active and lim > 0 for row, lim in zip(rows, limits)]
         if not any(wanted):
             return [EMPTY] * len(rows)
+        if self.kv_source is not None:  # the prompt and accepted tokens: copied from the target's committed KV
+            for row, w in zip(rows, wanted):
+                if w and row.draft_len < row.target_len:
+                    self.backend.copy_kv(self.kv_source, row.slot, row.draft_len, row.target_len)
+                    row.draft_len = row.target_len
         # catch the draft up on what it has not seen (the last round's bonus token, lookup rounds' tokens)
         pending = [row.tokens[row.draft_len :] if w else None for row, w in zip(rows, wanted)]
         logits = feed_chunks(self.backend, rows, pending, [row.draft_len for row in rows], self.chunk)  # [V] per row

@@ -176,7 +176,8 @@ class Generator:
         lookup = PromptLookupDrafter()
         model = None
         if self.draft is not None:
-            model = ModelDrafter(self.draft, self.manifest.defaults.max_prefill_chunk, self.gate.observe_draft_step)
+            model = ModelDrafter(self.draft, self.manifest.defaults.max_prefill_chunk, self.gate.observe_draft_step,
+                                 kv_source=self.target)
         drafters = {"prompt_lookup": lookup, "model": model, "auto": ChainDrafter(lookup, model)}
         return {kind: drafter for kind, drafter in drafters.items() if drafter is not None}
 

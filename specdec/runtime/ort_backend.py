@@ -50,6 +50,27 @@ class OrtBackend(Backend):
         self.driver = lowering.driver(self.session, self.entry.dims, self.max_seq_len, self.entry.kv_dtype)
         return self
 
+    def takes_kv_from(self, source) -> bool:
+        """A draft derived from the target (quantized, or its first layers) computes nearly or exactly the
+        target's KV for the same tokens, so the target's committed KV may stand in for its own: its prefill and
+        catch-ups then cost a copy, not a forward. Same lowering, KV dtype, heads, head size and S, no more
+        layers. Exactness never depends on it: acceptance uses the q the draft proposed."""
+        while hasattr(source, "backend"):  # Timed, Metered
+            source = source.backend
+        mine, theirs = self.entry, getattr(source, "entry", None)
+        return (isinstance(source, OrtBackend) and theirs is not None and theirs.role == "target"
+                and mine.role == "draft" and bool(mine.derived) and mine.lowering == theirs.lowering
+                and mine.kv_dtype == theirs.kv_dtype and mine.max_seq_len == theirs.max_seq_len
+                and (mine.dims.num_kv_heads, mine.dims.head_dim) == (theirs.dims.num_kv_heads, theirs.dims.head_dim)
+                and mine.dims.num_layers <= theirs.dims.num_layers)
+
+    def copy_kv(self, source, slot: int, start: int, stop: int) -> None:
+        while hasattr(source, "backend"):
+            source = source.backend
+        if not self.takes_kv_from(source):
+            super().copy_kv(source, slot, start, stop)
+        self.driver.copy_kv(source.driver, slot, start, stop)
+
     def _reset(self, batch: int) -> None:
         if self.driver is None:
             raise BackendError(f"the {self.entry.role} backend is closed", "open it again (specdec.load)")

@@ -146,7 +146,8 @@ class Engine:
         lookup, model = PromptLookupDrafter(), None
         if gen.draft is not None:
             metered = Metered(gen.draft, "draft", self.controller.observe_call)
-            model = ModelDrafter(metered, gen.manifest.defaults.max_prefill_chunk, gen.gate.observe_draft_step)
+            model = ModelDrafter(metered, gen.manifest.defaults.max_prefill_chunk, gen.gate.observe_draft_step,
+                                 kv_source=gen.target)
         drafters = {"prompt_lookup": lookup, "model": model, "auto": ChainDrafter(lookup, model)}
         return {kind: drafter for kind, drafter in drafters.items() if drafter is not None}
 
