@@ -131,7 +131,8 @@ class Engine:
         record = self.gen._gamma_record  # the bundle's γ calibration (a GammaRecord), or None
         self.controller = GoodputGamma(costs, defaults.gamma_max, self.options.speculation,
                                        self.options.gamma or defaults.gamma, (record.alphas if record else None) or 0.7,
-                                       gen.draft is not None)
+                                       gen.draft is not None,
+                                       gen.draft is not None and gen.draft.takes_kv_from(gen.target))
         self.loop = ServingLoop(Metered(gen.target, "target", self.controller.observe_call), self._drafters(),
                                 self.controller, defaults.max_prefill_chunk, manifest.tokenizer.eos_token_ids,
                                 StopStrings(gen.codec))

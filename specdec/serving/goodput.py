@@ -145,12 +145,13 @@ class GoodputGamma(GammaPolicy):
     mode: "adaptive" (goodput), "fixed" (always `fixed`), "off" (0)."""
 
     def __init__(self, costs: Costs, gamma_max: int, mode: str = "adaptive", fixed: int = 4,
-                 prior_alpha=0.7, has_model: bool = True):
+                 prior_alpha=0.7, has_model: bool = True, copies_kv: bool = False):
         self.costs = costs
         self.gamma_max = gamma_max
         self.mode = mode
         self.fixed = min(fixed, gamma_max)
         self.has_model = has_model
+        self.copies_kv = copies_kv  # the draft copies the target's KV: every catch-up is one T = 1 step
         self.acceptance = AdaptiveGamma(gamma_max, 1.0, prior_alpha, prior_weight=PRIOR_WEIGHT)  # its running α only
         self.gamma = 0 if mode == "off" else self.fixed
         self.goodput = {}  # (rows, speculating) -> [decayed tokens, decayed seconds] of whole rounds
@@ -174,7 +175,7 @@ class GoodputGamma(GammaPolicy):
         tokens = rows - drafting + drafting * (1.0 + float(gains.sum()))
         draft = 0.0
         if self.has_model:
-            pairs = 1.0 - (1.0 - float(gains[-1])) ** drafting  # some row catches up on two tokens
+            pairs = 0.0 if self.copies_kv else 1.0 - (1.0 - float(gains[-1])) ** drafting  # a row catches up on two
             catch_up = pairs * drafting * c.draft_pass[2] + (1.0 - pairs) * c.draft_step[drafting]
             draft = catch_up + (gamma - 1) * c.draft_step[drafting]
         seconds = draft + drafting * c.verify[gamma + 1] + c.target_step[rows - drafting] + host

@@ -29,6 +29,22 @@ def _costs(step_growth: float) -> Costs:
     return Costs(step, step / 3, np.asarray([0.0, step[1] / 3, step[1] / 2.5]), verify)
 
 
+def test_a_draft_that_copies_the_targets_kv_never_pays_a_two_token_catch_up():
+    costs = _costs(step_growth=0.15)
+    own = GoodputGamma(costs, GAMMA_MAX, prior_alpha=0.9)
+    copying = GoodputGamma(costs, GAMMA_MAX, prior_alpha=0.9, copies_kv=True)
+    for rows in (1, 4, 8):  # its catch-up is the batched T = 1 step; the other's is partly a T = 2 pass per row
+        tokens, seconds = copying.expected(rows, rows, 4)
+        assert tokens == own.expected(rows, rows, 4)[0]
+        assert seconds == pytest.approx(own.expected(rows, rows, 4)[1] - _pairs(rows, 0.9, 4) * (
+            rows * costs.draft_pass[2] - costs.draft_step[rows]))
+
+
+def _pairs(rows: int, alpha: float, gamma: int) -> float:
+    """The chance some of `rows` rows had all γ drafts accepted (the prior α is per position, conditional)."""
+    return 1.0 - (1.0 - alpha ** gamma) ** rows
+
+
 def test_controller_speculates_alone_and_stops_under_load_when_batching_pays():
     controller = GoodputGamma(_costs(step_growth=0.15), GAMMA_MAX, prior_alpha=0.9)
     assert controller.plan(rows=1, drafting=1) > 0
