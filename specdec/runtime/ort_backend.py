@@ -55,8 +55,7 @@ class OrtBackend(Backend):
         target's KV for the same tokens, so the target's committed KV may stand in for its own: its prefill and
         catch-ups then cost a copy, not a forward. Same lowering, KV dtype, heads, head size and S, no more
         layers. Exactness never depends on it: acceptance uses the q the draft proposed."""
-        while hasattr(source, "backend"):  # Timed, Metered
-            source = source.backend
+        source = _unwrapped(source)
         mine, theirs = self.entry, getattr(source, "entry", None)
         return (isinstance(source, OrtBackend) and theirs is not None and theirs.role == "target"
                 and mine.role == "draft" and bool(mine.derived) and mine.lowering == theirs.lowering
@@ -65,8 +64,7 @@ class OrtBackend(Backend):
                 and mine.dims.num_layers <= theirs.dims.num_layers)
 
     def copy_kv(self, source, slot: int, start: int, stop: int) -> None:
-        while hasattr(source, "backend"):
-            source = source.backend
+        source = _unwrapped(source)
         if not self.takes_kv_from(source):
             super().copy_kv(source, slot, start, stop)
         self.driver.copy_kv(source.driver, slot, start, stop)
@@ -82,3 +80,10 @@ class OrtBackend(Backend):
     def close(self) -> None:
         self.session = self.driver = None
         self.batch = 0
+
+
+def _unwrapped(backend):
+    """The backend inside its wrappers (Timed, Metered)."""
+    while hasattr(backend, "backend"):
+        backend = backend.backend
+    return backend
