@@ -13,14 +13,14 @@ every forward call (`Metered`; moving averages whose first observations weigh mo
 
 The model picks the γ > 0 to speculate with; whether to speculate at all is decided by **measured** goodput: tokens
 per second of whole engine rounds (host work and text delivery included), kept per (rows the round had, plain or
-speculative) as decayed sums. The load a plan goes by is the number of active rows smoothed over rounds
-(LOAD_EMA): under a steady load of C clients the batch dips below C between one request and the next, and following
-every dip would switch to speculation and back, each switch costing the draft a catch-up on every row. Where only one side is
-measured yet, the model decides. After EXPLORE_EVERY rounds at a load, a run of EXPLORE_RUN rounds re-measures the other side; the interval
-doubles each time the run confirms the choice (a speculative run after plain ones costs the draft's catch-up on
-every token it missed, about a prefill per row), and speculation is explored only where a high acceptance
-(OPTIMISTIC_ALPHA) would make the model expect it to win. That first catching-up round is not counted in the
-speculative goodput: it is the price of exploring, not of speculating. Speculation's gain only falls as rows are
+speculative) as decayed sums. The load a plan goes by is the number of active rows smoothed over rounds (LOAD_EMA):
+under a steady load of C clients the batch dips below C between one request and the next, and following every dip
+would switch to speculation and back, each switch costing the draft a catch-up on every row. Where only one side is
+measured yet, the model decides. After EXPLORE_EVERY rounds at a load, a run of EXPLORE_RUN rounds re-measures the
+other side; the interval doubles each time the run confirms the choice (a speculative run after plain ones costs the
+draft's catch-up on every token it missed, about a prefill per row), and speculation is explored only where a high
+acceptance (OPTIMISTIC_ALPHA) would make the model expect it to win. That first catching-up round is not counted in
+the speculative goodput: it is the price of exploring, not of speculating. Speculation's gain only falls as rows are
 added (plain decoding's batched step is sublinear in the rows, verification runs per row), so a load where both
 sides are measured (`settled`) speaks for others (`implied`): plain ahead there means plain above it, with no
 re-measuring of speculation up there (each would cost every row a catch-up), and speculation ahead means speculation
