@@ -23,8 +23,9 @@ setup: $(STAMP)
 $(BUNDLE)/manifest.json: $(STAMP)
 	$(VENV)/bin/specdec-export --out $(BUNDLE) --overwrite
 
-# the measured best draft on this CPU: the target's exact INT4 copy on its GGUF's Q4_1 grid, its LM head trimmed to the
-# 24576 tokens the target emits most on the calibration text (README, Performance)
+# the measured best draft on this CPU: the target's INT4 copy on its GGUF's Q4_1 grid (the float minimum as residual
+# rows, --q41-minimum rows), its LM head trimmed to the 24576 tokens the target emits most on the calibration text
+# (README, Performance)
 $(DEMO_BUNDLE)/manifest.json: $(BUNDLE)/manifest.json
 	$(VENV)/bin/specdec calibrate quantize $(BUNDLE) --method int4-q41 --head-tokens 24576 --out $(DEMO_BUNDLE) --overwrite
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.calibration.data import DataConfig
+from specdec.calibration.q41 import MINIMUMS
 from specdec.errors import ConfigError, missing_dependency
 from specdec.lowering import lowering_for
 
@@ -49,6 +50,7 @@ class QuantizeConfig:
     verify_len: int = 5  # T of the verify-shaped calibration feeds (γ + 1)
     accuracy_level: int = ACCURACY_LEVEL  # MatMulNBits compute: 4 = int8 (fast on x86), 1 = fp32 (exact)
     head_tokens: int = 0  # int4-q41 drafts: an LM head over this many tokens (0: the whole vocabulary)
+    q41_minimum: str | None = None  # int4-q41: "rows" (None: the default) or "exact" (specdec.calibration.q41)
     progress: bool = False
 
     def __post_init__(self):
@@ -71,6 +73,9 @@ class QuantizeConfig:
             raise ConfigError(f"--head-tokens {self.head_tokens} with {self.method} for the {self.role}",
                               "a trimmed LM head is for int4-q41 drafts only (--method int4-q41 --role draft), "
                               "and counts tokens (>= 1)")
+        if self.q41_minimum is not None and (self.method != "int4-q41" or self.q41_minimum not in MINIMUMS):
+            raise ConfigError(f"--q41-minimum {self.q41_minimum} with {self.method}",
+                              f"it is for --method int4-q41 only, one of {', '.join(MINIMUMS)}")
 
     @property
     def precision(self) -> str:
@@ -120,7 +125,8 @@ def _int4(source: Path, dest: Path, config: QuantizeConfig, reader, head_keep=No
     if config.method == "int4-q41":
         from specdec.calibration.q41 import q41_from_onnx
 
-        return q41_from_onnx(source, dest, config.progress, config.accuracy_level, head_keep=head_keep)
+        return q41_from_onnx(source, dest, config.progress, config.accuracy_level, head_keep=head_keep,
+                             minimum=config.q41_minimum or MINIMUMS[0])
     algo = None
     if config.method == "int4-hqq":
         algo = nbits.HQQWeightOnlyQuantConfig(block_size=BLOCK, bits=4)

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from specdec.calibration.bundle_io import SOURCES
-from specdec.calibration.quantize import BACKENDS, METHODS, ROLES
+from specdec.calibration.quantize import BACKENDS, METHODS, MINIMUMS, ROLES
 
 
 def _add_data_args(parser: argparse.ArgumentParser, seq_len: int, samples: int) -> None:
@@ -34,6 +34,10 @@ def add_calibrate_parser(commands) -> None:
     quantize.add_argument("--head-tokens", type=int, default=0,
                           help="int4-q41 draft: LM head over the N tokens the target most often emits on the "
                                "calibration text (default 0: every token)")
+    quantize.add_argument("--q41-minimum", choices=MINIMUMS, default=None,
+                          help="int4-q41: how the Q4_1 float minimum is added back: rows (default: 4-bit rows of the "
+                               "same MatMulNBits, fed the activations' block sums; faster) or exact (an fp32 "
+                               "correction MatMul and Add: the weights bit for bit)")
     quantize.add_argument("--verify-len", type=int, default=5, help="T of verify-shaped calibration feeds (default 5)")
     quantize.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     _add_data_args(quantize, 64, 16)
@@ -86,7 +90,7 @@ def run_quantize(args) -> int:
 
     config = QuantizeConfig(method=args.method, role=args.role, backend=args.backend, data=_data(args),
                             verify_len=args.verify_len, accuracy_level=args.accuracy_level,
-                            head_tokens=args.head_tokens,
+                            head_tokens=args.head_tokens, q41_minimum=args.q41_minimum,
                             progress=sys.stderr.isatty() or args.verbose)
     out = quantized_bundle(args.bundle, args.out, config, overwrite=args.overwrite, source=args.source)
     print(f"wrote bundle {out} ({args.role} = {args.source} quantized with {args.method})", file=sys.stderr)

@@ -19,8 +19,10 @@ def _run(argv):
 
 def test_quantize_report_and_gamma(int4_bundle, tmp_path, capsys):
     out = tmp_path / "q41"
-    assert _run(["calibrate", "quantize", str(int4_bundle), "--method", "int4-q41", "--out", str(out)]) == 0
-    assert read_manifest(out).draft.derived == "int4-q41"
+    assert _run(["calibrate", "quantize", str(int4_bundle), "--method", "int4-q41", "--out", str(out),
+                 "--q41-minimum", "exact"]) == 0
+    draft = read_manifest(out).draft
+    assert draft.derived == "int4-q41" and draft.calibration.details["minimum"] == "exact"
     table = tmp_path / "report.md"
     assert _run(["calibrate", "report", str(out), "--reference", str(int4_bundle), "--out", str(table), "--csv",
                  str(tmp_path / "r.csv"), "--seq-len", "16", "--max-new-tokens", "12", "--prompt", "Once upon"]) == 0
@@ -41,6 +43,10 @@ def test_errors_print_a_hint_and_exit_1(int4_bundle, tmp_path, capsys):
     assert _run(["calibrate", "quantize", str(int4_bundle), "--method", "int4-rtn", "--backend", "tensorrt",
                  "--out", str(tmp_path / "o")]) == 1
     assert "not supported by the tensorrt back end" in capsys.readouterr().err
+    assert _run(["calibrate", "quantize", str(int4_bundle), "--method", "int4-rtn", "--q41-minimum", "exact",
+                 "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "--q41-minimum exact with int4-rtn" in err and "Hint: it is for --method int4-q41" in err
 
 
 def test_source_draft_of_a_bundle_without_draft_is_refused(bundle_copy, tmp_path, capsys):

@@ -85,25 +85,57 @@ def _single_matmul(path, weight):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
 
 
-def test_q41_grid_weight_is_reproduced_exactly(tmp_path):
-    rng = np.random.default_rng(0)
-    k, n = 64, 24
+def _q41_grid_weight(rng, k: int, n: int) -> np.ndarray:
     scale = rng.uniform(0.01, 0.1, (k // 32, 1, n)).astype(np.float32)
     low = rng.uniform(-0.5, 0.0, (k // 32, 1, n)).astype(np.float32)
     codes = rng.integers(0, 16, (k // 32, 32, n))
     codes[:, 0], codes[:, 1] = 0, 15  # each block spans its whole grid, as a Q4_1 block does
-    weight = (codes * scale + low).reshape(k, n).astype(np.float32)
+    return (codes * scale + low).reshape(k, n).astype(np.float32)
+
+
+def test_q41_grid_weight_is_reproduced_exactly(tmp_path):
+    """minimum="exact": the fp32 correction MatMul keeps the float minimum, so x @ W comes back to fp32 rounding."""
+    rng = np.random.default_rng(0)
+    k, n = 64, 24
+    weight = _q41_grid_weight(rng, k, n)
     assert q41_from_weight(weight)["grid_error"] < 1e-3
     _single_matmul(tmp_path / "fp32.onnx", weight)
-    stats = q41_from_onnx(tmp_path / "fp32.onnx", tmp_path / "q41" / "model.onnx", accuracy_level=1)
-    assert stats == {"quantized": 1, "on_grid": 1, "max_grid_error": stats["max_grid_error"]}
+    stats = q41_from_onnx(tmp_path / "fp32.onnx", tmp_path / "q41" / "model.onnx", accuracy_level=1, minimum="exact")
+    assert stats == {"quantized": 1, "on_grid": 1, "max_grid_error": stats["max_grid_error"], "minimum": "exact",
+                     "max_minimum_error": 0.0}
     x = rng.standard_normal((2, 3, k)).astype(np.float32)
     session = ort.InferenceSession(str(tmp_path / "q41" / "model.onnx"), providers=["CPUExecutionProvider"])
     got = session.run(None, {"x": x})[0]
     assert np.abs(got - x @ weight).max() <= 1e-5 * np.abs(x @ weight).max()
 
 
-def test_q41_fuses_matmuls_that_share_an_input(tmp_path):
+def test_q41_minimum_as_rows_of_the_same_matmulnbits(tmp_path):
+    """minimum="rows": one MatMulNBits over [x, blocksum(x)] (no correction MatMul or Add); the residual minimum is
+    held to half a step of its column's 4-bit scale, so x @ W differs from the exact product by at most
+    sum_b |blocksum_b| * max|r| / 14, and by far less than dropping the residual would."""
+    rng = np.random.default_rng(3)
+    k, n = 96, 24  # nb = 3 block sums: a partial last block of MatMulNBits' inputs
+    weight = _q41_grid_weight(rng, k, n)
+    q = q41_from_weight(weight)
+    _single_matmul(tmp_path / "fp32.onnx", weight)
+    stats = q41_from_onnx(tmp_path / "fp32.onnx", tmp_path / "q41" / "model.onnx", accuracy_level=1)
+    assert (stats["minimum"], stats["on_grid"]) == ("rows", 1) and stats["max_minimum_error"] > 0
+    graph = onnx.load(str(tmp_path / "q41" / "model.onnx")).graph
+    assert [node.op_type for node in graph.node] == ["Reshape", "ReduceSum", "Concat", "MatMulNBits"]
+    assert {a.name: a.i for a in graph.node[-1].attribute}["K"] == k + k // 32
+    x = rng.standard_normal((2, 3, k)).astype(np.float32)
+    session = ort.InferenceSession(str(tmp_path / "q41" / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": x})[0]
+    sums = x.reshape(2, 3, k // 32, 32).sum(axis=-1)  # [2, 3, nb]
+    bound = np.abs(sums).sum(axis=-1, keepdims=True) * np.abs(q["residual"]).max(axis=0) / 14  # [2, 3, N]
+    error = np.abs(got - x @ weight)
+    assert (error <= bound * 1.001 + 1e-5).all()
+    without = np.abs(sums @ q["residual"])  # what leaving the residual out would cost
+    assert error.mean() < 0.2 * without.mean()
+
+
+@pytest.mark.parametrize("minimum", ["rows", "exact"])
+def test_q41_fuses_matmuls_that_share_an_input(tmp_path, minimum):
     """q/k/v-like MatMuls over one input become one MatMulNBits and a Split, with the same outputs as one by one."""
     rng = np.random.default_rng(2)
     k, widths = 64, (16, 8, 8)
@@ -118,10 +150,12 @@ def test_q41_fuses_matmuls_that_share_an_input(tmp_path):
     outputs = {}
     for fuse in (True, False):
         dest = tmp_path / f"fuse{fuse}" / "model.onnx"
-        stats = q41_from_onnx(tmp_path / "three.onnx", dest, accuracy_level=1, fuse=fuse)
+        stats = q41_from_onnx(tmp_path / "three.onnx", dest, accuracy_level=1, fuse=fuse, minimum=minimum)
         assert stats["quantized"] == 3
         ops = [node.op_type for node in onnx.load(str(dest)).graph.node]
         assert ops.count("MatMulNBits") == (1 if fuse else 3) and ops.count("Split") == (1 if fuse else 0)
+        assert ops.count("ReduceSum") == 1 and ops.count("Concat") == (minimum == "rows")  # one per input
+        assert ops.count("MatMul") == (0 if minimum == "rows" else ops.count("MatMulNBits"))
         session = ort.InferenceSession(str(dest), providers=["CPUExecutionProvider"])
         outputs[fuse] = session.run(None, {"x": x})
     for fused, single in zip(outputs[True], outputs[False]):
