@@ -4,10 +4,11 @@ round by round so machine drift shows.
 
     python benchmarks/decode_vs_ortgenai.py bundles/smollm2-q41        # after benchmarks/peers/setup.sh
     python benchmarks/decode_vs_ortgenai.py bundles/smollm2-q41 --sides specdec:draft,ortgenai:int4 --rounds 3
+    python benchmarks/decode_vs_ortgenai.py B --sides specdec:draft,specdec:draft@B2,ortgenai:int4   # two drafts
 
 Sides: specdec:target and specdec:draft (one forward per token, the runtime's backend and session options),
 ortgenai:fp32 and ortgenai:int4 (its model builder's graphs, `generate_next_token`, the settings setup.sh writes
-into genai_config.json). Each side: a fixed random prompt of L tokens is prefilled (timed), then 16 tokens are
+into genai_config.json); `specdec:ROLE@BUNDLE` takes that model of another bundle. Each side: a fixed random prompt of L tokens is prefilled (timed), then 16 tokens are
 decoded one at a time (median ms per token). A table row per side: min / median over the rounds. Prints
 markdown; asserts nothing (not a test).
 """
@@ -77,7 +78,9 @@ def run_ortgenai(model_dir: str) -> dict:
 
 
 def child(side: str, bundle: str) -> None:
-    system, which = side.split(":")
+    system, which = side.split(":", 1)
+    which, _, other = which.partition("@")
+    bundle = other or bundle
     if system == "specdec":
         def run():
             return run_specdec(bundle, which)
