@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.lowering import lowering_for
 from specdec.manifest import read_manifest
 from specdec.runtime.backend import session_options
 from specdec.runtime.ort_backend import OrtBackend
@@ -31,7 +32,9 @@ def profiled_backend(bundle: Path, entry, prefix: str, threads: int | None = Non
     options.enable_profiling = True
     options.profile_file_prefix = prefix
     backend.session = ort.InferenceSession(str(bundle / entry.onnx_path), options, providers=["CPUExecutionProvider"])
-    backend.rows = []  # the gqa backend binds per session: bind again
+    # the lowering's driver runs the session (and binds its KV): a new driver for the profiled one
+    backend.driver = lowering_for(entry.lowering).driver(backend.session, entry.dims, backend.max_seq_len,
+                                                         entry.kv_dtype)
     backend.reset(1)
     return backend
 
