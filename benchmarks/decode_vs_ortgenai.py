@@ -8,9 +8,9 @@ round by round so machine drift shows.
 
 Sides: specdec:target and specdec:draft (one forward per token, the runtime's backend and session options),
 ortgenai:fp32 and ortgenai:int4 (its model builder's graphs, `generate_next_token`, the settings setup.sh writes
-into genai_config.json); `specdec:ROLE@BUNDLE` takes that model of another bundle. Each side: a fixed random prompt of L tokens is prefilled (timed), then 16 tokens are
-decoded one at a time (median ms per token). A table row per side: min / median over the rounds. Prints
-markdown; asserts nothing (not a test).
+into genai_config.json); `specdec:ROLE@BUNDLE` takes that model of another bundle. Each side: a fixed random
+prompt of L tokens is prefilled (timed), then 16 tokens are decoded one at a time (median ms per token). A table
+row per side: min / median over the rounds. Prints markdown; asserts nothing (not a test).
 """
 from __future__ import annotations
 
