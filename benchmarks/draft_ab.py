@@ -13,24 +13,22 @@ is shared, so read the ratios within one run.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+from specdec.bench.prompts import read_prompts
 from specdec.runtime import load
 from specdec.runtime.config import GenerationConfig
 
-CLASSES = ("chat", "code", "rewrite", "story", "summarize")
-
 
 def prompts(folder: Path, per_class: int) -> list:
-    """Prompts 6, 7, ... of each class (the ones the issue's measurements used), with their chat flag."""
+    """Prompts 6, 7, ... of each class (the ones the issue's measurements used), as (text, chat)."""
+    every = read_prompts(folder)
     chosen = []
-    for cls in CLASSES:
-        lines = [json.loads(line) for line in (folder / f"{cls}.jsonl").read_text().splitlines() if line.strip()]
-        chosen += [(item["prompt"], bool(item.get("chat", True))) for item in lines[5:5 + per_class]]
+    for cls in dict.fromkeys(p.cls for p in every):
+        chosen += [(p.text, p.chat) for p in every if p.cls == cls][5:5 + per_class]
     return chosen
 
 

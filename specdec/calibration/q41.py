@@ -11,8 +11,8 @@ Two ways to add it (`minimum`):
 - "rows" (default): the block sums go after x as K/32 more inputs of the same MatMulNBits, whose extra rows hold r
   in 4 bits (symmetric, one scale per 32 rows of a column): x_aug = Concat(x, blocksum(x)), one kernel per weight.
   r is then held to within max|r| / 14 of its column's extra block; the codes and scales of W stay exact. On 2
-  AMD EPYC cores the draft step took 13 % less than with "exact" (in-process median), top-1 agreement fell from
-  0.971 to 0.954 and whole requests ran 3-4 % faster (README, Performance).
+  AMD EPYC cores the draft step's minimum fell 8-11 % against "exact", top-1 agreement from 0.971 to 0.954, and
+  whole requests ran 3-4 % faster (README, Performance).
 - "exact": a small fp32 MatMul blocksum(x) @ r and an Add after MatMulNBits: the weights bit for bit, 2 more
   nodes per weight.
 
@@ -94,8 +94,7 @@ def _block_sums(x: str, k: int, base: str, add_init, helper) -> tuple:
                              name=f"{base}_blocksum", keepdims=0)], f"{base}_blocksum"
 
 
-def _replace(node, weight: np.ndarray, sums: dict, add_init, helper, accuracy_level: int,
-             minimum: str = "rows") -> tuple:
+def _replace(node, weight: np.ndarray, sums: dict, add_init, helper, accuracy_level: int, minimum: str) -> tuple:
     """(nodes that replace MatMul(x, W), grid error, error of the residual rows or 0). rows: [block sums and
     Concat(x, block sums) (first use of x)], MatMulNBits over K + nb. exact: [block sums (first use)], MatMulNBits,
     correction MatMul, Add."""
