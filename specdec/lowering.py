@@ -138,7 +138,6 @@ class GqaDriver:
             import onnxruntime as ort
 
             binding = self.session.io_binding()
-            binding.bind_output("logits", "cpu")  # first, so get_outputs()[0] is the logits
             for name, buffer in zip(self._names(), self.buffers):
                 value = ort.OrtValue.ortvalue_from_numpy(buffer[rows])  # a view: the op writes the buffer
                 binding.bind_ortvalue_input(name, value)
@@ -147,12 +146,15 @@ class GqaDriver:
         return binding
 
     def _run(self, binding, ids: np.ndarray, cache_len: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        # The logits go straight into a new array bound as the output: no OrtValue wrappers for the 2L KV outputs
+        # (get_outputs() builds one per output, about 0.4 ms a call at L = 30), and no copy.
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("cache_len", cache_len)
         binding.bind_cpu_input("logit_positions", positions)
-        binding.bind_output("logits", "cpu")  # re-bound: its shape changes with N; it keeps output slot 0
+        logits = np.empty((len(ids), len(positions), self.geometry.dims.vocab_size), np.float32)
+        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
+        return logits
 
     def feeds(self, input_ids: np.ndarray, cache_len: np.ndarray) -> dict:
         """The inputs of a one-row call on slot 0, with copies of its KV (calibration keeps them)."""
@@ -178,8 +180,8 @@ class GqaDriver:
         if steps == 1 and rows > 1:
             return self._run_batched(input_ids, cache_len, slots, positions)
         out = [self._run(self._binding(("row", int(s)), slice(s, s + 1)), input_ids[b : b + 1], cache_len[b : b + 1],
-                         positions)[0] for b, s in enumerate(slots.tolist())]
-        return np.stack(out)
+                         positions) for b, s in enumerate(slots.tolist())]
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def _run_batched(self, input_ids, cache_len, slots, positions) -> np.ndarray:
         count = int(slots.max()) + 1
