@@ -16,7 +16,7 @@ peer_gamma=${PEER_GAMMA:-4}
 mkdir -p "$out"
 log() { echo "[suite $(date +%T)] $*" >&2; }
 
-log "specdec bench: target-only, model (γ sweep $gammas), prompt_lookup, auto"
+log "specdec bench: target-only, model and auto (γ sweep $gammas), prompt_lookup"
 "$python" -m specdec.cli bench "$bundle" --out "$out" --per-class "$per_class" --new-tokens "$tokens" --repeats 1 \
   --gammas "$gammas" --no-progress
 log "peer: onnxruntime-genai"

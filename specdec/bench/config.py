@@ -31,7 +31,7 @@ class BenchConfig:
     warmup: int = 1  # warm-up requests per mode, not recorded
     seed: int = 0
     drafters: tuple = ("model", "prompt_lookup", "auto")
-    gammas: tuple = (1, 2, 4, 6, 8)  # γ sweep of the model drafter
+    gammas: tuple = (1, 2, 4, 6, 8)  # γ sweep of the model and auto drafters
     policies: tuple = ()  # γ policies of the model drafter besides fixed: "adaptive", "heuristic"
     temperature: float = 0.0
     threads: int | None = None
@@ -71,16 +71,19 @@ class BenchConfig:
 
 
 def plan_modes(config: BenchConfig, has_draft: bool, gamma_default: int, gamma_max: int) -> list:
-    """Target-only, each drafter at the bundle's γ, and the model drafter's γ sweep (γ ≤ γ_max)."""
+    """Target-only, each drafter at the bundle's γ, and the γ sweep (γ ≤ γ_max) of the drafters that run the draft
+    model: model and auto (the default drafter, whose best γ need not be the model's)."""
     modes = [Mode(BASELINE, "none")]
     for drafter in config.drafters:
         if drafter == "model" and not has_draft:
             continue
         modes.append(Mode(f"{drafter} γ={gamma_default}", drafter, gamma_default))
-    if has_draft and "model" in config.drafters:
+    swept = [d for d in ("model", "auto") if d in config.drafters] if has_draft else []
+    for drafter in swept:
         for gamma in config.gammas:
             if gamma != gamma_default and gamma <= gamma_max:
-                modes.append(Mode(f"model γ={gamma}", "model", gamma))
+                modes.append(Mode(f"{drafter} γ={gamma}", drafter, gamma))
+    if "model" in swept:
         for policy in config.policies:
             modes.append(Mode(f"model {policy} γ from {gamma_default}", "model", gamma_default, policy))
     return modes

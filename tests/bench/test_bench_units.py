@@ -23,8 +23,12 @@ def test_prediction_is_design_formula_when_every_round_drafts_gamma():
 def test_plan_and_rotation(tmp_path):
     config = BenchConfig(bundle=str(tmp_path), out=str(tmp_path / "o"), gammas=(1, 4, 9))
     modes = plan_modes(config, has_draft=True, gamma_default=4, gamma_max=8)
-    assert [m.name for m in modes] == [BASELINE, "model γ=4", "prompt_lookup γ=4", "auto γ=4", "model γ=1"]
+    assert [m.name for m in modes] == [BASELINE, "model γ=4", "prompt_lookup γ=4", "auto γ=4", "model γ=1",
+                                       "auto γ=1"]  # γ = 9 is past γ_max
+    assert [(m.drafter, m.gamma) for m in modes[-2:]] == [("model", 1), ("auto", 1)]
     assert [m.name for m in plan_modes(config, False, 4, 8)] == [BASELINE, "prompt_lookup γ=4", "auto γ=4"]
+    only_auto = BenchConfig(bundle=str(tmp_path), out=str(tmp_path / "o"), drafters=("auto",), gammas=(8,))
+    assert [m.name for m in plan_modes(only_auto, True, 4, 8)] == [BASELINE, "auto γ=4", "auto γ=8"]
     assert rotated([1, 2, 3], 1) == [2, 3, 1] and rotated([1, 2, 3], 3) == [1, 2, 3]
 
 
