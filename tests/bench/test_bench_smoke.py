@@ -46,9 +46,10 @@ def test_requests_table(quick_run):
     requests = pl.read_parquet(quick_run / "requests.parquet")
     assert list(requests.columns) == list(COLUMNS)
     modes = requests["mode"].unique().to_list()
-    # target-only, model γ=3 (the bundle's), prompt_lookup, auto, the sweep's γ = 1, 2, adaptive and heuristic γ
-    assert len(modes) == 8 and BASELINE in modes
-    assert {"model adaptive γ from 3", "model heuristic γ from 3"} <= set(modes)
+    # target-only, model γ=3 (the bundle's), prompt_lookup, auto, the sweep's γ = 1, 2 for model and for auto,
+    # adaptive and heuristic γ
+    assert len(modes) == 10 and BASELINE in modes
+    assert {"model adaptive γ from 3", "model heuristic γ from 3", "auto γ=1", "auto γ=2"} <= set(modes)
     assert requests.height == len(modes) * len(CLASSES)  # one repeat, the shortest prompt of each class
     assert set(requests["cls"].to_list()) == CLASSES
     assert (requests["status"] == "ok").all()
@@ -61,7 +62,7 @@ def test_requests_table(quick_run):
 
 def test_summary_outputs(quick_run):
     summary = pl.read_parquet(quick_run / "summary.parquet")
-    assert summary.height == 8  # one row per mode
+    assert summary.height == 10  # one row per mode
     for column in ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_p50_ms", "speedup", "predicted_speedup",
                    "alpha", "cost_ratio", "identical", "token_agreement"):
         assert column in summary.columns
