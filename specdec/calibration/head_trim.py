@@ -5,7 +5,7 @@ A draft whose head scores only the N tokens the target is most likely to emit re
 acceptance compares the target with the q the draft actually proposed (a token it cannot propose has q = 0, and a
 greedy draft is simply rejected where the target's choice lies outside its set). The graph keeps the vocabulary
 dimension: the trimmed logits are scattered back to [.., V] with a large negative value elsewhere, so the runtime
-and the manifest's I/O stay as they are, and the kept ids live in the graph (the Gather's index table).
+and the manifest's I/O stay as they are, and the kept ids live in the graph (the GatherElements' index table).
 
 Tokens are ranked by the target's probability mass summed over calibration text (teacher-forced, every position):
 the mass follows what the model emits, not only the few tokens the text happens to hold. Every token of the text

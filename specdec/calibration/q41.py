@@ -150,7 +150,7 @@ def _replace_head(node, weight: np.ndarray, add_init, helper, accuracy_level: in
     """Gemm(x, E, transB=1), the LM head over the tied embedding E [N, K] -> 8-bit MatMulNBits on the Q8_0 grid
     (SmolLM2's GGUF stores E as Q8_0, so the head stays exact). The embedding Gather keeps E. keep: sorted token ids
     [N'] of a trimmed head (specdec.calibration.head_trim): MatMulNBits over those rows only, then the scores go back
-    to [M, N] (Pad one HEAD_FILL column, Gather with each token's row, or the fill's). -> (nodes, error)"""
+    to [M, N] (Pad one HEAD_FILL column, GatherElements with each token's row, or the fill's). -> (nodes, error)"""
     n, k = weight.shape
     q = q8_0_from_weight(weight if keep is None else weight[keep])
     base = node.name or node.output[0]
@@ -163,15 +163,25 @@ def _replace_head(node, weight: np.ndarray, add_init, helper, accuracy_level: in
         accuracy_level=accuracy_level,
     )]
     if keep is not None:  # [M, N'] -> [M, N' + 1] -> [M, N]
-        rows = np.full(n, len(keep), np.int64)
+        # GatherElements with int32 indices expanded to [M, N]: 0.1 ms a call on 2 EPYC cores for 24,579 of 49,152
+        # tokens, where Gather along axis 1 (one copy per index) took 0.5 ms and ScatterElements 0.2 ms
+        rows = np.full(n, len(keep), np.int32)
         rows[keep] = np.arange(len(keep))
         add_init(f"{base}_pads", np.array([0, 0, 0, 1], np.int64))
         add_init(f"{base}_fill", np.array(HEAD_FILL, np.float32))
-        add_init(f"{base}_rows", rows)
-        nodes.append(helper.make_node("Pad", [scored[0], f"{base}_pads", f"{base}_fill"], [f"{base}_padded"],
-                                      name=f"{base}_pad", mode="constant"))
-        nodes.append(helper.make_node("Gather", [f"{base}_padded", f"{base}_rows"], list(node.output),
-                                      name=f"{base}_scatter", axis=1))
+        add_init(f"{base}_rows", rows[None, :])
+        add_init(f"{base}_first", np.array([0], np.int64))
+        add_init(f"{base}_vocab", np.array([n], np.int64))
+        nodes += [
+            helper.make_node("Pad", [scored[0], f"{base}_pads", f"{base}_fill"], [f"{base}_padded"],
+                             name=f"{base}_pad", mode="constant"),
+            helper.make_node("Shape", [scored[0]], [f"{base}_shape"], name=f"{base}_shape"),
+            helper.make_node("Gather", [f"{base}_shape", f"{base}_first"], [f"{base}_m"], name=f"{base}_m", axis=0),
+            helper.make_node("Concat", [f"{base}_m", f"{base}_vocab"], [f"{base}_full"], name=f"{base}_full", axis=0),
+            helper.make_node("Expand", [f"{base}_rows", f"{base}_full"], [f"{base}_index"], name=f"{base}_index"),
+            helper.make_node("GatherElements", [f"{base}_padded", f"{base}_index"], list(node.output),
+                             name=f"{base}_scatter", axis=1),
+        ]
     return nodes, q["grid_error"]
 
 
