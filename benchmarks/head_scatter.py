@@ -4,9 +4,10 @@
 
 The trimmed head (specdec.calibration.q41._replace_head) scores N' of V tokens; the graph must still return [M, V]
 logits with a large negative value for the tokens it did not score. Forms, each one small onnxruntime graph on the
-runtime's session options: Pad one fill column + Gather along axis 1 (the form before GatherElements), Pad +
-GatherElements with int64 or int32 indices expanded to [M, V] (the bundle's form: int32), ScatterElements into a
-filled [M, V], and numpy fancy indexing outside the graph for scale. Every form is checked equal to the first.
+runtime's session options: the bundle's own form (specdec.calibration.q41.scatter_back: Pad one fill column +
+GatherElements with int32 indices expanded to [M, V]), Pad + Gather along axis 1 (the form before it),
+ScatterElements into a filled [M, V], and numpy fancy indexing outside the graph for scale. Every form is checked
+equal to the numpy form.
 Prints a markdown table of microseconds per call (min, median). Not a test: the machine is shared.
 """
 from __future__ import annotations
@@ -18,9 +19,9 @@ import time
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from specdec.calibration.q41 import HEAD_FILL as FILL, scatter_back
 from specdec.runtime.backend import session_options
 
-FILL = -1e30
 
 
 def _graph(nodes: list, inits: list, kept: int) -> bytes:
@@ -33,29 +34,27 @@ def forms(keep: np.ndarray, vocab: int) -> dict:
     kept = len(keep)
     rows = np.full(vocab, kept, np.int64)
     rows[keep] = np.arange(kept)
+    bundle_inits = []
+    bundle_nodes = scatter_back("k", "y", keep, vocab, "head", lambda name, value: bundle_inits.append(
+        numpy_helper.from_array(value, name)), helper)
     pad = [numpy_helper.from_array(np.array([0, 0, 0, 1], np.int64), "pads"),
-           numpy_helper.from_array(np.array(FILL, np.float32), "fill"),
-           numpy_helper.from_array(np.array([0], np.int64), "first"),
-           numpy_helper.from_array(np.array([vocab], np.int64), "vocab")]
-    full_shape = [helper.make_node("Shape", ["k"], ["shape"]),
-                  helper.make_node("Gather", ["shape", "first"], ["m"], axis=0),
-                  helper.make_node("Concat", ["m", "vocab"], ["full"], axis=0)]
-    out = {"Pad + Gather (axis 1)": _graph(
+           numpy_helper.from_array(np.array(FILL, np.float32), "fill")]
+    out = {"Pad + GatherElements (int32; the bundle's form)": _graph(bundle_nodes, bundle_inits, kept)}
+    out["Pad + Gather (axis 1; the form before)"] = _graph(
         [helper.make_node("Pad", ["k", "pads", "fill"], ["p"], mode="constant"),
          helper.make_node("Gather", ["p", "rows"], ["y"], axis=1)],
-        pad + [numpy_helper.from_array(rows, "rows")], kept)}
-    for dtype in (np.int64, np.int32):
-        out[f"Pad + GatherElements ({np.dtype(dtype).name})"] = _graph(
-            [helper.make_node("Pad", ["k", "pads", "fill"], ["p"], mode="constant"), *full_shape,
-             helper.make_node("Expand", ["rows", "full"], ["index"]),
-             helper.make_node("GatherElements", ["p", "index"], ["y"], axis=1)],
-            pad + [numpy_helper.from_array(rows[None].astype(dtype), "rows")], kept)
+        pad + [numpy_helper.from_array(rows, "rows")], kept)
     out["ScatterElements"] = _graph(
-        [*full_shape, helper.make_node("ConstantOfShape", ["full"], ["filled"],
-                                       value=numpy_helper.from_array(np.array([FILL], np.float32))),
-         helper.make_node("Shape", ["k"], ["kshape"]), helper.make_node("Expand", ["keep", "kshape"], ["index"]),
+        [helper.make_node("Shape", ["k"], ["kshape"]),
+         helper.make_node("Gather", ["kshape", "first"], ["m"], axis=0),
+         helper.make_node("Concat", ["m", "vocab"], ["full"], axis=0),
+         helper.make_node("ConstantOfShape", ["full"], ["filled"],
+                          value=numpy_helper.from_array(np.array([FILL], np.float32))),
+         helper.make_node("Expand", ["keep", "kshape"], ["index"]),
          helper.make_node("ScatterElements", ["filled", "index", "k"], ["y"], axis=1)],
-        pad + [numpy_helper.from_array(keep[None], "keep")], kept)
+        [numpy_helper.from_array(np.array([0], np.int64), "first"),
+         numpy_helper.from_array(np.array([vocab], np.int64), "vocab"),
+         numpy_helper.from_array(keep[None], "keep")], kept)
     return out
 
 

@@ -146,11 +146,35 @@ def q8_0_from_weight(weight: np.ndarray) -> dict:
 HEAD_FILL = -1e30  # logit of a token a trimmed head does not score: its probability is exactly 0 at any usable T
 
 
+def scatter_back(scored: str, output: str, keep: np.ndarray, vocab: int, base: str, add_init, helper) -> list:
+    """Nodes that put a trimmed head's scores [M, N'] (of the sorted token ids `keep`) back to [M, vocab], HEAD_FILL
+    for every other token: Pad one fill column, then GatherElements with each token's column (or the fill's), its
+    int32 index table expanded to [M, vocab]. 0.1 ms a call on 2 EPYC cores for 24,579 of 49,152 tokens, where Gather
+    along axis 1 (one copy per index) took 0.5 ms and ScatterElements 0.2 ms (benchmarks/head_scatter.py)."""
+    rows = np.full(vocab, len(keep), np.int32)
+    rows[keep] = np.arange(len(keep))
+    add_init(f"{base}_pads", np.array([0, 0, 0, 1], np.int64))
+    add_init(f"{base}_fill", np.array(HEAD_FILL, np.float32))
+    add_init(f"{base}_rows", rows[None, :])
+    add_init(f"{base}_first", np.array([0], np.int64))
+    add_init(f"{base}_vocab", np.array([vocab], np.int64))
+    return [
+        helper.make_node("Pad", [scored, f"{base}_pads", f"{base}_fill"], [f"{base}_padded"], name=f"{base}_pad",
+                         mode="constant"),
+        helper.make_node("Shape", [scored], [f"{base}_shape"], name=f"{base}_shape"),
+        helper.make_node("Gather", [f"{base}_shape", f"{base}_first"], [f"{base}_m"], name=f"{base}_m", axis=0),
+        helper.make_node("Concat", [f"{base}_m", f"{base}_vocab"], [f"{base}_full"], name=f"{base}_full", axis=0),
+        helper.make_node("Expand", [f"{base}_rows", f"{base}_full"], [f"{base}_index"], name=f"{base}_index"),
+        helper.make_node("GatherElements", [f"{base}_padded", f"{base}_index"], [output], name=f"{base}_scatter",
+                         axis=1),
+    ]
+
+
 def _replace_head(node, weight: np.ndarray, add_init, helper, accuracy_level: int, keep=None) -> tuple:
     """Gemm(x, E, transB=1), the LM head over the tied embedding E [N, K] -> 8-bit MatMulNBits on the Q8_0 grid
     (SmolLM2's GGUF stores E as Q8_0, so the head stays exact). The embedding Gather keeps E. keep: sorted token ids
     [N'] of a trimmed head (specdec.calibration.head_trim): MatMulNBits over those rows only, then the scores go back
-    to [M, N] (Pad one HEAD_FILL column, GatherElements with each token's row, or the fill's). -> (nodes, error)"""
+    to [M, N] (scatter_back). -> (nodes, error)"""
     n, k = weight.shape
     q = q8_0_from_weight(weight if keep is None else weight[keep])
     base = node.name or node.output[0]
@@ -162,27 +186,8 @@ def _replace_head(node, weight: np.ndarray, add_init, helper, accuracy_level: in
         name=f"{base}_Q8", domain="com.microsoft", K=k, N=len(q["scale"]), bits=8, block_size=BLOCK,
         accuracy_level=accuracy_level,
     )]
-    if keep is not None:  # [M, N'] -> [M, N' + 1] -> [M, N]
-        # GatherElements with int32 indices expanded to [M, N]: 0.1 ms a call on 2 EPYC cores for 24,579 of 49,152
-        # tokens, where Gather along axis 1 (one copy per index) took 0.5 ms and ScatterElements 0.2 ms
-        # (benchmarks/head_scatter.py)
-        rows = np.full(n, len(keep), np.int32)
-        rows[keep] = np.arange(len(keep))
-        add_init(f"{base}_pads", np.array([0, 0, 0, 1], np.int64))
-        add_init(f"{base}_fill", np.array(HEAD_FILL, np.float32))
-        add_init(f"{base}_rows", rows[None, :])
-        add_init(f"{base}_first", np.array([0], np.int64))
-        add_init(f"{base}_vocab", np.array([n], np.int64))
-        nodes += [
-            helper.make_node("Pad", [scored[0], f"{base}_pads", f"{base}_fill"], [f"{base}_padded"],
-                             name=f"{base}_pad", mode="constant"),
-            helper.make_node("Shape", [scored[0]], [f"{base}_shape"], name=f"{base}_shape"),
-            helper.make_node("Gather", [f"{base}_shape", f"{base}_first"], [f"{base}_m"], name=f"{base}_m", axis=0),
-            helper.make_node("Concat", [f"{base}_m", f"{base}_vocab"], [f"{base}_full"], name=f"{base}_full", axis=0),
-            helper.make_node("Expand", [f"{base}_rows", f"{base}_full"], [f"{base}_index"], name=f"{base}_index"),
-            helper.make_node("GatherElements", [f"{base}_padded", f"{base}_index"], list(node.output),
-                             name=f"{base}_scatter", axis=1),
-        ]
+    if keep is not None:
+        nodes += scatter_back(scored[0], node.output[0], keep, n, base, add_init, helper)
     return nodes, q["grid_error"]
 
 
