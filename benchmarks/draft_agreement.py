@@ -41,6 +41,18 @@ def continued(target, ids: list, steps: int) -> list:
     return out
 
 
+def add_prompt_args(parser: argparse.ArgumentParser, per_class: int, steps: int) -> None:
+    """--prompts, --per-class and --continue, shared by the scripts that replay the target's continuations."""
+    parser.add_argument("--prompts", type=Path, default=HERE / "prompts")
+    parser.add_argument("--per-class", type=int, default=per_class, help="prompts per class (0: all)")
+    parser.add_argument("--continue", dest="steps", type=int, default=steps, help="target's greedy tokens per prompt")
+
+
+def continuations(target, bundle: Path, args: argparse.Namespace) -> list:
+    """[(a prompt's ids + the target's greedy continuation of args.steps tokens, the prompt's length)]."""
+    return [(continued(target, ids, args.steps), len(ids)) for ids in prompt_ids(bundle, args.prompts, args.per_class)]
+
+
 def agreement(bundle: Path, prompts: list, steps: int) -> tuple[int, int]:
     manifest = read_manifest(bundle)
     target = OrtBackend(bundle, manifest.target).open()
@@ -60,9 +72,7 @@ def agreement(bundle: Path, prompts: list, steps: int) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundles", nargs="+", type=Path)
-    parser.add_argument("--prompts", type=Path, default=HERE / "prompts")
-    parser.add_argument("--per-class", type=int, default=0, help="prompts per class (0: all)")
-    parser.add_argument("--continue", dest="steps", type=int, default=64, help="target's greedy tokens per prompt")
+    add_prompt_args(parser, per_class=0, steps=64)
     args = parser.parse_args()
     lines = ["| bundle | draft | positions | top-1 agreement |", "|---|---|---|---|"]
     for bundle in args.bundles:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draft_agreement import HERE, continued, prompt_ids
+from draft_agreement import add_prompt_args, continuations
 from specdec.manifest import read_manifest
 from specdec.runtime.ort_backend import OrtBackend
 
@@ -84,9 +84,7 @@ def replay(match: list, confidence: list, gamma_max: int, threshold: float, r: n
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path)
-    parser.add_argument("--prompts", type=Path, default=HERE / "prompts")
-    parser.add_argument("--per-class", type=int, default=4)
-    parser.add_argument("--continue", dest="steps", type=int, default=128)
+    add_prompt_args(parser, per_class=4, steps=128)
     parser.add_argument("--gammas", default="2,3,4,6,8,10")
     parser.add_argument("--cache-len", type=int, default=200)
     parser.add_argument("--calls", type=int, default=10)
@@ -95,8 +93,7 @@ def main() -> None:
     manifest = read_manifest(args.bundle)
     target = OrtBackend(args.bundle, manifest.target).open()
     draft = OrtBackend(args.bundle, manifest.draft).open()
-    sequences = [(continued(target, ids, args.steps), len(ids))
-                 for ids in prompt_ids(args.bundle, args.prompts, args.per_class)]
+    sequences = continuations(target, args.bundle, args)
     match, confidence = observe(target, draft, sequences)
     r, c = costs(target, draft, args.cache_len, max(gammas) + 1, args.calls)
     hits, sure = np.concatenate(match), np.concatenate(confidence)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draft_agreement import HERE, continued, prompt_ids
+from draft_agreement import add_prompt_args, continuations
 from specdec.manifest import read_manifest
 from specdec.runtime.ort_backend import OrtBackend
 
@@ -28,9 +28,7 @@ def argmaxes(model, sequences: list, torch) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path)
-    parser.add_argument("--prompts", type=Path, default=HERE / "prompts")
-    parser.add_argument("--per-class", type=int, default=2)
-    parser.add_argument("--continue", dest="steps", type=int, default=96)
+    add_prompt_args(parser, per_class=2, steps=96)
     args = parser.parse_args()
     import torch
 
@@ -39,8 +37,7 @@ def main() -> None:
     torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
     manifest = read_manifest(args.bundle)
     target = OrtBackend(args.bundle, manifest.target).open()
-    sequences = [(continued(target, ids, args.steps), len(ids))
-                 for ids in prompt_ids(args.bundle, args.prompts, args.per_class)]
+    sequences = continuations(target, args.bundle, args)
     target.close()
     source = manifest.target.source
     model = load_model(ModelSource(source.kind, Path(source.path), source.gguf_file, source.name), torch.float32)
