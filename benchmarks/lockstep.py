@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "peers"))  # peer_common and ortgenai_peer: stdlib at import, as the peer's venv needs
 PEER_SYSTEM = "onnxruntime-genai"
 PEER_MODES = ("target-only", "n-gram")
 
 
 def peer_worker(models: str, gamma: int) -> None:
     """Runs in the peer's venv: reads {"mode", "ids", "new_tokens"} lines, answers {"tokens", "ttft", "e2e", ...}."""
-    sys.path.insert(0, str(HERE / "peers"))
     import onnxruntime_genai as og
     from ortgenai_peer import generate_fn
 
@@ -83,7 +83,6 @@ class Peer:
 
 
 def peer_record(answer: dict, mode: str, note: str, gamma: int, prompt, repeat: int, ids: list) -> dict:
-    sys.path.insert(0, str(HERE / "peers"))
     from peer_common import PeerMode, record
 
     peer_mode = PeerMode(mode, "none" if mode == "target-only" else "prompt_lookup", 0 if mode == "target-only"
