@@ -2,7 +2,8 @@
 # Issue 11's acceptance run: the default bundle (make demo's: int4-q41 self-draft) against onnxruntime-genai and
 # transformers on the full prompt suite, then the per-step tables. Results under benchmarks/results/suite/.
 #   BUNDLE=bundles/smollm2-q41 bash benchmarks/suite.sh      (after `make bundle` and benchmarks/peers/setup.sh)
-# Timings are ratios within one run; the machine must be otherwise idle (each step says when it ran).
+# Timings are ratios within one run; the machine must be otherwise idle (each step says when it ran). Ratios
+# between systems: lockstep/ (each system's turn on a prompt before the next prompt), not the sequential tables.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -25,6 +26,9 @@ log "peer: onnxruntime-genai"
 log "peer: transformers (HF_PER_CLASS prompts per class: it is the slowest system)"
 "$python" "$here/run_peers.py" --bundle "$bundle" --merge "$out" --only hf --per-class "${HF_PER_CLASS:-$per_class}" \
   --new-tokens "$tokens" --repeats 1 --gamma "$peer_gamma" --timeout 7200 > "$out/merged.md"
+log "lock-step: specdec and onnxruntime-genai request by request (the ratios between systems to trust)"
+"$python" "$here/lockstep.py" "$bundle" --out "$out/lockstep" --per-class "$per_class" --new-tokens "$tokens" \
+  --peer-gamma "$peer_gamma" > /dev/null
 log "per-step: decode by cache length against the peer's fp32 and INT4 graphs"
 "$python" "$here/decode_vs_ortgenai.py" "$bundle" --sides specdec:target,ortgenai:fp32,specdec:draft,ortgenai:int4 \
   --rounds 3 > "$out/steps.md"
