@@ -32,18 +32,11 @@ PEER_MODES = ("target-only", "n-gram")
 def peer_worker(models: str, gamma: int) -> None:
     """Runs in the peer's venv: reads {"mode", "ids", "new_tokens"} lines, answers {"tokens", "ttft", "e2e", ...}."""
     import onnxruntime_genai as og
-    from ortgenai_peer import generate_fn
+    from ortgenai_peer import fp32_modes
 
-    folder = Path(models) / "ortgenai-fp32"
-    model = og.Model(str(folder))
-    options = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"].get("session_options", {})
-    base = (f"onnxruntime-genai {og.__version__}, model builder fp32 CPU, intra_op_num_threads="
-            f"{options.get('intra_op_num_threads', 'default')}, inter_op_num_threads="
-            f"{options.get('inter_op_num_threads', 'default')}")
-    runs = {"target-only": generate_fn(og, model),
-            "n-gram": generate_fn(og, model, dict(ngram_size=3, max_draft_tokens=gamma))}
-    notes = {"target-only": f"{base}; greedy",
-             "n-gram": f"{base}; its n-gram speculative decoding (ngram_size=3, max_draft_tokens={gamma})"}
+    _, plain, ngram = fp32_modes(og, Path(models), gamma)  # the suite's own peer modes and settings notes
+    runs = {"target-only": plain.run, "n-gram": ngram.run}
+    notes = {"target-only": plain.note, "n-gram": ngram.note}
     runs["target-only"]([1, 2, 3], 4)  # warm-up
     print(json.dumps({"ready": True, "notes": notes}), flush=True)
     for line in sys.stdin:
@@ -218,9 +211,10 @@ def main() -> int:
                 order="per prompt, every (system, mode) in turn, the order rotated by one per prompt",
                 started=started, finished=time.strftime("%Y-%m-%d %H:%M"))
     paths = write_outputs(records, args.out, info, plots=False)
-    (Path(args.out) / "pairs.md").write_text(pair_table(records), encoding="utf-8")
+    pairs = pair_table(records)
+    (Path(args.out) / "pairs.md").write_text(pairs, encoding="utf-8")
     print(paths["markdown"].read_text(encoding="utf-8"))
-    print(pair_table(records))
+    print(pairs)
     return 0
 
 

@@ -49,18 +49,27 @@ def stats_of(generator) -> dict:
                 acceptance_rate=accepted / proposed if proposed else None)
 
 
+def fp32_modes(og, models: Path, gamma: int) -> tuple:
+    """(note prefix with the settings, plain mode, n-gram mode) of the fp32 builder graph; also lockstep.py's."""
+    target = og.Model(str(models / "ortgenai-fp32"))
+    options = json.loads((models / "ortgenai-fp32" / "genai_config.json").read_text())["model"]["decoder"].get(
+        "session_options", {})
+    base = (f"onnxruntime-genai {og.__version__}, model builder fp32 CPU, intra_op_num_threads="
+            f"{options.get('intra_op_num_threads', 'default')}, inter_op_num_threads="
+            f"{options.get('inter_op_num_threads', 'default')}")
+    plain = PeerMode("target-only", "none", 0, f"{base}; greedy", generate_fn(og, target))
+    ngram = PeerMode(f"n-gram γ={gamma}", "prompt_lookup", gamma,
+                     f"{base}; its n-gram speculative decoding (ngram_size=3: matches the last 2 tokens, "
+                     f"max_draft_tokens={gamma})",
+                     generate_fn(og, target, dict(ngram_size=3, max_draft_tokens=gamma)))
+    return base, plain, ngram
+
+
 def modes(args) -> list:
     import onnxruntime_genai as og
 
     models = Path(args.models)
-    target = og.Model(str(models / "ortgenai-fp32"))
-    threads = json.loads((models / "ortgenai-fp32" / "genai_config.json").read_text())["model"]["decoder"].get(
-        "session_options", {}).get("intra_op_num_threads", "default")
-    base = f"onnxruntime-genai {og.__version__}, model builder fp32 CPU, intra_op_num_threads={threads}"
-    plain = PeerMode("target-only", "none", 0, f"{base}; greedy", generate_fn(og, target))
-    ngram = PeerMode(f"n-gram γ={args.gamma}", "prompt_lookup", args.gamma,
-                     f"{base}; its n-gram speculative decoding (ngram_size=3: matches the last 2 tokens)",
-                     generate_fn(og, target, dict(ngram_size=3, max_draft_tokens=args.gamma)))
+    base, plain, ngram = fp32_modes(og, models, args.gamma)
     spec_dir = models / f"ortgenai-spec-layers{args.layers}"
     note = (f"{base}; its draft-model speculative decoding, draft = first {args.layers} layers of the same weights "
             "(fp32, closest equivalent of the INT4 self-draft)")
