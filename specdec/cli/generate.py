@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.runtime.config import COUPLINGS, DRAFTERS, GAMMA_POLICIES
+from specdec.runtime.config import COUPLINGS, CPU_BACKENDS, DRAFTERS, GAMMA_POLICIES
 
 
 def add_generate_parser(commands) -> None:
@@ -25,6 +25,9 @@ def add_generate_parser(commands) -> None:
                         help="sampled tokens: leviathan (the paper's rule, default) or gumbel (noise fixed by seed and "
                              "position: the same seed gives the same text whatever the drafter and γ)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    parser.add_argument("--backend", choices=CPU_BACKENDS, default="onnxruntime",
+                        help="onnxruntime (default), or native: the target on specdec's own 4-bit kernels (targets "
+                             "exported from a Q4_1 GGUF, such as the default model)")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     parser.set_defaults(run=run_generate)
 
@@ -38,7 +41,7 @@ def run_generate(args: argparse.Namespace) -> int:
         seed=args.seed, gamma=args.gamma, gamma_policy=args.gamma_policy, drafter=args.drafter, stop=tuple(args.stop), chat=args.chat,
         coupling=args.coupling,
     )
-    with load(args.bundle, verify=not args.no_verify) as generator:
+    with load(args.bundle, backend=args.backend, verify=not args.no_verify) as generator:
         for piece in generator.stream(args.prompt, config):
             sys.stdout.write(piece)
             sys.stdout.flush()

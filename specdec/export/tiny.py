@@ -74,3 +74,34 @@ def save_tiny(folder: str | Path, family: str = "llama", layers: int = 2, seed: 
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def snap_to_gguf_grids(model) -> None:
+    """Move a LLaMA-layout model's weights onto the grids a GGUF export has: every Linear weight [N, K] onto Q4_1
+    levels d·q + m (q in 0..15, per 32 along K), the tied embedding onto Q8_0 levels d·q (q in −127..127), as the
+    default model's are; the native backend runs only such targets."""
+    import torch
+
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
+                w = module.weight.reshape(module.weight.shape[0], -1, 32)
+                low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+                step = torch.where(high > low, (high - low) / 15, torch.ones_like(low))
+                module.weight.copy_((torch.round((w - low) / step) * step + low).reshape(module.weight.shape))
+        table = model.get_input_embeddings().weight
+        e = table.reshape(table.shape[0], -1, 32)
+        step = e.abs().amax(-1, keepdim=True) / 127
+        step = torch.where(step > 0, step, torch.ones_like(step))  # all-zero rows (the padding token's)
+        table.copy_((torch.round(e / step) * step).reshape(table.shape))
+
+
+def save_tiny_on_grids(folder: str | Path, **options) -> Path:
+    """save_tiny, then the weights snapped to the GGUF grids (snap_to_gguf_grids) and saved again."""
+    from transformers import AutoModelForCausalLM
+
+    folder = save_tiny(folder, **options)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    snap_to_gguf_grids(model)
+    model.save_pretrained(folder)
+    return folder

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from specdec.errors import ConfigError
 
 DRAFTERS = ("auto", "model", "prompt_lookup", "none")
+CPU_BACKENDS = ("onnxruntime", "native")  # what the CLI offers: tensorrt runs through specdec.load(device="cuda:N")
 GAMMA_POLICIES = ("fixed", "adaptive", "heuristic")
 COUPLINGS = ("leviathan", "gumbel")  # how a sampled token is drawn and verified (specdec.runtime.sampling)
 

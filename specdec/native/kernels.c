@@ -1,5 +1,5 @@
-// A feasibility kernel for benchmarks/native_step.py, not part of specdec: Q4_1 / Q8_0 weights times fp32
-// activations (AVX2 + FMA, OpenMP over output columns), M rows at once, every weight read once per 6 rows.
+// specdec's native CPU kernels (specdec.native): Q4_1 / Q8_0 weights times fp32 activations, AVX2 + FMA, OpenMP over
+// output columns, M rows at once (every weight decoded once per 6 rows). Compiled on first use by specdec.native.build.
 // Blocks of 32 along K, per output column n:
 //   q41: {float d; float m; uint8 qs[16]} (qs[j]: low nibble = q[j], high nibble = q[j + 16]); w = d*q + m
 //   q8 : {float d; int8 qs[32]}; w = d*q
@@ -59,10 +59,12 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]);
     }
 }
+void specdec_set_threads(int threads) { omp_set_num_threads(threads); }
+
 // x [M, K] -> y [M, N]
 void q41_gemm(const float *x, int M, int K, const blk4 *w, float *y, int N) {
     const int nb = K / 32;
-    float bs[8 * 4096 / 32];
+    float bs[MAXR * nb];  // the block sums of the tile's rows
     for (int m0 = 0; m0 < M; m0 += MAXR) {
         int R = M - m0 < MAXR ? M - m0 : MAXR;
         for (int r = 0; r < R; r++)

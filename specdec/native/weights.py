@@ -1,0 +1,131 @@
+"""A target's weights as the native kernels hold them, read from its exported gqa graph.
+
+The reader accepts the LLaMA layout our gqa export writes and nothing else: per layer a (Skip)SimplifiedLayerNorm,
+one q/k/v MatMul into GroupQueryAttention (rotary inside, not interleaved), the o MatMul, a SkipSimplifiedLayerNorm,
+one gate/up MatMul split in halves, SiLU(gate)·up, the down MatMul; a final norm and a bias-free LM head. Every
+linear weight must lie on a Q4_1 grid and the head on a Q8_0 grid (a GGUF's, exported): then the kernels compute
+the graph's own function.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specdec.errors import BackendError, missing_dependency
+from specdec.manifest import ModelDims
+
+BLOCK = 32
+BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # kernels.c's blk4
+BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # kernels.c's blk8
+GRID_TOLERANCE = 1e-4  # max |w − dequant| / d: fp32 rounding, not a coarser grid
+ALLOWED_OPS = {"Shape", "Squeeze", "Gather", "Add", "Sub", "Cast", "ReduceMax", "SimplifiedLayerNormalization",
+               "SkipSimplifiedLayerNormalization", "MatMul", "GroupQueryAttention", "Split", "Sigmoid", "Mul",
+               "Reshape", "Gemm", "Concat"}
+HINT = "use backend='onnxruntime' (the native backend runs LLaMA-layout gqa targets exported from a Q4_1 GGUF)"
+
+
+@dataclass
+class Layer:
+    input_norm: np.ndarray  # [H]
+    post_norm: np.ndarray  # [H]
+    qkv: np.ndarray  # [(Hq + 2 Hkv) D, H / 32] of BLOCK4
+    o: np.ndarray  # [H, Hq D / 32]
+    gate_up: np.ndarray  # [2 I, H / 32]
+    down: np.ndarray  # [H, I / 32]
+
+
+@dataclass
+class NativeWeights:
+    embedding: np.ndarray  # [V, H] float32
+    layers: list
+    final_norm: np.ndarray  # [H]
+    head: np.ndarray  # [V, H / 32] of BLOCK8
+    cos: np.ndarray  # [positions, D / 2], GroupQueryAttention's rotary tables
+    sin: np.ndarray
+    epsilon: float
+    scale: float  # attention scores' scale
+
+
+def q41_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
+    """weight [N, K] -> (blocks [N, K/32] of BLOCK4, max |w − d·q − m| / d)."""
+    n, k = weight.shape
+    blocks = weight.reshape(n, k // BLOCK, BLOCK)
+    low = blocks.min(-1)
+    step = (blocks.max(-1) - low) / 15
+    step = np.where(step > 0, step, 1).astype(np.float32)
+    codes = np.rint((blocks - low[..., None]) / step[..., None])
+    error = float((np.abs(codes * step[..., None] + low[..., None] - blocks) / step[..., None]).max())
+    out = np.zeros((n, k // BLOCK), BLOCK4)
+    out["d"], out["m"] = step, low
+    codes = codes.astype(np.uint8)
+    out["qs"] = codes[..., :16] | (codes[..., 16:] << 4)
+    return out, error
+
+
+def q8_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
+    """weight [N, K] -> (blocks [N, K/32] of BLOCK8, max |w − d·q| / d)."""
+    n, k = weight.shape
+    blocks = weight.reshape(n, k // BLOCK, BLOCK)
+    step = np.abs(blocks).max(-1) / 127
+    step = np.where(step > 0, step, 1).astype(np.float32)
+    codes = np.rint(blocks / step[..., None])
+    error = float((np.abs(codes * step[..., None] - blocks) / step[..., None]).max())
+    out = np.zeros((n, k // BLOCK), BLOCK8)
+    out["d"], out["qs"] = step, np.clip(codes, -127, 127).astype(np.int8)
+    return out, error
+
+
+def _on_grid(name: str, weight: np.ndarray, blocks_of) -> np.ndarray:
+    # weight: [N, K]
+    if weight.ndim != 2 or weight.shape[1] % BLOCK:
+        raise BackendError(f"{name} has shape {list(weight.shape)}; the native kernels need K % {BLOCK} == 0", HINT)
+    blocks, error = blocks_of(np.ascontiguousarray(weight, dtype=np.float32))
+    if error > GRID_TOLERANCE:
+        grid = "Q4_1" if blocks_of is q41_blocks else "Q8_0"
+        raise BackendError(f"{name} is not on a {grid} grid (max error {error:.3g} of a step)", HINT)
+    return blocks
+
+
+def weights_from_onnx(path: Path, dims: ModelDims) -> NativeWeights:
+    """Read and check the graph at `path` (see the module docstring)."""
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError as exc:
+        raise missing_dependency("onnx", "native") from exc
+    model = onnx.load(str(path))
+    nodes = list(model.graph.node)
+    inits = {init.name: init for init in model.graph.initializer}
+    array = lambda name: numpy_helper.to_array(inits[name])  # noqa: E731
+    stray = sorted({node.op_type for node in nodes} - ALLOWED_OPS)
+    biased = [node.name for node in nodes if node.op_type == "Add" and any(i in inits for i in node.input)]
+    if stray or biased:
+        raise BackendError(f"{path} holds {', '.join(stray + biased)}, which the native backend does not run", HINT)
+    norms = [n for n in nodes if n.op_type.endswith("SimplifiedLayerNormalization")]
+    matmuls = [n for n in nodes if n.op_type == "MatMul" and n.input[1] in inits]
+    attention = [n for n in nodes if n.op_type == "GroupQueryAttention"]
+    heads = [n for n in nodes if n.op_type == "Gemm" and n.input[1] in inits]
+    embeddings = [n for n in nodes if n.op_type == "Gather" and n.input[1] == "input_ids" and n.input[0] in inits]
+    layers = dims.num_layers
+    if (len(norms), len(matmuls), len(attention), len(heads), len(embeddings)) != (2 * layers + 1, 4 * layers, layers, 1, 1):
+        raise BackendError(f"{path} is not a LLaMA-layout gqa graph of {layers} layers ({len(norms)} norms, "
+                           f"{len(matmuls)} weight MatMuls, {len(attention)} attention nodes)", HINT)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in attention[0].attribute}
+    if (attrs.get("num_heads"), attrs.get("kv_num_heads"), attrs.get("do_rotary"), attrs.get("rotary_interleaved", 0),
+            attrs.get("softcap", 0.0), attrs.get("local_window_size", -1)) != (dims.num_heads, dims.num_kv_heads, 1, 0, 0.0, -1):
+        raise BackendError(f"{path}'s attention has attributes {attrs}, which the native backend does not run", HINT)
+    gamma = lambda node: array(node.input[1] if node.op_type == "SimplifiedLayerNormalization" else node.input[2])  # noqa: E731
+    head_attrs = {a.name: onnx.helper.get_attribute_value(a) for a in heads[0].attribute}
+    if head_attrs.get("transB") != 1 or len(heads[0].input) > 2:
+        raise BackendError(f"{path}'s LM head is not a bias-free Gemm with transB = 1", HINT)
+    weight = lambda node: _on_grid(node.name, array(node.input[1]).T, q41_blocks)  # noqa: E731  ONNX B: [K, N]
+    built = [Layer(gamma(norms[2 * i]), gamma(norms[2 * i + 1]), *(weight(m) for m in matmuls[4 * i : 4 * i + 4]))
+             for i in range(layers)]
+    epsilon = {a.name: a.f for a in norms[0].attribute}.get("epsilon", 1e-5)
+    return NativeWeights(
+        embedding=array(embeddings[0].input[0]).astype(np.float32), layers=built, final_norm=gamma(norms[-1]),
+        head=_on_grid(heads[0].name, array(heads[0].input[1]), q8_blocks),
+        cos=array(attention[0].input[7]).astype(np.float32), sin=array(attention[0].input[8]).astype(np.float32),
+        epsilon=float(epsilon), scale=float(attrs.get("scale") or dims.head_dim ** -0.5))

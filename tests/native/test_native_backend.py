@@ -1,0 +1,165 @@
+"""The native backend (specdec.native, specdec.runtime.native_backend) against onnxruntime, on a tiny LLaMA whose
+weights lie on the GGUF grids: logits of prefill, one- and several-token calls and of batched slots within fp32
+rounding; greedy output of every drafter and γ identical to onnxruntime's target-only; every refusal with its
+hint (weights off the grids, the plain lowering, no compiler, a failed compile, a CPU without AVX2)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from specdec.errors import BackendError
+from specdec.export.bundle import export_bundle
+from specdec.export.config import ExportConfig
+from specdec.export.tiny import save_tiny, save_tiny_on_grids
+from specdec.manifest import read_manifest
+from specdec.native import build
+from specdec.runtime import load
+from specdec.runtime.config import GenerationConfig
+from specdec.runtime.native_backend import NativeBackend
+from specdec.runtime.ort_backend import OrtBackend
+
+pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2 and FMA")
+TOLERANCE = 1e-4  # of the largest |logit|: fp32 summation order
+
+
+def _gqa_export(out, model, **options):
+    config = ExportConfig(out=out, target=str(model), max_seq_len=96, gamma=3, gamma_max=6, max_batch=4,
+                          max_prefill_chunk=16, progress=False, lowering="gqa", **options)
+    return export_bundle(config)
+
+
+@pytest.fixture(scope="module")
+def grid_bundle(tmp_path_factory):
+    model = save_tiny_on_grids(tmp_path_factory.mktemp("grid"), family="llama", seed=0, init_range=0.5,
+                               hidden=64)  # head size 16: the fused rotary of the packed gqa graph
+    return _gqa_export(tmp_path_factory.mktemp("b") / "grid", model, draft_from_target="int4")
+
+
+@pytest.fixture(scope="module")
+def off_grid_bundle(tmp_path_factory):
+    model = save_tiny(tmp_path_factory.mktemp("off"), family="llama", seed=0, init_range=0.5, hidden=64)
+    return _gqa_export(tmp_path_factory.mktemp("b") / "off", model)
+
+
+@pytest.fixture(scope="module")
+def backends(grid_bundle):
+    manifest = read_manifest(grid_bundle)
+    native, ort = NativeBackend(grid_bundle, manifest.target, 2).open(), OrtBackend(grid_bundle, manifest.target, 2).open()
+    yield native, ort
+    native.close()
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.shape == b.shape
+    assert np.abs(a - b).max() <= TOLERANCE * np.abs(b).max()
+    assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+def test_logits_match_onnxruntime_call_by_call(backends):
+    native, ort = backends
+    ids = np.random.default_rng(0).integers(3, native.vocab_size, (1, 40))
+    native.reset(2)
+    ort.reset(1)
+    for start, stop, last_only in ((0, 13, False), (13, 14, False), (14, 19, False), (19, 40, True)):
+        # prefill (row tiles of 6 and a rest), T = 1, T = 5 (a verify pass), a chunk with last_only; native in slot 1
+        got = native.forward(ids[:, start:stop], np.array([start]), last_only=last_only, slots=np.array([1]))
+        _close(got, ort.forward(ids[:, start:stop], np.array([start]), last_only=last_only))
+
+
+def test_batched_slots_match_onnxruntime(backends):
+    native, ort = backends
+    rng = np.random.default_rng(1)
+    first, second = rng.integers(3, native.vocab_size, (1, 10)), rng.integers(3, native.vocab_size, (1, 14))
+    for backend in backends:
+        backend.reset(2)
+        backend.forward(first, np.array([0]), slots=np.array([0]))
+        backend.forward(second, np.array([0]), slots=np.array([1]))
+    step = rng.integers(3, native.vocab_size, (2, 1))
+    calls = [b.forward(step, np.array([14, 10]), slots=np.array([1, 0])) for b in backends]  # rows in slot order 1, 0
+    _close(*calls)
+
+
+@pytest.mark.parametrize("drafter,gamma", [("none", None), ("model", 1), ("model", 3), ("prompt_lookup", 3),
+                                           ("auto", 3)])
+def test_greedy_identical_to_onnxruntime_target_only(grid_bundle, drafter, gamma):
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown"
+    with load(grid_bundle) as ort, load(grid_bundle, backend="native") as native:
+        reference = ort.generate(prompt, GenerationConfig(max_new_tokens=40, drafter="none")).token_ids
+        got = native.generate(prompt, GenerationConfig(max_new_tokens=40, drafter=drafter, gamma=gamma))
+    assert got.token_ids == reference and len(reference) > 8
+
+
+def test_weights_off_the_grids_are_refused(off_grid_bundle):
+    manifest = read_manifest(off_grid_bundle)  # random fp32 weights
+    with pytest.raises(BackendError, match="not on a Q4_1 grid") as caught:
+        NativeBackend(off_grid_bundle, manifest.target).open()
+    assert "backend='onnxruntime'" in caught.value.hint
+
+
+def test_graph_outside_the_layout_is_refused(gqa_int4_bundle):
+    manifest = read_manifest(gqa_int4_bundle)  # head size 8: rotary as Cos, Sin, ... outside the attention op
+    with pytest.raises(BackendError, match="Cos.*which the native backend does not run"):
+        NativeBackend(gqa_int4_bundle, manifest.target).open()
+
+
+def test_plain_lowering_is_refused(int4_bundle):
+    with pytest.raises(BackendError, match="lowering 'plain'"):
+        NativeBackend(int4_bundle, read_manifest(int4_bundle).target).open()
+
+
+def test_cli_refusal_is_a_message(off_grid_bundle):
+    done = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", str(off_grid_bundle), "--prompt", "Hi",
+                           "--backend", "native"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "not on a Q4_1 grid" in done.stderr and "Hint:" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    build.load_kernels.cache_clear()
+    yield tmp_path
+    build.load_kernels.cache_clear()
+
+
+def test_no_compiler(fresh_build, monkeypatch):
+    monkeypatch.setenv("CC", str(fresh_build / "no-such-cc"))
+    monkeypatch.setenv("PATH", str(fresh_build))
+    with pytest.raises(BackendError, match="no C compiler") as caught:
+        build.load_kernels()
+    assert "install gcc" in caught.value.hint
+
+
+def test_failed_compile(fresh_build, monkeypatch):
+    broken = fresh_build / "cc"
+    broken.write_text("#!/bin/sh\necho 'kernels.c:1: error: no AVX2 here' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    with pytest.raises(BackendError, match="failed: kernels.c:1: error: no AVX2 here"):
+        build.load_kernels()
+    assert not list((fresh_build / "cache").rglob("*.so"))  # nothing half-written is left to load next time
+
+
+def test_cpu_without_avx2(fresh_build, monkeypatch, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: fpu sse2 fma\n")
+    assert build.missing_cpu_flags(cpuinfo) == ["avx2"]
+    assert build.missing_cpu_flags(tmp_path / "missing") == ["avx2", "fma"]
+    monkeypatch.setattr(build, "missing_cpu_flags", lambda: ["avx2"])
+    with pytest.raises(BackendError, match="lacks avx2"):
+        build.load_kernels()
+
+
+def test_native_runtime_imports_no_torch(grid_bundle):
+    code = (
+        "import sys, specdec\n"
+        f"g = specdec.load({str(grid_bundle)!r}, backend='native')\n"
+        "assert g.generate('The quick brown fox', specdec.GenerationConfig(max_new_tokens=8)).token_ids\n"
+        "print('LOADED:' + ','.join(m for m in ('torch', 'transformers', 'specdec.export') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "LOADED:\n" in done.stdout
