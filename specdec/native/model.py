@@ -5,23 +5,30 @@ import ctypes
 
 import numpy as np
 
+from specdec.lowering import Geometry
 from specdec.manifest import ModelDims
 from specdec.native.weights import BLOCK, BLOCK4, NativeWeights
 
 
 class NativeModel:
+    """Also a KV source for the gqa driver's copy_kv (a draft taking this target's KV): `geometry` and `buffers`,
+    the per-layer keys then values [slots, Hkv, S, D], as GqaDriver holds its own."""
+
     def __init__(self, weights: NativeWeights, dims: ModelDims, kernels, max_seq_len: int):
         self.weights = weights
         self.dims = dims
         self.kernels = kernels
         self.max_seq_len = max_seq_len
+        self.geometry = Geometry(dims, max_seq_len, "float32")
         self.keys = self.values = None  # [L, slots, Hkv, S, D]
+        self.buffers = []
 
     def reset(self, slots: int) -> None:
         d = self.dims
         shape = (d.num_layers, slots, d.num_kv_heads, self.max_seq_len, d.head_dim)
         if self.keys is None or self.keys.shape != shape:
             self.keys, self.values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            self.buffers = list(self.keys) + list(self.values)  # views, [slots, Hkv, S, D] each
 
     def matmul(self, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         # x: [M, K] -> [M, N] (blocks: [N, K / 32])

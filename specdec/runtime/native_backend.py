@@ -3,8 +3,8 @@ onnxruntime. For targets exported from a Q4_1 GGUF (the default model): the kern
 of the fp32 weights and compute the same function, another summation order, fp32 activations throughout.
 
 Rows of a call run one by one (the weights are read once per row and call); KV lives in numpy, [L, slots, Hkv,
-S, D]. The draft cannot copy this target's KV (takes_kv_from is onnxruntime to onnxruntime), so it prefills its
-own.
+S, D], in the gqa driver's per-layer layout, so a derived gqa draft copies this target's committed KV as it does
+an onnxruntime target's (OrtBackend.takes_kv_from).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class NativeBackend(Backend):
     def __init__(self, root: Path, entry: ModelEntry, threads: int | None = None):
         super().__init__(root, entry)
         self.threads = threads
-        self.model = None
+        self.model = self.driver = None
 
     @classmethod
     def open_models(cls, root: Path, manifest: Manifest, device: str, threads: int | None) -> tuple:
@@ -52,6 +52,7 @@ class NativeBackend(Backend):
         kernels.specdec_set_threads(self.threads or cpu_count())
         weights = weights_from_onnx(self.root / self.entry.onnx_path, self.entry.dims)
         self.model = NativeModel(weights, self.entry.dims, kernels, self.max_seq_len)
+        self.driver = self.model  # what a draft's copy_kv reads (geometry, buffers)
         return self
 
     def _reset(self, batch: int) -> None:
@@ -65,5 +66,5 @@ class NativeBackend(Backend):
                          for ids, start, slot in zip(input_ids, cache_len, slots)])
 
     def close(self) -> None:
-        self.model = None
+        self.model = self.driver = None
         self.batch = 0

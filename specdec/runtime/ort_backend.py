@@ -9,6 +9,7 @@ from specdec.errors import BackendError, ConfigError, missing_dependency
 from specdec.lowering import kv_numpy_dtype, lowering_for
 from specdec.manifest import Manifest, ModelEntry
 from specdec.runtime.backend import Backend, check_device, session_options, steady_malloc
+from specdec.runtime.native_backend import NativeBackend
 
 
 class OrtBackend(Backend):
@@ -53,11 +54,12 @@ class OrtBackend(Backend):
     def takes_kv_from(self, source) -> bool:
         """A draft derived from the target (quantized, or its first layers) computes nearly or exactly the
         target's KV for the same tokens, so the target's committed KV may stand in for its own: its prefill and
-        catch-ups then cost a copy, not a forward. Same lowering, KV dtype, heads, head size and S, no more
+        catch-ups then cost a copy, not a forward. The target may run on onnxruntime or on the native backend,
+        whose KV has the gqa driver's layout. Same lowering, KV dtype, heads, head size and S, no more
         layers. Exactness never depends on it: acceptance uses the q the draft proposed."""
         source = _unwrapped(source)
         mine, theirs = self.entry, getattr(source, "entry", None)
-        return (isinstance(source, OrtBackend) and theirs is not None and theirs.role == "target"
+        return (isinstance(source, (OrtBackend, NativeBackend)) and theirs is not None and theirs.role == "target"
                 and mine.role == "draft" and bool(mine.derived) and mine.lowering == theirs.lowering
                 and mine.kv_dtype == theirs.kv_dtype and mine.max_seq_len == theirs.max_seq_len
                 and (mine.dims.num_kv_heads, mine.dims.head_dim) == (theirs.dims.num_kv_heads, theirs.dims.head_dim)

@@ -163,3 +163,17 @@ def test_native_runtime_imports_no_torch(grid_bundle):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "LOADED:\n" in done.stdout
+
+
+def test_draft_copies_the_native_targets_kv(grid_bundle, backends):
+    native, _ = backends
+    draft = OrtBackend(grid_bundle, read_manifest(grid_bundle).draft, 2).open()
+    assert draft.takes_kv_from(native)
+    native.reset(2)
+    draft.reset(2)
+    native.forward(np.random.default_rng(2).integers(3, native.vocab_size, (1, 12)), np.array([0]), slots=np.array([1]))
+    draft.copy_kv(native, 1, 0, 12)
+    layers = native.entry.dims.num_layers
+    for i in range(layers):  # the draft's per-layer keys, then values: [slots, Hkv, S, D]
+        assert np.array_equal(draft.driver.buffers[i][1, :, :12], native.model.keys[i, 1, :, :12])
+        assert np.array_equal(draft.driver.buffers[layers + i][1, :, :12], native.model.values[i, 1, :, :12])
