@@ -17,8 +17,17 @@ static inline float hsum(__m256 v) {
 #define U8(v) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
 #define S8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 
+// one block's 32 decoded weights (w0..w3, as floats) times x[0..32), as 8 partial sums
+static inline __m256 dot32(__m256 w0, __m256 w1, __m256 w2, __m256 w3, const float *x) {
+    __m256 a = _mm256_mul_ps(w0, _mm256_loadu_ps(x)), e = _mm256_mul_ps(w1, _mm256_loadu_ps(x + 8));
+    a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), a);
+    e = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), e);
+    return _mm256_add_ps(a, e);
+}
+
 // R rows (1..MAXR) starting at x (row stride K), columns n0..n1
-static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, const float *bs, int K, const blk4 *w, float *y, int N, int n0, int n1) {
+static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, const float *bs, int K,
+                                                          const blk4 *w, float *y, int N, int n0, int n1) {
     const int nb = K / 32; const __m128i mask = _mm_set1_epi8(0x0F);
     for (int n = n0; n < n1; n++) {
         const blk4 *c = w + (size_t)n * nb;
@@ -30,17 +39,15 @@ static inline __attribute__((always_inline)) void q4_cols(const int R, const flo
             __m256 w0 = U8(lo), w1 = U8(_mm_srli_si128(lo, 8)), w2 = U8(hi), w3 = U8(_mm_srli_si128(hi, 8));
             __m256 dd = _mm256_broadcast_ss(&c[b].d);
             for (int r = 0; r < R; r++) {
-                const float *xb = x + (size_t)r * K + b * 32;
-                __m256 a = _mm256_mul_ps(w0, _mm256_loadu_ps(xb)), e = _mm256_mul_ps(w1, _mm256_loadu_ps(xb + 8));
-                a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), a); e = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), e);
-                acc[r] = _mm256_fmadd_ps(dd, _mm256_add_ps(a, e), acc[r]);
+                acc[r] = _mm256_fmadd_ps(dd, dot32(w0, w1, w2, w3, x + (size_t)r * K + b * 32), acc[r]);
                 mins[r] += c[b].m * bs[r * nb + b];
             }
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]) + mins[r];
     }
 }
-static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w, float *y, int N, int n0, int n1) {
+static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w,
+                                                          float *y, int N, int n0, int n1) {
     const int nb = K / 32;
     for (int n = n0; n < n1; n++) {
         const blk8 *c = w + (size_t)n * nb;
@@ -50,10 +57,7 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
             __m256 w0 = S8(c[b].qs), w1 = S8(c[b].qs + 8), w2 = S8(c[b].qs + 16), w3 = S8(c[b].qs + 24);
             __m256 dd = _mm256_broadcast_ss(&c[b].d);
             for (int r = 0; r < R; r++) {
-                const float *xb = x + (size_t)r * K + b * 32;
-                __m256 a = _mm256_mul_ps(w0, _mm256_loadu_ps(xb)), e = _mm256_mul_ps(w1, _mm256_loadu_ps(xb + 8));
-                a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), a); e = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), e);
-                acc[r] = _mm256_fmadd_ps(dd, _mm256_add_ps(a, e), acc[r]);
+                acc[r] = _mm256_fmadd_ps(dd, dot32(w0, w1, w2, w3, x + (size_t)r * K + b * 32), acc[r]);
             }
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]);
@@ -68,7 +72,12 @@ void q41_gemm(const float *x, int M, int K, const blk4 *w, float *y, int N) {
     for (int m0 = 0; m0 < M; m0 += MAXR) {
         int R = M - m0 < MAXR ? M - m0 : MAXR;
         for (int r = 0; r < R; r++)
-            for (int b = 0; b < nb; b++) { float s = 0; for (int j = 0; j < 32; j++) s += x[(size_t)(m0 + r) * K + b * 32 + j]; bs[r * nb + b] = s; }
+            for (int b = 0; b < nb; b++) {
+                const float *xb = x + (size_t)(m0 + r) * K + b * 32;
+                float s = 0;
+                for (int j = 0; j < 32; j++) s += xb[j];
+                bs[r * nb + b] = s;
+            }
         #pragma omp parallel
         {
             int t = omp_get_thread_num(), T = omp_get_num_threads(), chunk = (N + T - 1) / T;

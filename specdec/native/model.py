@@ -50,7 +50,8 @@ class NativeModel:
         return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
     def forward(self, tokens: np.ndarray, pos: int, slot: int, last_only: bool = False) -> np.ndarray:
-        """tokens [T] at positions pos.. of `slot` -> logits [T, V] ([1, V] with last_only); K/V land at [pos, pos+T)."""
+        """tokens [T] at positions pos.. of `slot` -> logits [T, V] ([1, V] with last_only); K/V land at
+        [pos, pos + T)."""
         w, d = self.weights, self.dims
         t, heads, kv, size = len(tokens), d.num_heads, d.num_kv_heads, d.head_dim
         end = pos + t

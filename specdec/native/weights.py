@@ -88,6 +88,40 @@ def _on_grid(name: str, weight: np.ndarray, blocks_of) -> np.ndarray:
     return blocks
 
 
+def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:
+    """The graph's nodes by role, after checking that it has the layout of the module docstring."""
+    nodes = list(graph.node)
+    stray = sorted({node.op_type for node in nodes} - ALLOWED_OPS)
+    biased = [node.name for node in nodes if node.op_type == "Add" and any(i in inits for i in node.input)]
+    if stray or biased:
+        raise BackendError(f"{path} holds {', '.join(stray + biased)}, which the native backend does not run", HINT)
+    parts = {"norms": [n for n in nodes if n.op_type.endswith("SimplifiedLayerNormalization")],
+             "matmuls": [n for n in nodes if n.op_type == "MatMul" and n.input[1] in inits],
+             "attention": [n for n in nodes if n.op_type == "GroupQueryAttention"],
+             "heads": [n for n in nodes if n.op_type == "Gemm" and n.input[1] in inits],
+             "embeddings": [n for n in nodes
+                            if n.op_type == "Gather" and n.input[1] == "input_ids" and n.input[0] in inits]}
+    layers = dims.num_layers
+    expected = {"norms": 2 * layers + 1, "matmuls": 4 * layers, "attention": layers, "heads": 1, "embeddings": 1}
+    counts = {role: len(found) for role, found in parts.items()}
+    if counts != expected:
+        raise BackendError(f"{path} is not a LLaMA-layout gqa graph of {layers} layers: it has {counts}, the layout "
+                           f"{expected}", HINT)
+    return parts
+
+
+def _attributes(node, onnx) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _check_attention(attrs: dict, node, dims: ModelDims, path: Path) -> None:
+    seen = (attrs.get("num_heads"), attrs.get("kv_num_heads"), attrs.get("do_rotary"),
+            attrs.get("rotary_interleaved", 0), attrs.get("softcap", 0.0), attrs.get("local_window_size", -1),
+            len(node.input) >= 9)  # ... and its rotary tables cos_cache, sin_cache
+    if seen != (dims.num_heads, dims.num_kv_heads, 1, 0, 0.0, -1, True):
+        raise BackendError(f"{path}'s attention has attributes {attrs}, which the native backend does not run", HINT)
+
+
 def weights_from_onnx(path: Path, dims: ModelDims) -> NativeWeights:
     """Read and check the graph at `path` (see the module docstring)."""
     try:
@@ -96,36 +130,29 @@ def weights_from_onnx(path: Path, dims: ModelDims) -> NativeWeights:
     except ImportError as exc:
         raise missing_dependency("onnx", "native") from exc
     model = onnx.load(str(path))
-    nodes = list(model.graph.node)
     inits = {init.name: init for init in model.graph.initializer}
     array = lambda name: numpy_helper.to_array(inits[name])  # noqa: E731
-    stray = sorted({node.op_type for node in nodes} - ALLOWED_OPS)
-    biased = [node.name for node in nodes if node.op_type == "Add" and any(i in inits for i in node.input)]
-    if stray or biased:
-        raise BackendError(f"{path} holds {', '.join(stray + biased)}, which the native backend does not run", HINT)
-    norms = [n for n in nodes if n.op_type.endswith("SimplifiedLayerNormalization")]
-    matmuls = [n for n in nodes if n.op_type == "MatMul" and n.input[1] in inits]
-    attention = [n for n in nodes if n.op_type == "GroupQueryAttention"]
-    heads = [n for n in nodes if n.op_type == "Gemm" and n.input[1] in inits]
-    embeddings = [n for n in nodes if n.op_type == "Gather" and n.input[1] == "input_ids" and n.input[0] in inits]
-    layers = dims.num_layers
-    if (len(norms), len(matmuls), len(attention), len(heads), len(embeddings)) != (2 * layers + 1, 4 * layers, layers, 1, 1):
-        raise BackendError(f"{path} is not a LLaMA-layout gqa graph of {layers} layers ({len(norms)} norms, "
-                           f"{len(matmuls)} weight MatMuls, {len(attention)} attention nodes)", HINT)
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in attention[0].attribute}
-    if (attrs.get("num_heads"), attrs.get("kv_num_heads"), attrs.get("do_rotary"), attrs.get("rotary_interleaved", 0),
-            attrs.get("softcap", 0.0), attrs.get("local_window_size", -1)) != (dims.num_heads, dims.num_kv_heads, 1, 0, 0.0, -1):
-        raise BackendError(f"{path}'s attention has attributes {attrs}, which the native backend does not run", HINT)
-    gamma = lambda node: array(node.input[1] if node.op_type == "SimplifiedLayerNormalization" else node.input[2])  # noqa: E731
-    head_attrs = {a.name: onnx.helper.get_attribute_value(a) for a in heads[0].attribute}
-    if head_attrs.get("transB") != 1 or len(heads[0].input) > 2:
+    parts = _parts(model.graph, inits, dims, path)
+    norms, matmuls, attention, head = parts["norms"], parts["matmuls"], parts["attention"][0], parts["heads"][0]
+    attrs = _attributes(attention, onnx)
+    _check_attention(attrs, attention, dims, path)
+    if _attributes(head, onnx).get("transB") != 1 or len(head.input) > 2:
         raise BackendError(f"{path}'s LM head is not a bias-free Gemm with transB = 1", HINT)
-    weight = lambda node: _on_grid(node.name, array(node.input[1]).T, q41_blocks)  # noqa: E731  ONNX B: [K, N]
-    built = [Layer(gamma(norms[2 * i]), gamma(norms[2 * i + 1]), *(weight(m) for m in matmuls[4 * i : 4 * i + 4]))
-             for i in range(layers)]
-    epsilon = {a.name: a.f for a in norms[0].attribute}.get("epsilon", 1e-5)
+    packed = array(matmuls[0].input[1]).shape[1]  # q/k/v side by side: [H, (Hq + 2 Hkv) D]
+    if packed != (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim:
+        raise BackendError(f"{path}'s first weight has {packed} columns, not packed q/k/v", HINT)
+
+    def gamma(node):
+        return array(node.input[1] if node.op_type == "SimplifiedLayerNormalization" else node.input[2])
+
+    def weight(node):  # ONNX MatMul B: [K, N]
+        return _on_grid(node.name, array(node.input[1]).T, q41_blocks)
+
+    layers = [Layer(gamma(norms[2 * i]), gamma(norms[2 * i + 1]), *(weight(m) for m in matmuls[4 * i : 4 * i + 4]))
+              for i in range(dims.num_layers)]
     return NativeWeights(
-        embedding=array(embeddings[0].input[0]).astype(np.float32), layers=built, final_norm=gamma(norms[-1]),
-        head=_on_grid(heads[0].name, array(heads[0].input[1]), q8_blocks),
-        cos=array(attention[0].input[7]).astype(np.float32), sin=array(attention[0].input[8]).astype(np.float32),
-        epsilon=float(epsilon), scale=float(attrs.get("scale") or dims.head_dim ** -0.5))
+        embedding=array(parts["embeddings"][0].input[0]).astype(np.float32), layers=layers,
+        final_norm=gamma(norms[-1]), head=_on_grid(head.name, array(head.input[1]), q8_blocks),
+        cos=array(attention.input[7]).astype(np.float32), sin=array(attention.input[8]).astype(np.float32),
+        epsilon=float(_attributes(norms[0], onnx).get("epsilon", 1e-5)),
+        scale=float(attrs.get("scale") or dims.head_dim ** -0.5))
