@@ -14,6 +14,7 @@ from specdec.errors import BackendError
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+LIBRARIES = ("-lm",)
 REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what FLAGS let the compiler use
 NO_NATIVE = "use backend='onnxruntime'"
 
@@ -47,7 +48,7 @@ def _compile(cc: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:  # then one rename: no half-written library
         built = Path(scratch) / target.name
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), *LIBRARIES], capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise BackendError(f"compiling {SOURCE.name} with {cc} failed: {last}",
@@ -63,7 +64,7 @@ def load_kernels() -> ctypes.CDLL:
         raise BackendError(f"the native backend needs an x86-64 CPU with {' and '.join(REQUIRED_FLAGS)}; this one "
                            f"lacks {', '.join(lacking)}", NO_NATIVE)
     cc = compiler()
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS)).encode()).hexdigest()[:16]
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS, *LIBRARIES)).encode()).hexdigest()[:16]
     library = cache_dir() / "native" / key / "libspecdec_kernels.so"
     if not library.is_file():
         _compile(cc, library)
@@ -73,4 +74,7 @@ def load_kernels() -> ctypes.CDLL:
         getattr(lib, name).argtypes = [pointer, integer, integer, pointer, pointer, integer]
         getattr(lib, name).restype = None
     lib.specdec_set_threads.argtypes, lib.specdec_set_threads.restype = [integer], None
+    lib.attention.argtypes = [pointer, integer, integer, integer, integer, pointer, pointer, integer, integer,
+                              ctypes.c_float, pointer]
+    lib.attention.restype = None
     return lib

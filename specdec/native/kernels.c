@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <omp.h>
+#include <math.h>
 typedef struct { float d, m; uint8_t qs[16]; } blk4;
 typedef struct { float d; int8_t qs[32]; } blk8;
 #define MAXR 6
@@ -110,6 +111,34 @@ void q8_gemm(const float *x, int M, int K, const blk8 *w, float *y, int N) {
             case 5: q8_cols(5, xr, K, w, yr, N, n0, n1); break;
             default: q8_cols(6, xr, K, w, yr, N, n0, n1);
             }
+        }
+    }
+}
+
+// Causal attention of one layer and slot. q [T, Hq, D] (rotated) at positions pos..pos+T-1; keys, values
+// [Hkv, S, D], already holding positions 0..pos+T-1; query head h reads KV head h / (Hq / Hkv); out [T, Hq, D].
+void attention(const float *q, int T, int Hq, int Hkv, int D, const float *keys, const float *values, int S, int pos,
+               float scale, float *out) {
+    const int group = Hq / Hkv;
+    #pragma omp parallel for schedule(static)
+    for (int task = 0; task < T * Hq; task++) {
+        const int t = task / Hq, h = task % Hq, end = pos + t + 1;
+        const float *qv = q + (size_t)task * D, *k = keys + (size_t)(h / group) * S * D;
+        const float *v = values + (size_t)(h / group) * S * D;
+        float *o = out + (size_t)task * D;
+        float scores[end], top = -INFINITY, total = 0.f;
+        for (int j = 0; j < end; j++) {
+            float s = 0.f;
+            #pragma omp simd reduction(+ : s)
+            for (int i = 0; i < D; i++) s += qv[i] * k[(size_t)j * D + i];
+            scores[j] = s * scale;
+            top = scores[j] > top ? scores[j] : top;
+        }
+        for (int j = 0; j < end; j++) { scores[j] = expf(scores[j] - top); total += scores[j]; }
+        for (int i = 0; i < D; i++) o[i] = 0.f;
+        for (int j = 0; j < end; j++) {
+            const float p = scores[j] / total;
+            for (int i = 0; i < D; i++) o[i] += p * v[(size_t)j * D + i];
         }
     }
 }

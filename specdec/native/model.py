@@ -49,6 +49,16 @@ class NativeModel:
         x1, x2 = x[..., :half], x[..., half:]
         return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
+    def attend(self, q: np.ndarray, layer: int, slot: int, pos: int) -> np.ndarray:
+        # q: [T, Hq, D] at positions pos.. -> [T, Hq D], causal over the slot's KV [0, pos + T)
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        out = np.empty(q.shape, np.float32)
+        d = self.dims
+        keys, values = self.keys[layer, slot], self.values[layer, slot]  # [Hkv, S, D], contiguous
+        self.kernels.attention(q.ctypes.data, q.shape[0], d.num_heads, d.num_kv_heads, d.head_dim, keys.ctypes.data,
+                               values.ctypes.data, self.max_seq_len, pos, self.weights.scale, out.ctypes.data)
+        return out.reshape(q.shape[0], -1)
+
     def forward(self, tokens: np.ndarray, pos: int, slot: int, last_only: bool = False) -> np.ndarray:
         """tokens [T] at positions pos.. of `slot` -> logits [T, V] ([1, V] with last_only); K/V land at
         [pos, pos + T)."""
@@ -56,7 +66,6 @@ class NativeModel:
         t, heads, kv, size = len(tokens), d.num_heads, d.num_kv_heads, d.head_dim
         end = pos + t
         cos, sin = w.cos[pos:end, None], w.sin[pos:end, None]  # [T, 1, D / 2]
-        mask = np.where(np.arange(end)[None, :] <= np.arange(pos, end)[:, None], 0, -np.inf).astype(np.float32)
         x = w.embedding[tokens]  # [T, H]
         for i, layer in enumerate(w.layers):
             qkv = self.matmul(self.norm(x, layer.input_norm), layer.qkv)  # [T, (Hq + 2 Hkv) D]
@@ -64,12 +73,7 @@ class NativeModel:
             k = self.rotate(qkv[:, heads * size : (heads + kv) * size].reshape(t, kv, size), cos, sin)
             self.keys[i, slot, :, pos:end] = k.transpose(1, 0, 2)
             self.values[i, slot, :, pos:end] = qkv[:, (heads + kv) * size :].reshape(t, kv, size).transpose(1, 0, 2)
-            q = q.reshape(t, kv, heads // kv, size).transpose(1, 2, 0, 3)  # [Hkv, group, T, D]
-            scores = q @ self.keys[i, slot, :, None, :end].transpose(0, 1, 3, 2) * np.float32(w.scale) + mask
-            scores = np.exp(scores - scores.max(-1, keepdims=True))  # [Hkv, group, T, end]
-            scores /= scores.sum(-1, keepdims=True)
-            attended = (scores @ self.values[i, slot, :, None, :end]).transpose(2, 0, 1, 3).reshape(t, heads * size)
-            x = x + self.matmul(attended, layer.o)
+            x = x + self.matmul(self.attend(q, i, slot, pos), layer.o)
             gate, up = np.split(self.matmul(self.norm(x, layer.post_norm), layer.gate_up), 2, axis=-1)
             x = x + self.matmul(gate / (1 + np.exp(-gate)) * up, layer.down)
         if last_only:
