@@ -49,7 +49,6 @@ class NativeBackend(Backend):
                                f"{self.entry.kv_dtype}; the native backend reads gqa graphs with fp32 KV",
                                f"re-export with --lowering gqa --dtype fp32, or {HINT}")
         kernels = load_kernels()
-        kernels.specdec_set_threads(self.threads or cpu_count())
         weights = weights_from_onnx(self.root / self.entry.onnx_path, self.entry.dims)
         self.model = NativeModel(weights, self.entry.dims, kernels, self.max_seq_len)
         self.driver = self.model  # what a draft's copy_kv reads (geometry, buffers)
@@ -62,6 +61,7 @@ class NativeBackend(Backend):
 
     def _forward(self, input_ids, cache_len, last_only: bool, slots: np.ndarray) -> np.ndarray:
         # input_ids: [B, T] -> logits [B, T or 1, V]
+        self.model.kernels.specdec_set_threads(self.threads or cpu_count())  # OpenMP's count is per calling thread
         return np.stack([self.model.forward(ids, int(start), int(slot), last_only)
                          for ids, start, slot in zip(input_ids, cache_len, slots)])
 
