@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,3 +178,21 @@ def test_draft_copies_the_native_targets_kv(grid_bundle, backends):
     for i in range(layers):  # the draft's per-layer keys, then values: [slots, Hkv, S, D]
         assert np.array_equal(draft.driver.buffers[i][1, :, :12], native.model.keys[i, 1, :, :12])
         assert np.array_equal(draft.driver.buffers[layers + i][1, :, :12], native.model.values[i, 1, :, :12])
+
+
+def test_lockstep_runs_both_backends_as_systems(grid_bundle, tmp_path):
+    pl = pytest.importorskip("polars")
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "lockstep.py"
+    out = tmp_path / "lockstep"
+    done = subprocess.run([sys.executable, str(script), str(grid_bundle), "--per-class", "1", "--new-tokens", "6",
+                           "--modes", "target-only,auto", "--backends", "onnxruntime,native", "--peer-modes", "none",
+                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    requests = pl.read_parquet(out / "requests.parquet")
+    assert sorted(requests["system"].unique().to_list()) == ["specdec", "specdec native"]
+    assert (requests["status"] == "ok").all() and requests["identical"].all()  # both against onnxruntime's target-only
+    assert "specdec native target-only / specdec target-only" in (out / "pairs.md").read_text(encoding="utf-8")
+    refused = subprocess.run([sys.executable, str(script), str(grid_bundle), "--backends", "onnxruntime,gpu",
+                              "--peer-modes", "none", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1
+    assert "unknown backend in 'onnxruntime,gpu'" in refused.stderr and "Traceback" not in refused.stderr
