@@ -86,7 +86,12 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
-            code = _run(args)
+            try:
+                code = _run(args)
+            except Exception:  # a library turned the Terminated into its own error (transformers' lazy imports do)
+                if not publish.stopping():
+                    raise
+                code = None
             if publish.stopping() and code != 143:  # the Terminated exception was swallowed on its way up
                 print("terminated", file=sys.stderr)
                 return 143

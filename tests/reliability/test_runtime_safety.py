@@ -2,6 +2,8 @@
 reproducible seeds, EOS inside an accepted run, use after close; and exports that die or are stopped."""
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
 import signal
@@ -224,3 +226,28 @@ def test_a_killed_exports_partial_is_removed_by_the_next_export(tmp_path, tiny_l
     assert again.returncode == 0, again.stderr
     assert _partials(tmp_path) == [] and (tmp_path / "o" / "manifest.json").is_file()
     assert "left behind by process" in again.stderr  # the user is told what was removed
+
+
+def test_a_termination_a_library_rewraps_still_ends_as_terminated(monkeypatch, capsys):
+    """A SIGTERM during transformers' lazy import came out as its ModuleNotFoundError (a flaky CI run): the stop flag
+    set beside the Terminated still makes the command end as terminated, with no traceback."""
+    cli = importlib.import_module("specdec.cli.main")  # the module (specdec.cli.main is also its function's name)
+    monkeypatch.setattr(publish, "_STOPPING", threading.Event())
+
+    def rewrapped(args):
+        publish.stop_publishing()  # what the SIGTERM handler does before it raises Terminated
+        raise ModuleNotFoundError("Could not import module 'LlamaForCausalLM'")
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.set_defaults(run=rewrapped)
+    assert cli._dispatch(parser, []) == 143
+    assert "terminated" in capsys.readouterr().err
+    monkeypatch.setattr(publish, "_STOPPING", threading.Event())  # control: with no termination the error stays
+
+    def failing(args):
+        raise ModuleNotFoundError("Could not import module 'LlamaForCausalLM'")
+
+    parser.set_defaults(run=failing)
+    with pytest.raises(ModuleNotFoundError):
+        cli._dispatch(parser, [])
