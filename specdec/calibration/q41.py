@@ -39,8 +39,8 @@ MINIMUMS = ("rows", "exact")  # how the float minimum's residual is added back (
 
 
 def q41_from_weight(weight: np.ndarray) -> dict:
-    """Quantize a [K, N] weight (K % 32 == 0) to Q4_1 codes. -> codes [nb, 32, N] uint8, scale, zp, residual,
-    each [nb, N], and grid_error (max |w − d·q − m| / d)."""
+    """Quantize a [K, N] weight (K % 32 == 0) to Q4_1 codes. -> codes [nb, 32, N] uint8, scale, zp, residual and
+    minimum (m), each [nb, N], and grid_error (max |w − d·q − m| / d)."""
     k, n = weight.shape
     blocks = weight.astype(np.float32).reshape(k // BLOCK, BLOCK, n)  # [nb, 32, N]
     low, high = blocks.min(axis=1), blocks.max(axis=1)  # [nb, N]
@@ -51,7 +51,7 @@ def q41_from_weight(weight: np.ndarray) -> dict:
     zero_point = np.clip(np.rint(-low / scale), 0, 15)
     residual = (low + zero_point * scale).astype(np.float32)  # (q − zp)·d + residual == d·q + m
     return {"codes": codes.astype(np.uint8), "scale": scale, "zero_point": zero_point.astype(np.uint8),
-            "residual": residual, "grid_error": float(error.max())}
+            "residual": residual, "minimum": low.astype(np.float32), "grid_error": float(error.max())}
 
 
 def _pack_nibbles(values: np.ndarray) -> np.ndarray:

@@ -52,7 +52,8 @@ def config_from_args(args: argparse.Namespace):
 
     common = dict(prompts=args.prompts, seed=args.seed, temperature=args.temperature, drafters=args.drafters,
                   policies=args.gamma_policies,
-                  threads=args.threads, backend=args.backend, verify=not args.no_verify, peers=args.peers, plots=not args.no_plots,
+                  threads=args.threads, backend=args.backend, verify=not args.no_verify, peers=args.peers,
+                  plots=not args.no_plots,
                   progress=not args.no_progress and sys.stderr.isatty())
     if args.quick:
         return BenchConfig.quick(args.bundle, args.out, **common)

@@ -1,8 +1,6 @@
 """The forward pass on the native kernels: numpy for norms, rotary, attention and SiLU; static KV per slot."""
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from specdec.lowering import Geometry

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.calibration.q41 import q41_from_weight, q8_0_from_weight
 from specdec.errors import BackendError, missing_dependency
 from specdec.manifest import ModelDims
 
@@ -49,32 +50,21 @@ class NativeWeights:
 
 
 def q41_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
-    """weight [N, K] -> (blocks [N, K/32] of BLOCK4, max |w − d·q − m| / d)."""
-    n, k = weight.shape
-    blocks = weight.reshape(n, k // BLOCK, BLOCK)
-    low = blocks.min(-1)
-    step = (blocks.max(-1) - low) / 15
-    step = np.where(step > 0, step, 1).astype(np.float32)
-    codes = np.rint((blocks - low[..., None]) / step[..., None])
-    error = float((np.abs(codes * step[..., None] + low[..., None] - blocks) / step[..., None]).max())
-    out = np.zeros((n, k // BLOCK), BLOCK4)
-    out["d"], out["m"] = step, low
-    codes = codes.astype(np.uint8)
+    """weight [N, K] -> (blocks [N, K/32] of BLOCK4, max |w − d·q − m| / d), the fit of specdec.calibration.q41."""
+    q = q41_from_weight(weight.T)  # codes [nb, 32, N]; scale, minimum [nb, N]
+    codes = q["codes"].transpose(2, 0, 1)  # [N, nb, 32]
+    out = np.zeros(codes.shape[:2], BLOCK4)
+    out["d"], out["m"] = q["scale"].T, q["minimum"].T
     out["qs"] = codes[..., :16] | (codes[..., 16:] << 4)
-    return out, error
+    return out, q["grid_error"]
 
 
 def q8_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
-    """weight [N, K] -> (blocks [N, K/32] of BLOCK8, max |w − d·q| / d)."""
-    n, k = weight.shape
-    blocks = weight.reshape(n, k // BLOCK, BLOCK)
-    step = np.abs(blocks).max(-1) / 127
-    step = np.where(step > 0, step, 1).astype(np.float32)
-    codes = np.rint(blocks / step[..., None])
-    error = float((np.abs(codes * step[..., None] - blocks) / step[..., None]).max())
-    out = np.zeros((n, k // BLOCK), BLOCK8)
-    out["d"], out["qs"] = step, np.clip(codes, -127, 127).astype(np.int8)
-    return out, error
+    """weight [N, K] -> (blocks [N, K/32] of BLOCK8, max |w − d·q| / d), the fit of specdec.calibration.q41."""
+    q = q8_0_from_weight(weight)  # codes [N, nb, 32] as q + 128; scale [N, nb]
+    out = np.zeros(q["scale"].shape, BLOCK8)
+    out["d"], out["qs"] = q["scale"], (q["codes"].astype(np.int16) - 128).astype(np.int8)
+    return out, q["grid_error"]
 
 
 def _on_grid(name: str, weight: np.ndarray, blocks_of) -> np.ndarray:
