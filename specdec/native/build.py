@@ -77,4 +77,7 @@ def load_kernels() -> ctypes.CDLL:
     lib.attention.argtypes = [pointer, integer, integer, integer, integer, pointer, pointer, integer, integer,
                               ctypes.c_float, pointer]
     lib.attention.restype = None
+    lib.specdec_forward.argtypes = [pointer, pointer, integer, integer, pointer, pointer, ctypes.c_long, integer,
+                                    integer, integer, pointer]
+    lib.specdec_forward.restype = integer
     return lib

@@ -3,117 +3,177 @@
 // Blocks of 32 along K, per output column n:
 //   q41: {float d; float m; uint8 qs[16]} (qs[j]: low nibble = q[j], high nibble = q[j + 16]); w = d*q + m
 //   q8 : {float d; int8 qs[32]}; w = d*q
-// y[r, n] = sum_b d * (q . x[r, block b]) + m * blocksum(x[r], b)
+// fp32 activations (the target): each block's weights are decoded to fp32 once per tile of rows, then
+//   y[r, n] = sum_b (d*q + m) . x[r, block b]
+// The draft's kernels (quant = 1 in specdec_forward) first round each row's blocks of 32 activations to int8
+//   blkq: {float d; float s; int8 qs[32]}, x ~ d*qs, s = the exact fp32 block sum (for the Q4_1 minimum's term)
+// and multiply integers (maddubs), as onnxruntime's MatMulNBits does at accuracy level 4.
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <omp.h>
 #include <math.h>
 typedef struct { float d, m; uint8_t qs[16]; } blk4;
 typedef struct { float d; int8_t qs[32]; } blk8;
-#define MAXR 6
+typedef struct { float d, s; int8_t qs[32]; } blkq;
+#define MAXR 6  /* rows per read of the weights */
+#define COLUMNS 16  /* output columns per OpenMP task */
+#ifndef PREFETCH
+#define PREFETCH 512
+#endif
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s)); s = _mm_add_ss(s, _mm_movehdup_ps(s)); return _mm_cvtss_f32(s);
 }
 #define U8(v) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
 #define S8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define FETCH(p) _mm_prefetch((const char *)(p) + PREFETCH, _MM_HINT_T0)
 
-// one block's 32 decoded weights (w0..w3, as floats) times x[0..32), as 8 partial sums
-static inline __m256 dot32(__m256 w0, __m256 w1, __m256 w2, __m256 w3, const float *x) {
-    __m256 a = _mm256_mul_ps(w0, _mm256_loadu_ps(x)), e = _mm256_mul_ps(w1, _mm256_loadu_ps(x + 8));
-    a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), a);
-    e = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), e);
-    return _mm256_add_ps(a, e);
+// R rows (1..MAXR) of fp32 activations at x (row stride K) times columns n0..n1 of w -> y (row stride N).
+// Two accumulators per row keep the FMA chains short.
+static inline __attribute__((always_inline)) void rows_times(const int R, const float *x, int K, __m256 w0, __m256 w1,
+                                                             __m256 w2, __m256 w3, __m256 acc[][2]) {
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * K;
+        acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), acc[r][1]);
+        acc[r][0] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xr + 16), acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xr + 24), acc[r][1]);
+    }
 }
-
-// R rows (1..MAXR) starting at x (row stride K), columns n0..n1
-static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, const float *bs, int K,
-                                                          const blk4 *w, float *y, int N, int n0, int n1) {
+static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, int K, const blk4 *w, float *y,
+                                                          int N, int n0, int n1) {
     const int nb = K / 32; const __m128i mask = _mm_set1_epi8(0x0F);
+    for (int n = n0; n < n1; n++) {
+        const blk4 *c = w + (size_t)n * nb;
+        __m256 acc[MAXR][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            FETCH(c + b);
+            const __m128i v = _mm_loadu_si128((const __m128i *)c[b].qs);
+            const __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+            const __m256 d = _mm256_broadcast_ss(&c[b].d), m = _mm256_broadcast_ss(&c[b].m);
+            rows_times(R, x + b * 32, K, _mm256_fmadd_ps(U8(lo), d, m), _mm256_fmadd_ps(U8(_mm_srli_si128(lo, 8)), d, m),
+                       _mm256_fmadd_ps(U8(hi), d, m), _mm256_fmadd_ps(U8(_mm_srli_si128(hi, 8)), d, m), acc);
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    }
+}
+static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w, float *y,
+                                                          int N, int n0, int n1) {
+    const int nb = K / 32;
+    for (int n = n0; n < n1; n++) {
+        const blk8 *c = w + (size_t)n * nb;
+        __m256 acc[MAXR][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            FETCH(c + b);
+            const __m256 d = _mm256_broadcast_ss(&c[b].d);
+            rows_times(R, x + b * 32, K, _mm256_mul_ps(S8(c[b].qs), d), _mm256_mul_ps(S8(c[b].qs + 8), d),
+                       _mm256_mul_ps(S8(c[b].qs + 16), d), _mm256_mul_ps(S8(c[b].qs + 24), d), acc);
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    }
+}
+// ---- int8 activations (the draft) ----
+// x [M, K] -> a [M, K / 32]
+static void quantize_rows(const float *x, int M, int K, blkq *a) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int i = 0; i < M * (K / 32); i++) {
+        const float *xb = x + (size_t)i * 32;
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
+               v3 = _mm256_loadu_ps(xb + 24);
+        __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                   _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        t = _mm_max_ps(t, _mm_movehl_ps(t, t)); t = _mm_max_ss(t, _mm_movehdup_ps(t));
+        const float amax = _mm_cvtss_f32(t);
+        a[i].d = amax / 127.f;
+        a[i].s = hsum(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
+        const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        __m256i c0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, inv)), c1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv)),
+                c2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, inv)), c3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, inv));
+        __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
+        _mm256_storeu_si256((__m256i *)a[i].qs, _mm256_permutevar8x32_epi32(packed, order));
+    }
+}
+static inline __attribute__((always_inline)) void q4q_cols(const int R, const blkq *a, int nb, const blk4 *w, float *y,
+                                                           int N, int n0, int n1) {
+    const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int n = n0; n < n1; n++) {
         const blk4 *c = w + (size_t)n * nb;
         __m256 acc[MAXR]; float mins[MAXR];
         for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.f; }
         for (int b = 0; b < nb; b++) {
-            __m128i v = _mm_loadu_si128((const __m128i *)c[b].qs);
-            __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-            __m256 w0 = U8(lo), w1 = U8(_mm_srli_si128(lo, 8)), w2 = U8(hi), w3 = U8(_mm_srli_si128(hi, 8));
-            __m256 dd = _mm256_broadcast_ss(&c[b].d);
+            FETCH(c + b);
+            const __m128i v = _mm_loadu_si128((const __m128i *)c[b].qs);  // q[0..15] low nibbles, q[16..31] high
+            const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), mask);
             for (int r = 0; r < R; r++) {
-                acc[r] = _mm256_fmadd_ps(dd, dot32(w0, w1, w2, w3, x + (size_t)r * K + b * 32), acc[r]);
-                mins[r] += c[b].m * bs[r * nb + b];
+                const blkq *ab = a + (size_t)r * nb + b;
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)ab->qs)),
+                                              ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(c[b].d * ab->d), _mm256_cvtepi32_ps(p), acc[r]);
+                mins[r] += c[b].m * ab->s;
             }
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]) + mins[r];
     }
 }
-static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w,
-                                                          float *y, int N, int n0, int n1) {
-    const int nb = K / 32;
+static inline __attribute__((always_inline)) void q8q_cols(const int R, const blkq *a, int nb, const blk8 *w, float *y,
+                                                           int N, int n0, int n1) {
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int n = n0; n < n1; n++) {
         const blk8 *c = w + (size_t)n * nb;
         __m256 acc[MAXR];
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            __m256 w0 = S8(c[b].qs), w1 = S8(c[b].qs + 8), w2 = S8(c[b].qs + 16), w3 = S8(c[b].qs + 24);
-            __m256 dd = _mm256_broadcast_ss(&c[b].d);
+            FETCH(c + b);
+            const __m256i q = _mm256_loadu_si256((const __m256i *)c[b].qs), size = _mm256_sign_epi8(q, q);
             for (int r = 0; r < R; r++) {
-                acc[r] = _mm256_fmadd_ps(dd, dot32(w0, w1, w2, w3, x + (size_t)r * K + b * 32), acc[r]);
+                const blkq *ab = a + (size_t)r * nb + b;  // |q| times the activations with q's sign
+                __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ab->qs), q);
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(size, x), ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(c[b].d * ab->d), _mm256_cvtepi32_ps(p), acc[r]);
             }
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]);
     }
 }
+
 void specdec_set_threads(int threads) { omp_set_num_threads(threads); }
 
-// x [M, K] -> y [M, N]
-void q41_gemm(const float *x, int M, int K, const blk4 *w, float *y, int N) {
+enum { Q4_F32, Q8_F32, Q4_I8, Q8_I8 };  // weights x activations
+#define EACH_R(R, CALL) switch (R) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
+                                     case 4: CALL(4); break; case 5: CALL(5); break; default: CALL(6); }
+// x [M, K] (fp32 rows, or int8 blocks [M, K / 32]) -> y [M, N]; tiles of MAXR rows, OpenMP tasks of COLUMNS
+// columns handed out as threads come free (a shared VM's cores do not run at one speed)
+static void gemm(int kind, const void *x, int M, int K, const void *w, float *y, int N) {
     const int nb = K / 32;
-    float bs[MAXR * nb];  // the block sums of the tile's rows
     for (int m0 = 0; m0 < M; m0 += MAXR) {
-        int R = M - m0 < MAXR ? M - m0 : MAXR;
-        for (int r = 0; r < R; r++)
-            for (int b = 0; b < nb; b++) {
-                const float *xb = x + (size_t)(m0 + r) * K + b * 32;
-                float s = 0;
-                for (int j = 0; j < 32; j++) s += xb[j];
-                bs[r * nb + b] = s;
-            }
-        #pragma omp parallel
-        {
-            int t = omp_get_thread_num(), T = omp_get_num_threads(), chunk = (N + T - 1) / T;
-            int n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
-            const float *xr = x + (size_t)m0 * K; float *yr = y + (size_t)m0 * N;
-            switch (R) {  // a constant R per call: the row loops unroll and the accumulators stay in registers
-            case 1: q4_cols(1, xr, bs, K, w, yr, N, n0, n1); break;
-            case 2: q4_cols(2, xr, bs, K, w, yr, N, n0, n1); break;
-            case 3: q4_cols(3, xr, bs, K, w, yr, N, n0, n1); break;
-            case 4: q4_cols(4, xr, bs, K, w, yr, N, n0, n1); break;
-            case 5: q4_cols(5, xr, bs, K, w, yr, N, n0, n1); break;
-            default: q4_cols(6, xr, bs, K, w, yr, N, n0, n1);
+        const int R = M - m0 < MAXR ? M - m0 : MAXR;
+        const float *xf = (const float *)x + (size_t)m0 * K; const blkq *xq = (const blkq *)x + (size_t)m0 * nb;
+        float *yr = y + (size_t)m0 * N;
+        #pragma omp parallel for schedule(static)
+        for (int n0 = 0; n0 < N; n0 += COLUMNS) {
+            const int n1 = n0 + COLUMNS < N ? n0 + COLUMNS : N;
+            #define Q4F(r) q4_cols(r, xf, K, w, yr, N, n0, n1)
+            #define Q8F(r) q8_cols(r, xf, K, w, yr, N, n0, n1)
+            #define Q4I(r) q4q_cols(r, xq, nb, w, yr, N, n0, n1)
+            #define Q8I(r) q8q_cols(r, xq, nb, w, yr, N, n0, n1)
+            switch (kind) {
+            case Q4_F32: EACH_R(R, Q4F); break;
+            case Q8_F32: EACH_R(R, Q8F); break;
+            case Q4_I8: EACH_R(R, Q4I); break;
+            default: EACH_R(R, Q8I);
             }
         }
     }
 }
-void q8_gemm(const float *x, int M, int K, const blk8 *w, float *y, int N) {
-    for (int m0 = 0; m0 < M; m0 += MAXR) {
-        int R = M - m0 < MAXR ? M - m0 : MAXR;
-        #pragma omp parallel
-        {
-            int t = omp_get_thread_num(), T = omp_get_num_threads(), chunk = (N + T - 1) / T;
-            int n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
-            const float *xr = x + (size_t)m0 * K; float *yr = y + (size_t)m0 * N;
-            switch (R) {
-            case 1: q8_cols(1, xr, K, w, yr, N, n0, n1); break;
-            case 2: q8_cols(2, xr, K, w, yr, N, n0, n1); break;
-            case 3: q8_cols(3, xr, K, w, yr, N, n0, n1); break;
-            case 4: q8_cols(4, xr, K, w, yr, N, n0, n1); break;
-            case 5: q8_cols(5, xr, K, w, yr, N, n0, n1); break;
-            default: q8_cols(6, xr, K, w, yr, N, n0, n1);
-            }
-        }
-    }
-}
+// the fp32-activation products alone (benchmarks time them): x [M, K] -> y [M, N]
+void q41_gemm(const float *x, int M, int K, const blk4 *w, float *y, int N) { gemm(Q4_F32, x, M, K, w, y, N); }
+void q8_gemm(const float *x, int M, int K, const blk8 *w, float *y, int N) { gemm(Q8_F32, x, M, K, w, y, N); }
 
 // Causal attention of one layer and slot. q [T, Hq, D] (rotated) at positions pos..pos+T-1; keys, values
 // [Hkv, S, D], already holding positions 0..pos+T-1; query head h reads KV head h / (Hq / Hkv); out [T, Hq, D].
@@ -141,4 +201,94 @@ void attention(const float *q, int T, int Hq, int Hkv, int D, const float *keys,
             for (int i = 0; i < D; i++) o[i] += p * v[(size_t)j * D + i];
         }
     }
+}
+
+// ---- the forward pass ----
+// A LLaMA-layout model (specdec.native.weights): per layer RMSNorm, packed q/k/v, rotate-half rotary, causal GQA
+// over static KV, o, RMSNorm, packed gate/up, SiLU(gate) * up, down; a final RMSNorm and the head's V rows.
+typedef struct {
+    int L, H, Hq, Hkv, D, I, V;
+    float eps, scale;
+    const float *embedding;  // [vocab, H]
+    const float *const *in_norm, *const *post_norm;  // [L] of [H]
+    const blk4 *const *qkv, *const *o, *const *gate_up, *const *down;  // [L] of [N, K / 32] blocks
+    const float *final_norm;
+    const blk8 *head;  // [V, H / 32]
+    const float *cos, *sin;  // [positions, D / 2]
+} model_t;
+
+static void rmsnorm(const float *x, const float *gamma, float eps, int T, int H, float *out) {
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * H; float *ot = out + (size_t)t * H, s = 0.f;
+        for (int i = 0; i < H; i++) s += xt[i] * xt[i];
+        const float r = 1.f / sqrtf(s / H + eps);
+        for (int i = 0; i < H; i++) ot[i] = xt[i] * r * gamma[i];
+    }
+}
+static void rotate(const float *x, const float *cs, const float *sn, int D, float *out) {
+    const int half = D / 2;
+    for (int i = 0; i < half; i++) {
+        const float x1 = x[i], x2 = x[i + half];
+        out[i] = x1 * cs[i] - x2 * sn[i];
+        out[i + half] = x2 * cs[i] + x1 * sn[i];
+    }
+}
+// x [M, K] -> y [M, N] through Q4_1 (four) or Q8_0 blocks, with fp32 or int8 (scratch a) activations
+static void linear(const float *x, int M, int K, const void *w, int four, float *y, int N, int quant, blkq *a) {
+    if (quant) {
+        quantize_rows(x, M, K, a);
+        gemm(four ? Q4_I8 : Q8_I8, a, M, K, w, y, N);
+    } else {
+        gemm(four ? Q4_F32 : Q8_F32, x, M, K, w, y, N);
+    }
+}
+// tokens [T] at positions pos.. -> logits [T or 1, V]; K/V land at [pos, pos + T) of keys, values [L][Hkv, S, D]
+// (layer l's at keys + l * layer_stride). 0 on success, -1 where memory ran out.
+int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, float *keys, float *values,
+                    long layer_stride, int S, int last_only, int quant, float *logits) {
+    const int H = m->H, D = m->D, Hq = m->Hq, Hkv = m->Hkv, I = m->I, QKV = (Hq + 2 * Hkv) * D, half = D / 2;
+    int wide = H;  // the widest activation row
+    if (QKV > wide) wide = QKV;
+    if (Hq * D > wide) wide = Hq * D;
+    if (I > wide) wide = I;
+    float *x = malloc(sizeof(float) * T * H), *xn = malloc(sizeof(float) * T * H),
+          *tmp = malloc(sizeof(float) * T * wide), *q = malloc(sizeof(float) * T * Hq * D),
+          *att = malloc(sizeof(float) * T * Hq * D), *gu = malloc(sizeof(float) * T * 2 * I),
+          *act = malloc(sizeof(float) * T * I);
+    blkq *a = malloc(sizeof(blkq) * T * (wide / 32));
+    int status = 0;
+    if (!x || !xn || !tmp || !q || !att || !gu || !act || !a) { status = -1; goto done; }
+    for (int t = 0; t < T; t++) memcpy(x + (size_t)t * H, m->embedding + (size_t)tokens[t] * H, sizeof(float) * H);
+    for (int l = 0; l < m->L; l++) {
+        float *k = keys + (size_t)l * layer_stride, *v = values + (size_t)l * layer_stride;
+        rmsnorm(x, m->in_norm[l], m->eps, T, H, xn);
+        linear(xn, T, H, m->qkv[l], 1, tmp, QKV, quant, a);
+        for (int t = 0; t < T; t++) {
+            const int p = pos + t; const float *row = tmp + (size_t)t * QKV;
+            const float *cs = m->cos + (size_t)p * half, *sn = m->sin + (size_t)p * half;
+            for (int h = 0; h < Hq; h++) rotate(row + h * D, cs, sn, D, q + ((size_t)t * Hq + h) * D);
+            for (int h = 0; h < Hkv; h++) {
+                rotate(row + (Hq + h) * D, cs, sn, D, k + ((size_t)h * S + p) * D);
+                memcpy(v + ((size_t)h * S + p) * D, row + (Hq + Hkv + h) * D, sizeof(float) * D);
+            }
+        }
+        attention(q, T, Hq, Hkv, D, k, v, S, pos, m->scale, att);
+        linear(att, T, Hq * D, m->o[l], 1, tmp, H, quant, a);
+        for (int i = 0; i < T * H; i++) x[i] += tmp[i];
+        rmsnorm(x, m->post_norm[l], m->eps, T, H, xn);
+        linear(xn, T, H, m->gate_up[l], 1, gu, 2 * I, quant, a);
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < I; i++) {
+                const float g = gu[(size_t)t * 2 * I + i], u = gu[(size_t)t * 2 * I + I + i];
+                act[(size_t)t * I + i] = g / (1.f + expf(-g)) * u;
+            }
+        linear(act, T, I, m->down[l], 1, tmp, H, quant, a);
+        for (int i = 0; i < T * H; i++) x[i] += tmp[i];
+    }
+    const int rows = last_only ? 1 : T;
+    rmsnorm(x + (size_t)(T - rows) * H, m->final_norm, m->eps, rows, H, xn);
+    linear(xn, rows, H, m->head, 0, logits, m->V, quant, a);
+done:
+    free(x); free(xn); free(tmp); free(q); free(att); free(gu); free(act); free(a);
+    return status;
 }

@@ -1,79 +1,104 @@
-"""The forward pass on the native kernels: numpy for norms, rotary, attention and SiLU; static KV per slot."""
+"""The forward pass on the native kernels (kernels.c's specdec_forward), with static KV per slot in numpy."""
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 
+from specdec.errors import BackendError
 from specdec.lowering import Geometry
 from specdec.manifest import ModelDims
 from specdec.native.weights import BLOCK, BLOCK4, NativeWeights
 
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+
+
+class ModelStruct(ctypes.Structure):
+    """kernels.c's model_t."""
+    _fields_ = [("L", _I), ("H", _I), ("Hq", _I), ("Hkv", _I), ("D", _I), ("I", _I), ("V", _I), ("eps", _F),
+                ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P), ("qkv", _P), ("o", _P),
+                ("gate_up", _P), ("down", _P), ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P)]
+
+
+def _pointers(arrays: list) -> np.ndarray:
+    return np.array([a.ctypes.data for a in arrays], dtype=np.uintp)
+
 
 class NativeModel:
     """Also a KV source for the gqa driver's copy_kv (a draft taking this target's KV): `geometry` and `buffers`,
-    the per-layer keys then values [slots, Hkv, S, D], as GqaDriver holds its own."""
+    the per-layer keys then values [slots, Hkv, S, D], as GqaDriver holds its own.
 
-    def __init__(self, weights: NativeWeights, dims: ModelDims, kernels, max_seq_len: int):
+    quant: round activations to int8 before each weight (the draft's kernels; the target keeps fp32).
+    head_rows: the token ids the head scores (a trimmed draft head), None for all; the rest get `fill`.
+    kv_owner: a model whose KV this one reads and writes (a draft beside its target), else its own.
+    """
+
+    def __init__(self, weights: NativeWeights, dims: ModelDims, kernels, max_seq_len: int, quant: bool = False,
+                 head_rows: np.ndarray | None = None, fill: float = 0.0, kv_owner: "NativeModel | None" = None):
         self.weights = weights
         self.dims = dims
         self.kernels = kernels
         self.max_seq_len = max_seq_len
+        self.quant = quant
+        self.head_rows, self.fill = head_rows, np.float32(fill)
+        self.head = weights.head if head_rows is None else np.ascontiguousarray(weights.head[head_rows])
+        self.kv_owner = kv_owner
         self.geometry = Geometry(dims, max_seq_len, "float32")
-        self.keys = self.values = None  # [L, slots, Hkv, S, D]
+        self._keys = self._values = None  # [L, slots, Hkv, S, D]
         self.buffers = []
+        layers = weights.layers
+        self._keep = [_pointers([getattr(layer, name) for layer in layers])
+                      for name in ("input_norm", "post_norm", "qkv", "o", "gate_up", "down")]
+        self.struct = ModelStruct(
+            dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim,
+            layers[0].down.shape[1] * BLOCK, len(self.head), weights.epsilon, weights.scale,
+            weights.embedding.ctypes.data, *(table.ctypes.data for table in self._keep), weights.final_norm.ctypes.data,
+            self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data)
+
+    @property
+    def keys(self):
+        return self._keys if self.kv_owner is None else self.kv_owner.keys
+
+    @property
+    def values(self):
+        return self._values if self.kv_owner is None else self.kv_owner.values
 
     def reset(self, slots: int) -> None:
+        if self.kv_owner is not None:  # the owner's reset sizes the buffers
+            return
         d = self.dims
         shape = (d.num_layers, slots, d.num_kv_heads, self.max_seq_len, d.head_dim)
-        if self.keys is None or self.keys.shape != shape:
-            self.keys, self.values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-            self.buffers = list(self.keys) + list(self.values)  # views, [slots, Hkv, S, D] each
+        if self._keys is None or self._keys.shape != shape:
+            self._keys, self._values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
     def matmul(self, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        # x: [M, K] -> [M, N] (blocks: [N, K / 32])
+        """x [M, K] -> [M, N] through blocks [N, K / 32] (fp32 activations; benchmarks time the kernels alone)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
         kernel = self.kernels.q41_gemm if blocks.dtype == BLOCK4 else self.kernels.q8_gemm
         kernel(x.ctypes.data, x.shape[0], blocks.shape[1] * BLOCK, blocks.ctypes.data, y.ctypes.data, blocks.shape[0])
         return y
 
-    def norm(self, x: np.ndarray, gamma: np.ndarray) -> np.ndarray:
-        # x: [T, H]
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(self.weights.epsilon)) * gamma
-
-    @staticmethod
-    def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        # x: [T, heads, D]; cos, sin: [T, 1, D / 2]; rotate-half, as GroupQueryAttention's non-interleaved rotary
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-
-    def attend(self, q: np.ndarray, layer: int, slot: int, pos: int) -> np.ndarray:
-        # q: [T, Hq, D] at positions pos.. -> [T, Hq D], causal over the slot's KV [0, pos + T)
-        q = np.ascontiguousarray(q, dtype=np.float32)
-        out = np.empty(q.shape, np.float32)
-        d = self.dims
-        keys, values = self.keys[layer, slot], self.values[layer, slot]  # [Hkv, S, D], contiguous
-        self.kernels.attention(q.ctypes.data, q.shape[0], d.num_heads, d.num_kv_heads, d.head_dim, keys.ctypes.data,
-                               values.ctypes.data, self.max_seq_len, pos, self.weights.scale, out.ctypes.data)
-        return out.reshape(q.shape[0], -1)
-
     def forward(self, tokens: np.ndarray, pos: int, slot: int, last_only: bool = False) -> np.ndarray:
         """tokens [T] at positions pos.. of `slot` -> logits [T, V] ([1, V] with last_only); K/V land at
         [pos, pos + T)."""
-        w, d = self.weights, self.dims
-        t, heads, kv, size = len(tokens), d.num_heads, d.num_kv_heads, d.head_dim
-        end = pos + t
-        cos, sin = w.cos[pos:end, None], w.sin[pos:end, None]  # [T, 1, D / 2]
-        x = w.embedding[tokens]  # [T, H]
-        for i, layer in enumerate(w.layers):
-            qkv = self.matmul(self.norm(x, layer.input_norm), layer.qkv)  # [T, (Hq + 2 Hkv) D]
-            q = self.rotate(qkv[:, : heads * size].reshape(t, heads, size), cos, sin)
-            k = self.rotate(qkv[:, heads * size : (heads + kv) * size].reshape(t, kv, size), cos, sin)
-            self.keys[i, slot, :, pos:end] = k.transpose(1, 0, 2)
-            self.values[i, slot, :, pos:end] = qkv[:, (heads + kv) * size :].reshape(t, kv, size).transpose(1, 0, 2)
-            x = x + self.matmul(self.attend(q, i, slot, pos), layer.o)
-            gate, up = np.split(self.matmul(self.norm(x, layer.post_norm), layer.gate_up), 2, axis=-1)
-            x = x + self.matmul(gate / (1 + np.exp(-gate)) * up, layer.down)
-        if last_only:
-            x = x[-1:]
-        return self.matmul(self.norm(x, w.final_norm), w.head)
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+        vocab = self.dims.vocab_size
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+            raise BackendError(f"token ids {tokens.min()}..{tokens.max()} are outside the vocabulary 0..{vocab - 1}",
+                               "encode the text with the bundle's tokenizer")
+        keys, values = self.keys, self.values
+        rows = 1 if last_only else len(tokens)
+        scored = np.empty((rows, len(self.head)), np.float32)
+        status = self.kernels.specdec_forward(
+            ctypes.byref(self.struct), tokens.ctypes.data, len(tokens), pos, keys[0, slot].ctypes.data,
+            values[0, slot].ctypes.data, keys.strides[0] // 4, self.max_seq_len, last_only, self.quant,
+            scored.ctypes.data)
+        if status:
+            raise BackendError(f"the native forward of {len(tokens)} tokens ran out of memory", "free some memory")
+        if self.head_rows is None:
+            return scored
+        logits = np.full((rows, vocab), self.fill, np.float32)
+        logits[:, self.head_rows] = scored
+        return logits
