@@ -73,6 +73,8 @@ def load_kernels() -> ctypes.CDLL:
     for name in ("q41_gemm", "q8_gemm"):
         getattr(lib, name).argtypes = [pointer, integer, integer, pointer, pointer, integer]
         getattr(lib, name).restype = None
+    lib.int8_gemm.argtypes = [pointer, integer, integer, pointer, integer, pointer, integer]
+    lib.int8_gemm.restype = integer
     lib.specdec_set_threads.argtypes, lib.specdec_set_threads.restype = [integer], None
     lib.attention.argtypes = [pointer, integer, integer, integer, integer, pointer, pointer, integer, integer,
                               ctypes.c_float, pointer]

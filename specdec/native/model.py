@@ -72,12 +72,19 @@ class NativeModel:
             self._keys, self._values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
-    def matmul(self, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32] (fp32 activations; benchmarks time the kernels alone)."""
+    def matmul(self, x: np.ndarray, blocks: np.ndarray, quant: bool = False) -> np.ndarray:
+        """x [M, K] -> [M, N] through blocks [N, K / 32], x rounded to int8 first with quant (the draft's kernels);
+        the products alone, for benchmarks and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
-        kernel = self.kernels.q41_gemm if blocks.dtype == BLOCK4 else self.kernels.q8_gemm
-        kernel(x.ctypes.data, x.shape[0], blocks.shape[1] * BLOCK, blocks.ctypes.data, y.ctypes.data, blocks.shape[0])
+        four, k = blocks.dtype == BLOCK4, blocks.shape[1] * BLOCK
+        if quant:
+            if self.kernels.int8_gemm(x.ctypes.data, x.shape[0], k, blocks.ctypes.data, four, y.ctypes.data,
+                                      blocks.shape[0]):
+                raise BackendError(f"int8 activations of {x.shape[0]} rows: out of memory", "free some memory")
+            return y
+        kernel = self.kernels.q41_gemm if four else self.kernels.q8_gemm
+        kernel(x.ctypes.data, x.shape[0], k, blocks.ctypes.data, y.ctypes.data, blocks.shape[0])
         return y
 
     def forward(self, tokens: np.ndarray, pos: int, slot: int, last_only: bool = False) -> np.ndarray:

@@ -146,3 +146,33 @@ def weights_from_onnx(path: Path, dims: ModelDims) -> NativeWeights:
         cos=array(attention.input[7]).astype(np.float32), sin=array(attention.input[8]).astype(np.float32),
         epsilon=float(_attributes(norms[0], onnx).get("epsilon", 1e-5)),
         scale=float(attrs.get("scale") or dims.head_dim ** -0.5))
+
+
+def trimmed_head_rows(path: Path, vocab: int) -> np.ndarray | None:
+    """The sorted token ids a draft graph's trimmed head scores (specdec.calibration.q41.scatter_back: its
+    GatherElements' [1, vocab] column table, column len(keep) for the fill), or None where the head is whole."""
+    try:
+        import onnx
+        from onnx import external_data_helper, numpy_helper
+    except ImportError as exc:
+        raise missing_dependency("onnx", "native") from exc
+    model = onnx.load(str(path), load_external_data=False)
+    made_by = {out: node for node in model.graph.node for out in node.output}
+    inits = {init.name: init for init in model.graph.initializer}
+    scatters = [node for node in model.graph.node if node.op_type == "GatherElements"]
+    if not scatters:
+        return None
+    expand, pad = made_by.get(scatters[0].input[1]), made_by.get(scatters[0].input[0])
+    head = made_by.get(pad.input[0]) if pad is not None and pad.op_type == "Pad" else None
+    table = inits.get(expand.input[0]) if expand is not None and expand.op_type == "Expand" else None
+    scored = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}.get("N") if head else None
+    if len(scatters) != 1 or table is None or scored is None:
+        raise BackendError(f"{path} holds a GatherElements that is not a trimmed head's scatter", HINT)
+    if external_data_helper.uses_external_data(table):
+        external_data_helper.load_external_data_for_tensor(table, str(path.parent))
+    columns = numpy_helper.to_array(table).reshape(-1)  # each token's column of the scores; `scored` for the fill
+    kept = np.flatnonzero(columns != scored)
+    if columns.shape != (vocab,) or not np.array_equal(columns[kept], np.arange(scored)):
+        raise BackendError(f"{path}'s head table ({columns.size} entries) does not map a vocabulary of {vocab} onto "
+                           f"{scored} scored tokens", HINT)
+    return kept

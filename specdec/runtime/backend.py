@@ -99,6 +99,13 @@ class Backend:
         self.close()
 
 
+def unwrapped(backend):
+    """The backend inside its wrappers (Timed, Metered)."""
+    while hasattr(backend, "backend"):
+        backend = backend.backend
+    return backend
+
+
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 

@@ -8,7 +8,7 @@ import numpy as np
 from specdec.errors import BackendError, ConfigError, missing_dependency
 from specdec.lowering import kv_numpy_dtype, lowering_for
 from specdec.manifest import Manifest, ModelEntry
-from specdec.runtime.backend import Backend, check_device, session_options, steady_malloc
+from specdec.runtime.backend import Backend, check_device, session_options, steady_malloc, unwrapped
 from specdec.runtime.native_backend import NativeBackend
 
 
@@ -57,7 +57,7 @@ class OrtBackend(Backend):
         catch-ups then cost a copy, not a forward. The target may run on onnxruntime or on the native backend,
         whose KV has the gqa driver's layout. Same lowering, KV dtype, heads, head size and S, no more
         layers. Exactness never depends on it: acceptance uses the q the draft proposed."""
-        source = _unwrapped(source)
+        source = unwrapped(source)
         mine, theirs = self.entry, getattr(source, "entry", None)
         return (isinstance(source, (OrtBackend, NativeBackend)) and theirs is not None and theirs.role == "target"
                 and mine.role == "draft" and bool(mine.derived) and mine.lowering == theirs.lowering
@@ -66,7 +66,7 @@ class OrtBackend(Backend):
                 and mine.dims.num_layers <= theirs.dims.num_layers)
 
     def copy_kv(self, source, slot: int, start: int, stop: int) -> None:
-        source = _unwrapped(source)
+        source = unwrapped(source)
         if not self.takes_kv_from(source):
             super().copy_kv(source, slot, start, stop)
         self.driver.copy_kv(source.driver, slot, start, stop)
@@ -82,10 +82,3 @@ class OrtBackend(Backend):
     def close(self) -> None:
         self.session = self.driver = None
         self.batch = 0
-
-
-def _unwrapped(backend):
-    """The backend inside its wrappers (Timed, Metered)."""
-    while hasattr(backend, "backend"):
-        backend = backend.backend
-    return backend

@@ -12,9 +12,6 @@ import numpy as np
 import pytest
 
 from specdec.errors import BackendError
-from specdec.export.bundle import export_bundle
-from specdec.export.config import ExportConfig
-from specdec.export.tiny import save_tiny, save_tiny_on_grids
 from specdec.manifest import read_manifest
 from specdec.native import build
 from specdec.runtime import load
@@ -24,25 +21,6 @@ from specdec.runtime.ort_backend import OrtBackend
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2 and FMA")
 TOLERANCE = 1e-4  # of the largest |logit|: fp32 summation order
-
-
-def _gqa_export(out, model, **options):
-    config = ExportConfig(out=out, target=str(model), max_seq_len=96, gamma=3, gamma_max=6, max_batch=4,
-                          max_prefill_chunk=16, progress=False, lowering="gqa", **options)
-    return export_bundle(config)
-
-
-@pytest.fixture(scope="module")
-def grid_bundle(tmp_path_factory):
-    model = save_tiny_on_grids(tmp_path_factory.mktemp("grid"), family="llama", seed=0, init_range=0.5,
-                               hidden=64)  # head size 16: the fused rotary of the packed gqa graph
-    return _gqa_export(tmp_path_factory.mktemp("b") / "grid", model, draft_from_target="int4")
-
-
-@pytest.fixture(scope="module")
-def off_grid_bundle(tmp_path_factory):
-    model = save_tiny(tmp_path_factory.mktemp("off"), family="llama", seed=0, init_range=0.5, hidden=64)
-    return _gqa_export(tmp_path_factory.mktemp("b") / "off", model)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,29 @@
+"""The tiny bundles of the native backend's tests."""
+from __future__ import annotations
+
+import pytest
+
+from specdec.export.bundle import export_bundle
+from specdec.export.config import ExportConfig
+from specdec.export.tiny import save_tiny, save_tiny_on_grids
+
+
+def _gqa_export(out, model, **options):
+    config = ExportConfig(out=out, target=str(model), max_seq_len=96, gamma=3, gamma_max=6, max_batch=4,
+                          max_prefill_chunk=16, progress=False, lowering="gqa", **options)
+    return export_bundle(config)
+
+
+@pytest.fixture(scope="module")
+def grid_bundle(tmp_path_factory):
+    """A tiny LLaMA whose weights lie on the GGUF grids, exported with an int4 (MatMulNBits) draft."""
+    model = save_tiny_on_grids(tmp_path_factory.mktemp("grid"), family="llama", seed=0, init_range=0.5,
+                               hidden=64)  # head size 16: the fused rotary of the packed gqa graph
+    return _gqa_export(tmp_path_factory.mktemp("b") / "grid", model, draft_from_target="int4")
+
+
+@pytest.fixture(scope="module")
+def off_grid_bundle(tmp_path_factory):
+    """The same tiny LLaMA with its random fp32 weights."""
+    model = save_tiny(tmp_path_factory.mktemp("off"), family="llama", seed=0, init_range=0.5, hidden=64)
+    return _gqa_export(tmp_path_factory.mktemp("b") / "off", model)
