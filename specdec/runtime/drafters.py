@@ -133,35 +133,47 @@ class ModelDrafter:
 
 
 class ModelGate:
-    """Decides from acceptance α and cost ratio c whether model drafts beat plain decoding.
+    """Decides from acceptance α, cost ratio c and verify cost r whether model drafts beat plain decoding.
 
-    Two kinds (DESIGN §5): a *measured* gate lives as long as its generator and learns α and c (the draft's time
-    per one-token step over the target's time per verify pass, both from rounds that drafted with the model) on
-    this machine; greedy requests share it, since their output does not depend on it. A *fixed* gate serves one
-    sampled request: c is fixed bundle data (the γ calibration's, or a default) and α comes from that request
-    alone, so the same seed gives the same tokens whatever ran before.
+    Two kinds (DESIGN §5): a *measured* gate lives as long as its generator and learns α, c (the draft's time
+    per one-token step over the target's time per verify pass, both from rounds that drafted with the model) and
+    r (the target's fastest such verify pass over its fastest one-token pass, from rounds where no row drafted)
+    on this machine; greedy requests share it, since their output does not depend on it. Until it has timed
+    `plain_probes` one-token passes, it declines the model for a round now and then to time one (at most
+    `plain_probes` * probe_every declines): where the target's verify pass costs much more than its step (the
+    native backend's compute-bound verify), the model may not pay even at a high α. A *fixed* gate serves one
+    sampled request: c is fixed bundle data (the γ calibration's, or a default), r is 1 and α comes from that
+    request alone, so the same seed gives the same tokens whatever ran before.
     """
 
     def __init__(self, cost_ratio: float | None = None, warmup_rounds: int = 4, prior_alpha: float = 0.7,
-                 prior_weight: float = 4.0, probe_every: int = 16):
+                 prior_weight: float = 4.0, probe_every: int = 16, plain_probes: int = 2):
         self.fixed_cost = cost_ratio
         self.warmup_rounds = warmup_rounds
         self.probe_every = probe_every  # while the model does not pay, still try it every n-th round
-        self.refusals = 0
+        self.plain_probes = plain_probes
+        self.refusals = self.plain_declines = 0
         self.prior = (prior_alpha * prior_weight, prior_weight)
         self.rounds = self.proposed = self.accepted = 0
         self.verify_s = self.step_s = 0.0
-        self.steps = 0
+        self.steps = self.plain_steps = 0
+        self.fastest_verify = self.fastest_plain = float("inf")  # r from the fastest of each: noise only adds
 
     def observe(self, proposed: int, accepted: int, verify_s: float) -> None:
         self.rounds += 1
         self.proposed += proposed
         self.accepted += accepted
         self.verify_s += verify_s
+        self.fastest_verify = min(self.fastest_verify, verify_s)
 
     def observe_draft_step(self, seconds: float) -> None:
         self.step_s += seconds
         self.steps += 1
+
+    def observe_plain(self, seconds: float) -> None:
+        """A round in which the target verified no drafts: one token per row."""
+        self.fastest_plain = min(self.fastest_plain, seconds)
+        self.plain_steps += 1
 
     @property
     def alpha(self) -> float:
@@ -175,11 +187,24 @@ class ModelGate:
             return 0.0
         return (self.step_s / self.steps) / (self.verify_s / self.rounds)
 
+    @property
+    def verify_ratio(self) -> float:
+        """r: the target's fastest model-round verify pass over its fastest one-token pass (a busy machine only
+        adds time, so the fastest of each is the steadiest estimate); 1 until both are timed, and for a fixed
+        gate."""
+        if self.fixed_cost is not None or not self.plain_steps or not self.rounds or self.fastest_plain <= 0:
+            return 1.0
+        return self.fastest_verify / self.fastest_plain
+
     def pays(self, gamma: int) -> bool:
         """Whether to draft with the model this round (the expected gain, or a periodic probe)."""
         if self.rounds < self.warmup_rounds or (self.fixed_cost is None and not self.steps):
             return True
-        if expected_speedup(self.alpha, gamma, self.cost_ratio) > 1.0:
+        if self.fixed_cost is None and self.plain_steps < self.plain_probes:
+            self.plain_declines += 1  # time a one-token pass now and then, until plain_probes of them
+            if self.plain_declines <= self.plain_probes * self.probe_every and self.plain_declines % 4 == 1:
+                return False
+        if expected_speedup(self.alpha, gamma, self.cost_ratio) / self.verify_ratio > 1.0:
             return True
         self.refusals += 1
         return self.refusals % self.probe_every == 0

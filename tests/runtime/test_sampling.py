@@ -1,6 +1,8 @@
 """The acceptance rule on the paper's worked example, greedy acceptance, and logits warping."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -101,11 +103,43 @@ def test_gate_turns_the_model_off_when_it_does_not_pay():
     for _ in range(4):
         slow.observe(proposed=4, accepted=1, verify_s=0.04)  # α low
         slow.observe_draft_step(0.03)  # c = 0.75
+        slow.observe_plain(0.04)  # r = 1
     assert not slow.pays(4)
     fast = ModelGate(warmup_rounds=2)
     for _ in range(4):
         fast.observe(proposed=4, accepted=4, verify_s=0.04)  # α high
         fast.observe_draft_step(0.004)  # c = 0.1
+    assert not fast.pays(4)  # no one-token pass timed yet: it declines the model for a round to time one
+    fast.observe_plain(0.05)
+    fast.observe_plain(0.035)  # r = 0.04 / 0.035, from the fastest of each
+    assert abs(fast.verify_ratio - 0.04 / 0.035) < 1e-12
     assert fast.pays(4)
     probes = [slow.pays(4) for _ in range(32)]  # still tried every 16th refusal (the assert above was the 1st)
     assert probes.count(True) == 2 and probes[14] and probes[30]
+
+
+def test_gate_counts_the_verify_pass_against_a_one_token_step():
+    """High α and a cheap draft, but a verify pass that costs 5 one-token steps (r = 5): the model does not pay."""
+    from specdec.runtime.adaptive_gamma import expected_speedup
+    from specdec.runtime.drafters import ModelGate
+    from specdec.runtime.loop import SpeculativeLoop
+    from specdec.runtime.state import Round, RowRound
+
+    costly = ModelGate(warmup_rounds=2)
+    for _ in range(4):
+        costly.observe(proposed=4, accepted=4, verify_s=0.04)
+        costly.observe_draft_step(0.004)
+    assert expected_speedup(costly.alpha, 4, costly.cost_ratio) > 1.0  # the paper's model (r = 1) says it pays
+    declined = [costly.pays(4) for _ in range(9)]  # until two one-token passes are timed: 1st, 5th, 9th declined
+    assert [i for i, d in enumerate(declined) if not d] == [0, 4, 8]
+    rows = [SimpleNamespace(gate=costly), SimpleNamespace(gate=costly)]
+    plain = Round(4, [RowRound(0, 0, [7], "none", None), None], 0.0, 0.008)
+    drafted = Round(4, [RowRound(0, 0, [7], "none", None), RowRound(2, 1, [7, 8], "lookup", None)], 0.0, 0.02)
+    for record in (plain, drafted, plain):  # a round where some row verified drafts is no one-token pass
+        SpeculativeLoop._teach_gates(rows, record)
+    assert costly.plain_steps == 2 and abs(costly.verify_ratio - 0.04 / 0.008) < 1e-9
+    assert not costly.pays(4)
+    fixed = ModelGate(cost_ratio=0.1, warmup_rounds=0)  # a sampled request's gate: r stays 1, whatever it saw
+    fixed.observe(proposed=4, accepted=4, verify_s=0.04)
+    fixed.observe_plain(0.008)
+    assert fixed.verify_ratio == 1.0 and fixed.pays(4)
