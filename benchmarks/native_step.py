@@ -1,6 +1,7 @@
 """The native backend's target step against the onnxruntime target, in one process: parity with PyTorch and
-onnxruntime, then T = 1 and T = 5 calls at one cache length, blocks of calls interleaved between the engines, and
-the step's kernel calls alone (what a forward pass without numpy around the kernels would approach).
+onnxruntime, then T = 1 and T = 5 calls at one cache length, blocks of calls interleaved between the engines (the
+native and the onnxruntime draft's one-token step too), and the steps' products alone (what the forward pass spends
+outside them is norms, rotary, attention and SiLU).
 
     python benchmarks/native_step.py bundles/smollm2-q41 --out benchmarks/results/issue11/native
 
@@ -50,23 +51,27 @@ def check_parity(native, ort_target, source, new_tokens: int) -> list:
 
 
 def kernels_only(model, rows: int) -> None:
-    """The step's kernel calls (every linear weight and the head) on constant inputs, nothing around them."""
+    """The step's products (every linear weight and the head, int8 activations for a draft) on constant inputs,
+    nothing around them."""
     for layer in model.weights.layers:
         for blocks in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            model.matmul(np.ones((rows, blocks.shape[1] * 32), np.float32), blocks)
-    model.matmul(np.ones((rows, model.weights.head.shape[1] * 32), np.float32), model.weights.head)
+            model.matmul(np.ones((rows, blocks.shape[1] * 32), np.float32), blocks, model.quant)
+    model.matmul(np.ones((rows, model.head.shape[1] * 32), np.float32), model.head, model.quant)
 
 
 def measure(backends: dict, cache_len: int, repeats: int, block: int) -> dict:
     cases = {}
     for engine, backend in backends.items():
         backend.reset(1)
-        for steps in (1, 5) if engine != "onnxruntime draft" else (1,):
+        for steps in (1, 5) if "draft" not in engine else (1,):
             ids = np.full((1, steps), 5, np.int64)
             cases[(engine, steps)] = lambda b=backend, i=ids: b.forward(i, np.array([cache_len], np.int64))
     native = backends["native target"].model
     for steps in (1, 5):
         cases[("native kernels alone", steps)] = lambda s=steps: kernels_only(native, s)
+    if "native draft" in backends:
+        draft = backends["native draft"].model
+        cases[("native draft kernels alone", 1)] = lambda: kernels_only(draft, 1)
     samples = {key: [] for key in cases}
     for call in cases.values():
         call()  # warm-up
@@ -91,7 +96,7 @@ def main() -> None:
     from specdec.export.sources import default_source
     from specdec.manifest import read_manifest
     from specdec.runtime.backend import cpu_count
-    from specdec.runtime.native_backend import NativeBackend
+    from specdec.runtime.native_backend import NativeBackend, drafts_natively
     from specdec.runtime.ort_backend import OrtBackend
 
     manifest, source = read_manifest(args.bundle), default_source()
@@ -102,6 +107,9 @@ def main() -> None:
     backends = {"native target": NativeBackend(args.bundle, manifest.target, threads).open(),
                 "onnxruntime": OrtBackend(args.bundle, manifest.target, threads).open(),
                 "onnxruntime draft": OrtBackend(args.bundle, manifest.draft, threads).open()}
+    if drafts_natively(manifest.draft, manifest.target):  # the int4-q41 draft on the target's blocks, int8 activations
+        backends["native draft"] = NativeBackend(args.bundle, manifest.draft, threads,
+                                                 target=backends["native target"]).open()
     lines = check_parity(backends["native target"], backends["onnxruntime"], source, args.new_tokens)
     samples = measure(backends, args.cache_len, args.repeats, args.block)
     lines += ["", f"Calls at cache length {args.cache_len}, {args.repeats} rounds of {args.block} calls per engine, "

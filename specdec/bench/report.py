@@ -16,7 +16,7 @@ SUMMARY_COLUMNS = [  # (column, header, format)
     ("e2e_p50_ms", "E2E p50 ms", "{:.0f}"), ("e2e_p90_ms", "p90", "{:.0f}"), ("e2e_p99_ms", "p99", "{:.0f}"),
     ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"), ("tokens_per_s_p50", "tok/s p50", "{:.1f}"),
     ("alpha", "α", "{:.2f}"), ("mean_acceptance_length", "mean acc. len", "{:.2f}"), ("cost_ratio", "c", "{:.3f}"), ("drafted_share", "f", "{:.2f}"),
-    ("drafted_per_round", "g", "{:.2f}"),
+    ("drafted_per_round", "g", "{:.2f}"), ("verify_ratio", "r", "{:.2f}"),
     ("speedup", "speedup", "{:.2f}×"), ("predicted_speedup", "predicted", "{:.2f}×"),
     ("vs_specdec_plain", "vs specdec plain", "{:.2f}×"), ("identical", "identical", "{:.0%}"),
     ("token_agreement", "token agr.", "{:.0%}"), ("note", "note", "{}"),
@@ -68,11 +68,14 @@ def markdown(summary, positions: dict, info: dict) -> str:
             f"rotated per repeat), {info['warmup']} warm-up request(s) per mode, {info['max_new_tokens']} new tokens, "
             f"temperature {info['temperature']}, seed {info['seed']}", "",
             "TPOT = (E2E − TTFT) / (new tokens − 1). speedup = target-only's token-weighted TPOT over the mode's, "
-            "same system, same run. predicted = DESIGN §1's (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from the measured "
-            "acceptance rate α and c = draft time per drafted token / verify time per pass, applied to the rounds as "
-            "they ran: a share f of verify passes drafted (on average g tokens), the rest were plain steps; "
-            "predicted = (f·(1 − α^(g+1))/(1 − α) + 1 − f) / (f·(gc + 1) + 1 − f), which is the formula when f = 1 "
-            "and g = γ. c counts the draft model's prompt prefill as draft time, so it overstates the per-token "
+            "same system, same run. predicted = DESIGN §1 with the verify cost, (1 − α^(γ+1)) / ((1 − α)(γ·d/P + r)): "
+            "α the measured acceptance rate, d the draft time per drafted token, P the system's target-only time per "
+            "step, r = a drafted round's verify pass / P, all measured in this run; applied to the rounds as they "
+            "ran (a share f of verify passes drafted, on average g tokens; the rest were plain steps, 1 token for P): "
+            "predicted = (f·(1 − α^(g+1))/(1 − α) + 1 − f)·P / (f·(g·d + r·P) + (1 − f)·P), the paper's formula when "
+            "f = 1, g = γ and r = 1. c = d / the mode's mean verify pass. Host time (Python around the engines) is in "
+            "the measured TPOT, not in the prediction. d counts the draft model's prompt prefill as draft time, so it "
+            "overstates the per-token "
             "cost most for short outputs.", ""]
     body = [markdown_table(summary), "", "## Greedy agreement", "", *agreement_lines(summary), "",
             "## Per-position acceptance", ""]

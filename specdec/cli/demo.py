@@ -1,11 +1,14 @@
 """`python -m specdec.cli.demo BUNDLE`: a speculative generation, and its speedup over plain decoding measured in
-the same run (interleaved repeats; min and median ms/token per mode)."""
+the same run (interleaved repeats; min and median ms/token per mode), on each backend in turn (onnxruntime, then
+the native kernels where the bundle and this machine allow them); greedy outputs identical across drafters and
+backends."""
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
 
+from specdec.errors import SpecDecError
 from specdec.runtime import GenerationConfig, load
 
 PROMPTS = [
@@ -18,7 +21,7 @@ MODES = ("none", "auto", "prompt_lookup", "model")
 
 
 def measure(generator, modes, new_tokens: int, repeats: int) -> dict:
-    """ms/token samples per mode, interleaved so machine noise hits every mode alike."""
+    """(ms/token samples per mode, interleaved so machine noise hits every mode alike; greedy tokens per prompt)."""
     samples = {mode: [] for mode in modes}
     texts = {}
     for _ in range(repeats):
@@ -33,11 +36,12 @@ def measure(generator, modes, new_tokens: int, repeats: int) -> dict:
     for prompt, by_mode in texts.items():
         if any(ids != by_mode["none"] for ids in by_mode.values()):
             raise SystemExit(f"greedy outputs differ between drafters for {prompt!r}")
-    return samples
+    return samples, {prompt: by_mode["none"] for prompt, by_mode in texts.items()}
 
 
-def report(samples: dict) -> str:
-    base = statistics.median(ms for ms, _ in samples["none"])
+def report(samples: dict, base: float | None = None) -> str:
+    """The table of one backend; speedup over `base` (ms/token), else over this backend's plain decoding."""
+    base = base or statistics.median(ms for ms, _ in samples["none"])
     lines = [f"{'drafter':<14} {'min ms/tok':>10} {'median':>8} {'speedup':>8} {'accept':>7} {'host %':>7}"]
     for mode, rows in samples.items():
         times = [ms for ms, _ in rows]
@@ -55,19 +59,46 @@ def main(argv=None) -> int:
     parser.add_argument("bundle")
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--backends", default="onnxruntime,native",
+                        help="comma-separated; a backend after the first that cannot open here is skipped with why")
     args = parser.parse_args(argv)
-    with load(args.bundle) as generator:
-        generator.generate("Hello", GenerationConfig(max_new_tokens=4))  # warm-up
-        print(f"prompt: {PROMPTS[0]}\n---")
-        for piece in generator.stream(PROMPTS[0], GenerationConfig(max_new_tokens=args.new_tokens, chat=True)):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        print(f"\n--- [auto] {generator.last_stats.summary()}\n")
-        print(f"greedy, {len(PROMPTS)} prompts x {args.repeats} repeats, {args.new_tokens} new tokens, "
-              "outputs identical across drafters:")
-        print(report(measure(generator, MODES, args.new_tokens, args.repeats)))
+    backends = [name.strip() for name in args.backends.split(",") if name.strip()]
+    base, outputs = None, {}
+    for index, backend in enumerate(backends):
+        try:
+            generator = load(args.bundle, backend=backend)
+        except SpecDecError as exc:
+            if index == 0:
+                raise
+            print(f"\n[{backend}] skipped: {exc}")
+            continue
+        with generator:
+            generator.generate("Hello", GenerationConfig(max_new_tokens=4))  # warm-up
+            if index == 0:
+                print(f"prompt: {PROMPTS[0]}\n---")
+                for piece in generator.stream(PROMPTS[0], GenerationConfig(max_new_tokens=args.new_tokens, chat=True)):
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+                print(f"\n--- [auto] {generator.last_stats.summary()}\n")
+            samples, texts = measure(generator, MODES, args.new_tokens, args.repeats)
+        for prompt, ids in texts.items():
+            if outputs.setdefault(prompt, ids) != ids:
+                raise SystemExit(f"greedy outputs differ between backends for {prompt!r}")
+        print(f"\n[{backend}] greedy, {len(PROMPTS)} prompts x {args.repeats} repeats, {args.new_tokens} new tokens, "
+              "outputs identical across drafters" + (" and backends" if index else "") +
+              (f"; speedup over the {backends[0]} backend's plain decoding:" if index else ":"))
+        print(report(samples, base))
+        base = base or statistics.median(ms for ms, _ in samples["none"])
     return 0
 
 
+def _main() -> int:
+    try:
+        return main()
+    except SpecDecError as exc:  # a message, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main())

@@ -5,6 +5,7 @@ import argparse
 import sys
 import time
 
+from specdec.runtime.config import CPU_BACKENDS
 from specdec.serving.options import API_KEY_ENV, SPECULATION, ServeOptions
 
 
@@ -22,7 +23,10 @@ def add_serve_parser(commands) -> None:
                         help="adaptive: γ per round from measured goodput (default); fixed: the bundle's γ; off: γ = 0")
     parser.add_argument("--gamma", type=int, default=None, help="γ of --speculation fixed (default: the bundle's)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body cap (default 1 MiB)")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime threads (default: every core)")
+    parser.add_argument("--threads", type=int, default=None, help="threads per model call (default: every core)")
+    parser.add_argument("--backend", choices=CPU_BACKENDS, default="onnxruntime",
+                        help="onnxruntime (default), or native: specdec's own 4-bit kernels (bundles exported from a "
+                             "Q4_1 GGUF, such as the default model's)")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     ray = parser.add_argument_group("scale-out on Ray Serve (the [ray] extra)")
     ray.add_argument("--ray", action="store_true", help="deploy as Ray Serve replicas behind Ray's HTTP proxy")
@@ -37,7 +41,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(bundle=args.bundle, host=args.host, port=args.port, max_batch=args.max_batch,
                         max_queue=args.max_queue, api_key=args.api_key, model_name=args.model_name,
                         speculation=args.speculation, gamma=args.gamma, max_body_bytes=args.max_body_bytes,
-                        threads=args.threads, verify_files=not args.no_verify)
+                        threads=args.threads, verify_files=not args.no_verify, backend=args.backend)
 
 
 def run_serve(args: argparse.Namespace) -> int:

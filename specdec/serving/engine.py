@@ -113,7 +113,8 @@ class Engine:
 
     @classmethod
     def from_options(cls, options: ServeOptions, metrics: Metrics | None = None) -> "Engine":
-        return cls(load(options.bundle, verify=options.verify_files, threads=options.threads), options, metrics)
+        generator = load(options.bundle, backend=options.backend, verify=options.verify_files, threads=options.threads)
+        return cls(generator, options, metrics)
 
     # --- lifetime ------------------------------------------------------------------------------------------
     def start(self) -> "Engine":

@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 
 from specdec.errors import ConfigError
+from specdec.runtime.config import CPU_BACKENDS
 
 SPECULATION = ("adaptive", "fixed", "off")
 API_KEY_ENV = "SPECDEC_API_KEY"
@@ -22,7 +23,8 @@ class ServeOptions:
     speculation: str = "adaptive"  # γ per round from measured goodput; "fixed": the bundle's γ; "off": γ = 0
     gamma: int | None = None  # the fixed γ (default: the bundle's)
     max_body_bytes: int = 1 << 20
-    threads: int | None = None  # onnxruntime intra-op threads (None: every core this process may use)
+    threads: int | None = None  # onnxruntime intra-op / OpenMP threads (None: every core this process may use)
+    backend: str = "onnxruntime"  # or "native": specdec's own 4-bit kernels (specdec.runtime.native_backend)
     verify_files: bool = True  # check the bundle's sha256 sums at start
     retry_after_s: int = 1  # the Retry-After of a 429
 
@@ -40,6 +42,8 @@ class ServeOptions:
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes {self.max_body_bytes} is too small for any request",
                               "pass at least 1024")
+        if self.backend not in CPU_BACKENDS:
+            raise ConfigError(f"backend {self.backend!r} is unknown", f"choose one of {', '.join(CPU_BACKENDS)}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("the API key is empty", f"pass a non-empty --api-key or set {API_KEY_ENV}")
 

@@ -7,17 +7,26 @@ from specdec.bench.config import BASELINE, BenchConfig, plan_modes
 from specdec.bench.peers import peer_record_from_json
 from specdec.bench.prompts import Prompt, prompt_from_json, select_prompts
 from specdec.bench.run import rotated
-from specdec.bench.summary import predicted
+from specdec.bench.summary import predicted, verify_ratio
 from specdec.errors import ConfigError
 from specdec.runtime.adaptive_gamma import expected_speedup
 
 
 def test_prediction_is_design_formula_when_every_round_drafts_gamma():
-    assert predicted(0.8, 4, 0.2, 1.0, "model γ=4") == pytest.approx(expected_speedup(0.8, 4, 0.2))
-    assert predicted(None, 4, 0.2, 1.0, "m") is None
-    assert predicted(0.5, 4, 0.1, 0.0, "m") == pytest.approx(1.0)  # no round drafted: plain decoding
-    assert predicted(float("nan"), 4, 0.1, 1.0, "m") is None
-    assert predicted(None, None, None, None, BASELINE) == 1.0
+    step = 0.03  # P, the target-only step
+    # every round drafts γ = 4, the verify pass costs one step (r = 1), d = c·P: the paper's formula
+    assert predicted(0.8, 4, 1.0, 0.2 * step, step, step, "model γ=4") == pytest.approx(expected_speedup(0.8, 4, 0.2))
+    tokens = (1 - 0.8**5) / 0.2
+    assert predicted(0.8, 4, 1.0, 0.2 * step, 2 * step, step, "m") == pytest.approx(tokens / (4 * 0.2 + 2))  # r = 2
+    # half the rounds drafted: mean pass 0.5·V + 0.5·P = 0.045 s -> V = 0.06 s, r = 2
+    assert verify_ratio(0.045, 0.5, step) == pytest.approx(2.0)
+    mixed = (0.5 * tokens + 0.5) * step / (0.5 * (4 * 0.2 * step + 0.06) + 0.5 * step)
+    assert predicted(0.8, 4, 0.5, 0.2 * step, 0.045, step, "m") == pytest.approx(mixed)
+    assert predicted(None, 4, 1.0, 0.006, step, step, "m") is None
+    assert predicted(0.5, None, 0.0, None, step, step, "m") == pytest.approx(1.0)  # no round drafted: plain decoding
+    assert predicted(float("nan"), 4, 1.0, 0.006, step, step, "m") is None
+    assert predicted(None, None, None, None, None, None, BASELINE) == 1.0
+    assert verify_ratio(0.045, 0.5, None) is None
 
 
 def test_plan_and_rotation(tmp_path):

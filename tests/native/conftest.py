@@ -3,13 +3,18 @@ from __future__ import annotations
 
 import pytest
 
+from specdec.calibration.bundle_io import quantized_bundle
+from specdec.calibration.data import DataConfig
+from specdec.calibration.quantize import QuantizeConfig
 from specdec.export.bundle import export_bundle
 from specdec.export.config import ExportConfig
 from specdec.export.tiny import save_tiny, save_tiny_on_grids
 
+HEAD_TOKENS = 48  # of the tiny vocabulary: the int4-q41 draft's trimmed head leaves tokens out
+
 
 def _gqa_export(out, model, **options):
-    config = ExportConfig(out=out, target=str(model), max_seq_len=96, gamma=3, gamma_max=6, max_batch=4,
+    config = ExportConfig(out=out, target=str(model), max_seq_len=256, gamma=3, gamma_max=6, max_batch=4,
                           max_prefill_chunk=16, progress=False, lowering="gqa", **options)
     return export_bundle(config)
 
@@ -27,3 +32,10 @@ def off_grid_bundle(tmp_path_factory):
     """The same tiny LLaMA with its random fp32 weights."""
     model = save_tiny(tmp_path_factory.mktemp("off"), family="llama", seed=0, init_range=0.5, hidden=64)
     return _gqa_export(tmp_path_factory.mktemp("b") / "off", model)
+
+
+@pytest.fixture(scope="module")
+def q41_bundle(grid_bundle, tmp_path_factory):
+    """grid_bundle with make demo's kind of draft: int4-q41, its head trimmed to HEAD_TOKENS (and special) tokens."""
+    config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
+    return quantized_bundle(grid_bundle, tmp_path_factory.mktemp("q41") / "q41", config)

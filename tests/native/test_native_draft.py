@@ -5,14 +5,14 @@ pass then overwrites), and speculative decoding stays exact: greedy equal to tar
 distribution."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from specdec import GenerationConfig
-from specdec.calibration.bundle_io import quantized_bundle
-from specdec.calibration.data import DataConfig
 from specdec.calibration.q41 import HEAD_FILL
-from specdec.calibration.quantize import QuantizeConfig
 from specdec.errors import BackendError
 from specdec.manifest import read_manifest
 from specdec.native import build
@@ -23,13 +23,7 @@ from specdec.runtime.ort_backend import OrtBackend
 from tests.runtime.test_distribution import PROMPT, TOKENS, TOP_K, exact_joint, p_value, sampled
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2 and FMA")
-HEAD_TOKENS = 48  # of the tiny vocabulary, so that the trimmed head leaves tokens out
-
-
-@pytest.fixture(scope="module")
-def q41_bundle(grid_bundle, tmp_path_factory):
-    config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
-    return quantized_bundle(grid_bundle, tmp_path_factory.mktemp("q41") / "q41", config)
+from tests.native.conftest import HEAD_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +141,13 @@ def test_sampling_matches_the_target_distribution(q41_bundle):
         counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
         assert proposed[2] > 100 and accepted[1] > 50, (proposed, accepted)
         assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
+
+
+def test_demo_runs_both_backends(q41_bundle, off_grid_bundle):
+    demo = [sys.executable, "-m", "specdec.cli.demo", "--new-tokens", "8", "--repeats", "1"]
+    done = subprocess.run([*demo, str(q41_bundle)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[onnxruntime] greedy" in done.stdout and "identical across drafters and backends" in done.stdout
+    skipped = subprocess.run([*demo, str(off_grid_bundle)], capture_output=True, text=True, timeout=600)
+    assert skipped.returncode == 0, skipped.stderr[-2000:]
+    assert "[native] skipped: " in skipped.stdout and "not on a Q4_1 grid" in skipped.stdout
