@@ -7,6 +7,7 @@ round by round so machine drift shows.
     python benchmarks/decode_vs_ortgenai.py B --sides specdec:draft,specdec:draft@B2,ortgenai:int4   # two drafts
 
 Sides: specdec:target and specdec:draft (one forward per token, the runtime's backend and session options),
+native:target and native:draft (the same on specdec's native backend),
 ortgenai:fp32 and ortgenai:int4 (its model builder's graphs, `generate_next_token`, the settings setup.sh writes
 into genai_config.json); `specdec:ROLE@BUNDLE` takes that model of another bundle. Each side: a fixed random
 prompt of L tokens is prefilled (timed), then 16 tokens are decoded one at a time (median ms per token). A table
@@ -34,11 +35,18 @@ def prompt(length: int) -> list:
     return np.random.default_rng(length).integers(100, 40000, size=length).tolist()
 
 
-def run_specdec(bundle: str, role: str = "target") -> dict:
+def run_specdec(bundle: str, role: str = "target", engine: str = "onnxruntime") -> dict:
     from specdec.manifest import read_manifest
+    from specdec.runtime.native_backend import NativeBackend
     from specdec.runtime.ort_backend import OrtBackend
 
-    backend = OrtBackend(Path(bundle), read_manifest(bundle).models[role]).open()
+    manifest = read_manifest(bundle)
+    if engine == "native":  # the draft on the target's blocks needs its target open (and reset) too
+        target, draft = NativeBackend.open_models(Path(bundle), manifest, "cpu", None)
+        target.reset(1)
+        backend = target if role == "target" else draft
+    else:
+        backend = OrtBackend(Path(bundle), manifest.models[role]).open()
     backend.reset(1)
     out = {}
     for length in LENGTHS:
@@ -81,9 +89,9 @@ def child(side: str, bundle: str) -> None:
     system, which = side.split(":", 1)
     which, _, other = which.partition("@")
     bundle = other or bundle
-    if system == "specdec":
+    if system in ("specdec", "native"):
         def run():
-            return run_specdec(bundle, which)
+            return run_specdec(bundle, which, "native" if system == "native" else "onnxruntime")
     else:
         def run():
             return run_ortgenai(str(PEERS / "models" / f"ortgenai-{which}"))
@@ -94,7 +102,7 @@ def child(side: str, bundle: str) -> None:
 
 
 def spawn(side: str, bundle: str) -> dict:
-    python = sys.executable if side.startswith("specdec") else str(PEERS / "ortgenai" / "bin" / "python")
+    python = sys.executable if side.startswith(("specdec", "native")) else str(PEERS / "ortgenai" / "bin" / "python")
     proc = subprocess.run([python, __file__, "--child", side, bundle], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

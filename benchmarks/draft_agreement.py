@@ -1,6 +1,7 @@
 """Top-1 agreement of bundle drafts with their target, teacher-forced over the benchmark prompts.
 
     python benchmarks/draft_agreement.py BUNDLE [BUNDLE ...] [--prompts benchmarks/prompts] [--per-class 0]
+    python benchmarks/draft_agreement.py bundles/smollm2-q41 --per-class 2 --backend native
 
 Each prompt (chat template applied, as the benchmark sends it) is extended by the target's own greedy continuation
 of --continue tokens (where acceptance is decided), then fed to the target and the draft in one prefill; at every
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.manifest import read_manifest
+from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
 from specdec.runtime.text import TextCodec
 
@@ -53,10 +55,12 @@ def continuations(target, bundle: Path, args: argparse.Namespace) -> list:
     return [(continued(target, ids, args.steps), len(ids)) for ids in prompt_ids(bundle, args.prompts, args.per_class)]
 
 
-def agreement(bundle: Path, prompts: list, steps: int) -> tuple[int, int]:
+def agreement(bundle: Path, prompts: list, steps: int, engine: str = "onnxruntime") -> tuple[int, int]:
     manifest = read_manifest(bundle)
-    target = OrtBackend(bundle, manifest.target).open()
-    draft = OrtBackend(bundle, manifest.draft).open()
+    if engine == "native":  # the native target, and the draft it runs (on its blocks, or on onnxruntime)
+        target, draft = NativeBackend.open_models(bundle, manifest, "cpu", None)
+    else:
+        target, draft = OrtBackend(bundle, manifest.target).open(), OrtBackend(bundle, manifest.draft).open()
     agree = total = 0
     for ids in prompts:
         feeds = np.array([continued(target, ids, steps)], dtype=np.int64)
@@ -73,14 +77,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundles", nargs="+", type=Path)
     add_prompt_args(parser, per_class=0, steps=64)
+    parser.add_argument("--backend", choices=("onnxruntime", "native"), default="onnxruntime",
+                        help="native: the native target and its draft (an int4-q41 draft on the target's blocks, "
+                             "int8 activations)")
     args = parser.parse_args()
     lines = ["| bundle | draft | positions | top-1 agreement |", "|---|---|---|---|"]
     for bundle in args.bundles:
         prompts = prompt_ids(bundle, args.prompts, args.per_class)
-        agree, total = agreement(bundle, prompts, args.steps)
+        agree, total = agreement(bundle, prompts, args.steps, args.backend)
         draft = read_manifest(bundle).draft
         method = draft.calibration.method or draft.derived
-        lines.append(f"| {bundle.name} | {method} ({draft.precision}) | {total} | {agree / total:.4f} |")
+        lines.append(f"| {bundle.name} | {method} ({draft.precision}), {args.backend} | {total} | {agree / total:.4f} |")
     print("\n".join(lines))
 
 
