@@ -14,6 +14,7 @@ per_class=${PER_CLASS:-0}        # 0: all 50 prompts
 tokens=${NEW_TOKENS:-128}
 gammas=${GAMMAS:-4,6}
 peer_gamma=${PEER_GAMMA:-4}
+backends=${BACKENDS:-onnxruntime,native}  # specdec's systems in the lock-step run
 mkdir -p "$out"
 log() { echo "[suite $(date +%T)] $*" >&2; }
 
@@ -28,10 +29,10 @@ log "peer: transformers (HF_PER_CLASS prompts per class: it is the slowest syste
   --new-tokens "$tokens" --repeats 1 --gamma "$peer_gamma" --timeout 7200 > "$out/merged.md"
 log "lock-step: specdec and onnxruntime-genai request by request (the ratios between systems to trust)"
 "$python" "$here/lockstep.py" "$bundle" --out "$out/lockstep" --per-class "$per_class" --new-tokens "$tokens" \
-  --peer-gamma "$peer_gamma" > /dev/null
+  --peer-gamma "$peer_gamma" --backends "$backends" > /dev/null
 log "per-step: decode by cache length against the peer's fp32 and INT4 graphs"
-"$python" "$here/decode_vs_ortgenai.py" "$bundle" --sides specdec:target,ortgenai:fp32,specdec:draft,ortgenai:int4 \
-  --rounds 3 > "$out/steps.md"
+"$python" "$here/decode_vs_ortgenai.py" "$bundle" \
+  --sides specdec:target,native:target,ortgenai:fp32,specdec:draft,native:draft,ortgenai:int4 --rounds 3 > "$out/steps.md"
 log "memory-bandwidth floor, profiles"
 "$python" "$here/membw.py" "$bundle" --out "$out/membw.md"
 "$python" "$here/profile_ops.py" "$bundle" > "$out/profile.md"
