@@ -44,13 +44,14 @@ def test_the_backend_drafts_natively_only_for_a_q41_draft(q41_bundle, grid_bundl
 
 
 def _int8(x: np.ndarray) -> tuple:
-    """x [T, K] float32 -> (what the draft's kernels multiply: each block of 32 as d * rint(x * 127 / max|x|),
-    d = max|x| / 127, rounded in float32 as kernels.c rounds; the exact block sums [T, K / 32], for the Q4_1
-    minimums)."""
-    blocks = x.reshape(len(x), -1, 32)
-    top = np.abs(blocks).max(-1, keepdims=True)
+    """x [T, K] float32 -> (what the draft's kernels multiply: each 16 values as d * rint(x * 127 / max|x|),
+    d = max|x| / 127, rounded in float32 as kernels.c rounds; the exact sums [T, K / 32] of each block of 32, for the
+    Q4_1 minimums)."""
+    halves = x.reshape(len(x), -1, 16)
+    top = np.abs(halves).max(-1, keepdims=True)
     inverse = np.divide(np.float32(127), top, out=np.zeros_like(top), where=top > 0)
-    return (np.rint(blocks * inverse) * (top / np.float32(127))).reshape(x.shape), blocks.sum(-1)
+    rounded = (np.rint(halves * inverse) * (top / np.float32(127))).reshape(x.shape)
+    return rounded, x.reshape(len(x), -1, 32).sum(-1)
 
 
 def test_int8_products_match_numpy(pair):
