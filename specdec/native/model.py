@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -41,19 +42,28 @@ class NativeModel:
         self.max_seq_len = max_seq_len
         self.quant = quant
         self.head_rows, self.fill = head_rows, np.float32(fill)
-        self.head = weights.head if head_rows is None else np.ascontiguousarray(weights.head[head_rows])
         self.kv_owner = kv_owner
         self.geometry = Geometry(dims, max_seq_len, "float32")
         self._keys = self._values = None  # [L, slots, Hkv, S, D]
         self.buffers = []
-        layers = weights.layers
-        self._keep = [_pointers([getattr(layer, name) for layer in layers])
-                      for name in ("input_norm", "post_norm", "qkv", "o", "gate_up", "down")]
-        self.struct = ModelStruct(
+
+    @functools.cached_property
+    def head(self) -> np.ndarray:
+        """[V or len(head_rows), H / 32] of BLOCK8: the rows the head scores."""
+        head = self.weights.head
+        return head if self.head_rows is None else np.ascontiguousarray(head[self.head_rows])
+
+    @functools.cached_property
+    def struct(self) -> ModelStruct:
+        """kernels.c's model_t over the weights (built once; the arrays it points into live as long as this)."""
+        weights, dims, layers = self.weights, self.dims, self.weights.layers
+        self._tables = [_pointers([getattr(layer, name) for layer in layers])  # kept alive with the struct
+                        for name in ("input_norm", "post_norm", "qkv", "o", "gate_up", "down")]
+        return ModelStruct(
             dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim,
             layers[0].down.shape[1] * BLOCK, len(self.head), weights.epsilon, weights.scale,
-            weights.embedding.ctypes.data, *(table.ctypes.data for table in self._keep), weights.final_norm.ctypes.data,
-            self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data)
+            weights.embedding.ctypes.data, *(table.ctypes.data for table in self._tables),
+            weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data)
 
     @property
     def keys(self):
