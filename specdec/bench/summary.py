@@ -52,7 +52,7 @@ def predicted(alpha, drafted: float, share: float, draft_s, verify_s, plain_s, m
     if len(known) < 6 or share <= 0 or plain_s <= 0:
         return None
     tokens = expected_speedup(min(alpha, 1.0), drafted, 0.0)  # c = 0: tokens per drafting round
-    verify = (verify_s - (1.0 - share) * plain_s) / share  # V
+    verify = verify_ratio(verify_s, share, plain_s) * plain_s  # V
     cost = share * (drafted * draft_s + verify) + (1.0 - share) * plain_s
     return (share * tokens + 1.0 - share) * plain_s / cost
 

@@ -39,9 +39,8 @@ def measure(generator, modes, new_tokens: int, repeats: int) -> dict:
     return samples, {prompt: by_mode["none"] for prompt, by_mode in texts.items()}
 
 
-def report(samples: dict, base: float | None = None) -> str:
-    """The table of one backend; speedup over `base` (ms/token), else over this backend's plain decoding."""
-    base = base or statistics.median(ms for ms, _ in samples["none"])
+def report(samples: dict, base: float) -> str:
+    """The table of one backend; speedup over `base` (median ms/token of the first backend's plain decoding)."""
     lines = [f"{'drafter':<14} {'min ms/tok':>10} {'median':>8} {'speedup':>8} {'accept':>7} {'host %':>7}"]
     for mode, rows in samples.items():
         times = [ms for ms, _ in rows]
@@ -87,8 +86,8 @@ def main(argv=None) -> int:
         print(f"\n[{backend}] greedy, {len(PROMPTS)} prompts x {args.repeats} repeats, {args.new_tokens} new tokens, "
               "outputs identical across drafters" + (" and backends" if index else "") +
               (f"; speedup over the {backends[0]} backend's plain decoding:" if index else ":"))
-        print(report(samples, base))
         base = base or statistics.median(ms for ms, _ in samples["none"])
+        print(report(samples, base))
     return 0
 
 

@@ -76,9 +76,6 @@ def load_kernels() -> ctypes.CDLL:
     lib.int8_gemm.argtypes = [pointer, integer, integer, pointer, integer, pointer, integer]
     lib.int8_gemm.restype = integer
     lib.specdec_set_threads.argtypes, lib.specdec_set_threads.restype = [integer], None
-    lib.attention.argtypes = [pointer, integer, integer, integer, integer, pointer, pointer, integer, integer,
-                              ctypes.c_float, pointer]
-    lib.attention.restype = None
     lib.specdec_forward.argtypes = [pointer, pointer, integer, integer, pointer, pointer, ctypes.c_long, integer,
                                     integer, integer, pointer]
     lib.specdec_forward.restype = integer

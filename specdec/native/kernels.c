@@ -258,8 +258,8 @@ static void attend_row(const float *qv, const float *k, const float *v, int end,
 
 // Causal attention of one layer and slot. q [T, Hq, D] (rotated) at positions pos..pos+T-1; keys, values
 // [Hkv, S, D], already holding positions 0..pos+T-1; query head h reads KV head h / (Hq / Hkv); out [T, Hq, D].
-void attention(const float *q, int T, int Hq, int Hkv, int D, const float *keys, const float *values, int S, int pos,
-               float scale, float *out) {
+static void attention(const float *q, int T, int Hq, int Hkv, int D, const float *keys, const float *values, int S,
+                      int pos, float scale, float *out) {
     const int group = Hq / Hkv;
     #pragma omp parallel for schedule(static)
     for (int task = 0; task < T * Hq; task++) {
