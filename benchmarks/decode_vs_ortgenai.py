@@ -139,6 +139,20 @@ def main() -> None:
         for side in sides:
             runs[side].append(spawn(side, args.bundle))
     print(table(runs))
+    print("\n".join(peer_settings(sides)))
+
+
+def peer_settings(sides: list) -> list:
+    """A line per onnxruntime-genai side: the session options its genai_config.json gives it (setup.sh writes
+    intra_op_num_threads = cores)."""
+    lines = []
+    for side in sides:
+        if side.startswith("ortgenai:"):
+            config = PEERS / "models" / f"ortgenai-{side.split(':', 1)[1]}" / "genai_config.json"
+            options = json.loads(config.read_text(encoding="utf-8"))["model"]["decoder"].get("session_options", {})
+            settings = {key: options[key] for key in ("intra_op_num_threads", "inter_op_num_threads") if key in options}
+            lines.append(f"- {side}: {settings or 'onnxruntime defaults'} ({config.relative_to(ROOT.parent)})")
+    return lines
 
 
 if __name__ == "__main__":
