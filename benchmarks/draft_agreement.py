@@ -1,11 +1,16 @@
 """Top-1 agreement of bundle drafts with their target, teacher-forced over the benchmark prompts.
 
     python benchmarks/draft_agreement.py BUNDLE [BUNDLE ...] [--prompts benchmarks/prompts] [--per-class 0]
-    python benchmarks/draft_agreement.py bundles/smollm2-q41 --per-class 2 --backend native
+    python benchmarks/draft_agreement.py bundles/smollm2-q41 --per-class 2 --backend native [--kv target]
 
 Each prompt (chat template applied, as the benchmark sends it) is extended by the target's own greedy continuation
-of --continue tokens (where acceptance is decided), then fed to the target and the draft in one prefill; at every
-position the draft's argmax is compared with the target's. Prints a markdown table. No assertions (not a test).
+of --continue tokens (where acceptance is decided), then fed to the target and the draft; at every position the
+draft's argmax is compared with the target's. Prints a markdown table. No assertions (not a test).
+
+--kv own (default): the draft reads back its own KV (one prefill each): a draft alone.
+--kv target: the draft reads the target's KV for every earlier position, as it does when it proposes a round's first
+  token (the loop gives it the committed KV: copied, or shared on the native backend). The target prefills; then per
+  position the draft takes one step and the target runs that position again (its KV back where a draft shares it).
 """
 from __future__ import annotations
 
@@ -55,7 +60,7 @@ def continuations(target, bundle: Path, args: argparse.Namespace) -> list:
     return [(continued(target, ids, args.steps), len(ids)) for ids in prompt_ids(bundle, args.prompts, args.per_class)]
 
 
-def agreement(bundle: Path, prompts: list, steps: int, engine: str = "onnxruntime") -> tuple[int, int]:
+def agreement(bundle: Path, prompts: list, steps: int, engine: str = "onnxruntime", kv: str = "own") -> tuple[int, int]:
     manifest = read_manifest(bundle)
     if engine == "native":  # the native target, and the draft it runs (on its blocks, or on onnxruntime)
         target, draft = NativeBackend.open_models(bundle, manifest, "cpu", None)
@@ -68,9 +73,25 @@ def agreement(bundle: Path, prompts: list, steps: int, engine: str = "onnxruntim
         for backend in (target, draft):
             backend.reset(1)
             argmax.append(backend.forward(feeds, np.zeros(1, np.int64))[0].argmax(-1))
+        if kv == "target":
+            argmax[1] = first_proposals(target, draft, feeds)
         agree += int((argmax[0] == argmax[1]).sum())
         total += feeds.shape[1]
     return agree, total
+
+
+def first_proposals(target, draft, feeds: np.ndarray) -> np.ndarray:
+    """The draft's argmax at each position of feeds [1, n], each over the target's KV for the positions before it."""
+    target.reset(1)
+    draft.reset(1)
+    target.forward(feeds, np.zeros(1, np.int64))
+    out = []
+    for t in range(feeds.shape[1]):
+        if t:
+            draft.copy_kv(target, 0, t - 1, t)  # nothing to copy where the draft shares the target's KV
+        out.append(int(draft.forward(feeds[:, t:t + 1], np.array([t]))[0, -1].argmax()))
+        target.forward(feeds[:, t:t + 1], np.array([t]))  # position t's KV: the target's again
+    return np.array(out)
 
 
 def main() -> None:
@@ -80,14 +101,16 @@ def main() -> None:
     parser.add_argument("--backend", choices=("onnxruntime", "native"), default="onnxruntime",
                         help="native: the native target and its draft (an int4-q41 draft on the target's blocks, "
                              "int8 activations)")
+    parser.add_argument("--kv", choices=("own", "target"), default="own",
+                        help="the KV the draft reads for earlier positions: its own, or the target's")
     args = parser.parse_args()
-    lines = ["| bundle | draft | positions | top-1 agreement |", "|---|---|---|---|"]
+    lines = ["| bundle | draft | KV read | positions | top-1 agreement |", "|---|---|---|---|---|"]
     for bundle in args.bundles:
         prompts = prompt_ids(bundle, args.prompts, args.per_class)
-        agree, total = agreement(bundle, prompts, args.steps, args.backend)
+        agree, total = agreement(bundle, prompts, args.steps, args.backend, args.kv)
         draft = read_manifest(bundle).draft
         method = draft.calibration.method or draft.derived
-        lines.append(f"| {bundle.name} | {method} ({draft.precision}), {args.backend} | {total} | {agree / total:.4f} |")
+        lines.append(f"| {bundle.name} | {method} ({draft.precision}), {args.backend} | {args.kv} | {total} | {agree / total:.4f} |")
     print("\n".join(lines))
 
 

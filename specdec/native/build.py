@@ -79,4 +79,7 @@ def load_kernels() -> ctypes.CDLL:
     lib.specdec_forward.argtypes = [pointer, pointer, integer, integer, pointer, pointer, ctypes.c_long, integer,
                                     integer, integer, pointer]
     lib.specdec_forward.restype = integer
+    lib.specdec_attention.argtypes = [pointer, integer, integer, integer, integer, pointer, pointer, integer, integer,
+                                      ctypes.c_float, pointer]
+    lib.specdec_attention.restype = integer
     return lib

@@ -55,7 +55,8 @@ def _int8(x: np.ndarray) -> tuple:
 
 
 def test_int8_products_match_numpy(pair):
-    """The same int8 codes (same float32 rounding) times each weight type: only the summation order differs."""
+    """The same int8 codes (same float32 rounding) times each weight type: only the summation order differs. A Q4_1
+    weight splits as d*(q - 8), times the rounded activations, plus m + 8d, times the exact block sums."""
     _, draft = pair
     weights, rng = draft.model.weights, np.random.default_rng(5)
     for blocks in (weights.layers[0].qkv, weights.layers[0].down, draft.model.head):
@@ -66,7 +67,8 @@ def test_int8_products_match_numpy(pair):
                 want = rounded @ (blocks["d"][..., None] * blocks["qs"]).reshape(len(blocks), -1).T
             else:
                 codes = np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1)  # [N, nb, 32]
-                want = rounded @ (blocks["d"][..., None] * codes).reshape(len(blocks), -1).T + sums @ blocks["m"].T
+                centred = (blocks["d"][..., None] * (codes.astype(np.float32) - 8)).reshape(len(blocks), -1)
+                want = rounded @ centred.T + sums @ (blocks["m"] + 8 * blocks["d"]).T  # d(q - 8) + (m + 8d)
             got = draft.model.matmul(x, blocks, quant=True)
             assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
             fp32 = draft.model.matmul(x, blocks)  # and the rounding is there: int8 is not the fp32 product
