@@ -112,6 +112,15 @@ def _check_attention(attrs: dict, node, dims: ModelDims, path: Path) -> None:
         raise BackendError(f"{path}'s attention has attributes {attrs}, which the native backend does not run", HINT)
 
 
+def _array(init, folder: Path, numpy_helper) -> np.ndarray:
+    """An initializer's values. One held in an external data file is read from it on every call, and the proto
+    keeps no copy."""
+    values = numpy_helper.to_array(init, str(folder)).copy()
+    if init.data_location == init.EXTERNAL:
+        init.ClearField("raw_data")  # what to_array read in from the file
+    return values
+
+
 def weights_from_onnx(path: Path, dims: ModelDims) -> NativeWeights:
     """Read and check the graph at `path` (see the module docstring)."""
     try:
@@ -119,9 +128,9 @@ def weights_from_onnx(path: Path, dims: ModelDims) -> NativeWeights:
         from onnx import numpy_helper
     except ImportError as exc:
         raise missing_dependency("onnx", "native") from exc
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)  # each weight is read when it is converted: less memory
     inits = {init.name: init for init in model.graph.initializer}
-    array = lambda name: numpy_helper.to_array(inits[name])  # noqa: E731
+    array = lambda name: _array(inits[name], path.parent, numpy_helper)  # noqa: E731
     parts = _parts(model.graph, inits, dims, path)
     norms, matmuls, attention, head = parts["norms"], parts["matmuls"], parts["attention"][0], parts["heads"][0]
     attrs = _attributes(attention, onnx)
@@ -153,7 +162,7 @@ def trimmed_head_rows(path: Path, vocab: int) -> np.ndarray | None:
     GatherElements' [1, vocab] column table, column len(keep) for the fill), or None where the head is whole."""
     try:
         import onnx
-        from onnx import external_data_helper, numpy_helper
+        from onnx import numpy_helper
     except ImportError as exc:
         raise missing_dependency("onnx", "native") from exc
     model = onnx.load(str(path), load_external_data=False)
@@ -168,9 +177,7 @@ def trimmed_head_rows(path: Path, vocab: int) -> np.ndarray | None:
     scored = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}.get("N") if head else None
     if len(scatters) != 1 or table is None or scored is None:
         raise BackendError(f"{path} holds a GatherElements that is not a trimmed head's scatter", HINT)
-    if external_data_helper.uses_external_data(table):
-        external_data_helper.load_external_data_for_tensor(table, str(path.parent))
-    columns = numpy_helper.to_array(table).reshape(-1)  # each token's column of the scores; `scored` for the fill
+    columns = _array(table, path.parent, numpy_helper).reshape(-1)  # each token's column of the scores; `scored` for the fill
     kept = np.flatnonzero(columns != scored)
     if columns.shape != (vocab,) or not np.array_equal(columns[kept], np.arange(scored)):
         raise BackendError(f"{path}'s head table ({columns.size} entries) does not map a vocabulary of {vocab} onto "

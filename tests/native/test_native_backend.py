@@ -71,6 +71,27 @@ def test_greedy_identical_to_onnxruntime_target_only(grid_bundle, drafter, gamma
     assert got.token_ids == reference and len(reference) > 8
 
 
+def test_weights_read_from_external_data(grid_bundle, tmp_path):
+    """A graph whose every initializer lies in its external data file (as large bundles' do) gives the same weights:
+    each is read from the file when it is converted, again where two nodes share it."""
+    import onnx
+
+    from specdec.native.weights import weights_from_onnx
+
+    manifest = read_manifest(grid_bundle)
+    inline = grid_bundle / manifest.target.onnx_path
+    moved = tmp_path / "model.onnx"
+    onnx.save_model(onnx.load(str(inline)), str(moved), save_as_external_data=True, location="model.onnx.data",
+                    size_threshold=0)
+    assert not any(init.raw_data for init in onnx.load(str(moved), load_external_data=False).graph.initializer)
+    want, got = (weights_from_onnx(path, manifest.target.dims) for path in (inline, moved))
+    for name in ("embedding", "final_norm", "head", "cos", "sin"):
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    for ours, theirs in zip(got.layers, want.layers):
+        for name in ("input_norm", "post_norm", "qkv", "o", "gate_up", "down"):
+            assert np.array_equal(getattr(ours, name), getattr(theirs, name)), name
+
+
 def test_weights_off_the_grids_are_refused(off_grid_bundle):
     manifest = read_manifest(off_grid_bundle)  # random fp32 weights
     with pytest.raises(BackendError, match="not on a Q4_1 grid") as caught:
