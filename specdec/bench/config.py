@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import ConfigError
-from specdec.runtime.config import CPU_BACKENDS, DRAFTERS
+from specdec.runtime.config import DRAFTERS, NAMED_CPU_BACKENDS
 
 BASELINE = "target-only"
 
@@ -55,8 +55,9 @@ class BenchConfig:
                                  ("warmup", self.warmup, 0), ("per_class", self.per_class, 0)):
             if not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}", f"pass {name}={low} or more")
-        if self.backend not in CPU_BACKENDS:
-            raise ConfigError(f"backend {self.backend!r} is not a CPU backend", f"use one of {', '.join(CPU_BACKENDS)}")
+        if self.backend not in NAMED_CPU_BACKENDS:
+            raise ConfigError(f"backend {self.backend!r} is not a CPU backend a benchmark can name",
+                              f"use one of {', '.join(NAMED_CPU_BACKENDS)}")
         bad = [d for d in self.drafters if d not in DRAFTERS or d == "none"]
         if bad:
             raise ConfigError(f"drafter {bad[0]!r} is unknown", "choose from model, prompt_lookup, auto")

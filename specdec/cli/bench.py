@@ -5,7 +5,7 @@ import argparse
 import shlex
 import sys
 
-from specdec.runtime.config import CPU_BACKENDS
+from specdec.runtime.config import NAMED_CPU_BACKENDS
 
 
 def _ints(text: str) -> tuple:
@@ -36,7 +36,7 @@ def add_bench_parser(commands) -> None:
     parser.add_argument("--gamma-policies", type=_names, default=(),
                         help="γ policies of the model drafter to add: adaptive,heuristic (default none)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
-    parser.add_argument("--backend", choices=CPU_BACKENDS, default="onnxruntime",
+    parser.add_argument("--backend", choices=NAMED_CPU_BACKENDS, default="onnxruntime",
                         help="onnxruntime (default), or native: the target on specdec's own 4-bit kernels")
     parser.add_argument("--peers", default=None, help="folder of peer results (*.jsonl) to merge into the table")
     parser.add_argument("--quick", action="store_true", help="smoke run: shortest prompt per class, 12 tokens, "

@@ -25,9 +25,10 @@ def add_generate_parser(commands) -> None:
                         help="sampled tokens: leviathan (the paper's rule, default) or gumbel (noise fixed by seed and "
                              "position: the same seed gives the same text whatever the drafter and γ)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    parser.add_argument("--backend", choices=CPU_BACKENDS, default="onnxruntime",
-                        help="onnxruntime (default), or native: the target on specdec's own 4-bit kernels (targets "
-                             "exported from a Q4_1 GGUF, such as the default model)")
+    parser.add_argument("--backend", choices=CPU_BACKENDS, default="auto",
+                        help="auto (default): native where the bundle and machine allow it, else onnxruntime; native: "
+                             "specdec's own 4-bit kernels (targets exported from a Q4_1 GGUF, such as the default "
+                             "model; an AVX2 CPU and a C compiler); onnxruntime: any bundle")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     parser.set_defaults(run=run_generate)
 
@@ -46,5 +47,7 @@ def run_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        print(f"[{args.drafter}] {generator.last_stats.summary()}", file=sys.stderr)
+        print(f"[{args.drafter}, {generator.backend}] {generator.last_stats.summary()}", file=sys.stderr)
+        if args.backend == "auto" and generator.backend_note:
+            print(f"(onnxruntime: {generator.backend_note})", file=sys.stderr)
     return 0

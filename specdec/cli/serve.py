@@ -25,8 +25,9 @@ def add_serve_parser(commands) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body cap (default 1 MiB)")
     parser.add_argument("--threads", type=int, default=None, help="threads per model call (default: every core)")
     parser.add_argument("--backend", choices=CPU_BACKENDS, default="onnxruntime",
-                        help="onnxruntime (default), or native: specdec's own 4-bit kernels (bundles exported from a "
-                             "Q4_1 GGUF, such as the default model's)")
+                        help="onnxruntime (default: it runs a batch's rows in one pass, the native backend one "
+                             "after another), native: specdec's own 4-bit kernels (bundles exported from a Q4_1 GGUF, "
+                             "such as the default model's), or auto: native where it opens, else onnxruntime")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     ray = parser.add_argument_group("scale-out on Ray Serve (the [ray] extra)")
     ray.add_argument("--ray", action="store_true", help="deploy as Ray Serve replicas behind Ray's HTTP proxy")

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from specdec.errors import ConfigError
 
 DRAFTERS = ("auto", "model", "prompt_lookup", "none")
-CPU_BACKENDS = ("onnxruntime", "native")  # what the CLI offers: tensorrt runs through specdec.load(device="cuda:N")
+AUTO_BACKEND = "auto"  # the native backend where the bundle and this machine allow it, else onnxruntime
+NAMED_CPU_BACKENDS = ("onnxruntime", "native")  # what a benchmark measures (one backend, by name)
+CPU_BACKENDS = (AUTO_BACKEND, *NAMED_CPU_BACKENDS)  # what the CLI offers: tensorrt runs through
+# specdec.load(backend="tensorrt", device="cuda:N")
 GAMMA_POLICIES = ("fixed", "adaptive", "heuristic")
 COUPLINGS = ("leviathan", "gumbel")  # how a sampled token is drawn and verified (specdec.runtime.sampling)
 

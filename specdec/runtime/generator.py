@@ -18,7 +18,7 @@ import numpy as np
 from specdec.errors import BackendError, CapacityError, ConfigError
 from specdec.manifest import Manifest, check_bundle_files, read_manifest
 from specdec.runtime.adaptive_gamma import FixedGamma, HeuristicGamma, adaptive_from_record
-from specdec.runtime.config import GenerationConfig
+from specdec.runtime.config import AUTO_BACKEND, GenerationConfig
 from specdec.runtime.drafters import ChainDrafter, ModelDrafter, ModelGate, PromptLookupDrafter
 from specdec.runtime.loop import SpeculativeLoop
 from specdec.runtime.registry import backend_class
@@ -37,19 +37,39 @@ class GenerationResult:
     stats: Stats = field(repr=False)
 
 
-def load(bundle: str | Path, backend: str = "onnxruntime", device: str | None = None, verify: bool = True,
+def load(bundle: str | Path, backend: str = AUTO_BACKEND, device: str | None = None, verify: bool = True,
          threads: int | None = None) -> "Generator":
     """Open a bundle for generation. `verify` checks every file's sha256 against the manifest.
-    device: "cpu" for onnxruntime (the default), "cuda:N" for tensorrt (default cuda:0)."""
+    backend: "auto" (the default) opens the native backend where the bundle and this machine allow it (a gqa target
+    exported from a Q4_1 GGUF, an AVX2 CPU, a C compiler), else onnxruntime; the Generator's `backend` names the one
+    opened and `backend_note` says why native was not.
+    device: "cpu" for onnxruntime and native (the default), "cuda:N" for tensorrt (default cuda:0)."""
     root = Path(bundle)
     manifest = read_manifest(root)
     if verify:
         check_bundle_files(root, manifest)
-    cls = backend_class(backend)
     device = device or ("cuda:0" if backend == "tensorrt" else "cpu")
     codec = TextCodec(root).open()
-    target, draft = cls.open_models(root, manifest, device, threads)
-    return Generator(manifest, codec, target, draft)
+    if backend == AUTO_BACKEND:
+        target, draft, backend, note = _open_auto(root, manifest, device, threads)
+    else:
+        (target, draft), note = backend_class(backend).open_models(root, manifest, device, threads), None
+    generator = Generator(manifest, codec, target, draft)
+    generator.backend, generator.backend_note = backend, note
+    return generator
+
+
+def _open_auto(root: Path, manifest: Manifest, device: str, threads: int | None) -> tuple:
+    """(target, draft, the backend's name, why native did not open or None): native where it opens, else
+    onnxruntime, which runs every bundle."""
+    if device != "cpu":
+        raise BackendError(f"backend='auto' runs on the CPU, not on {device!r}",
+                           "pass backend='tensorrt' for a GPU, or leave device unset")
+    try:
+        return (*backend_class("native").open_models(root, manifest, device, threads), "native", None)
+    except BackendError as exc:  # not this bundle, or not this machine
+        note = f"the native backend did not open: {exc}"
+    return (*backend_class("onnxruntime").open_models(root, manifest, device, threads), "onnxruntime", note)
 
 
 @dataclass
@@ -74,6 +94,8 @@ class Generator:
         self._lock = threading.RLock()
         self._owner = None  # the Request whose KV the backends hold
         self._closed = False
+        self.backend = target.name  # load() names what it chose
+        self.backend_note = None  # why load(backend='auto') did not open the native backend
 
     # --- request preparation ---------------------------------------------------------------------------
     def _prompt_ids(self, prompt, config: GenerationConfig) -> list:

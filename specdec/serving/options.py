@@ -24,7 +24,7 @@ class ServeOptions:
     gamma: int | None = None  # the fixed γ (default: the bundle's)
     max_body_bytes: int = 1 << 20
     threads: int | None = None  # onnxruntime intra-op / OpenMP threads (None: every core this process may use)
-    backend: str = "onnxruntime"  # or "native": specdec's own 4-bit kernels (specdec.runtime.native_backend)
+    backend: str = "onnxruntime"  # "native": specdec's own 4-bit kernels (rows one by one); "auto": native where it opens
     verify_files: bool = True  # check the bundle's sha256 sums at start
     retry_after_s: int = 1  # the Retry-After of a 429
 

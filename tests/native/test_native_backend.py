@@ -117,6 +117,37 @@ def test_cli_refusal_is_a_message(off_grid_bundle):
     assert "not on a Q4_1 grid" in done.stderr and "Hint:" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_auto_opens_native_where_it_can(grid_bundle, off_grid_bundle):
+    """load()'s default: the native backend for a bundle on the grids, onnxruntime (saying why) for one off them;
+    the same greedy tokens either way."""
+    config = GenerationConfig(max_new_tokens=12, drafter="none")
+    with load(grid_bundle) as generator:
+        assert (generator.backend, generator.backend_note) == ("native", None)
+        assert isinstance(generator.target.backend, NativeBackend)
+        native_ids = generator.generate([5, 9, 14], config).token_ids
+    with load(grid_bundle, backend="onnxruntime") as generator:
+        assert generator.backend == "onnxruntime" and generator.backend_note is None
+        assert generator.generate([5, 9, 14], config).token_ids == native_ids
+    with load(off_grid_bundle) as generator:
+        assert generator.backend == "onnxruntime" and isinstance(generator.target.backend, OrtBackend)
+        assert "native backend did not open" in generator.backend_note and "Q4_1 grid" in generator.backend_note
+
+
+def test_auto_is_for_the_cpu(grid_bundle):
+    with pytest.raises(BackendError, match="runs on the CPU") as caught:
+        load(grid_bundle, device="cuda:0")
+    assert "tensorrt" in caught.value.hint
+
+
+def test_cli_names_the_backend_auto_chose(grid_bundle, off_grid_bundle):
+    for bundle, chosen in ((grid_bundle, "native"), (off_grid_bundle, "onnxruntime")):
+        done = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", str(bundle), "--prompt", "Hi",
+                               "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert f"[auto, {chosen}]" in done.stderr
+        assert ("Q4_1 grid" in done.stderr) == (chosen == "onnxruntime")
+
+
 @pytest.fixture
 def fresh_build(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
