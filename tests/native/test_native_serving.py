@@ -1,5 +1,6 @@
-"""`specdec serve --backend native`: requests served concurrently on the native backend (the int4-q41 draft on the
-target's blocks, each row's slot of the shared KV) give onnxruntime's offline target-only greedy text."""
+"""`specdec serve --backend native` (and `auto`, which opens native for this bundle): requests served concurrently on
+the native backend (the int4-q41 draft on the target's blocks, each row's slot of the shared KV) give onnxruntime's
+offline target-only greedy text."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -17,14 +18,14 @@ from tests.serving.test_serve_exactness import NEW_TOKENS, PROMPTS
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2 and FMA")
 
 
-@pytest.mark.parametrize("speculation", ["fixed", "adaptive"])
-def test_served_native_requests_equal_offline_target_only(q41_bundle, speculation):
+@pytest.mark.parametrize("speculation,backend", [("fixed", "native"), ("adaptive", "native"), ("fixed", "auto")])
+def test_served_native_requests_equal_offline_target_only(q41_bundle, speculation, backend):
     import httpx
 
-    with specdec.load(q41_bundle) as offline:
+    with specdec.load(q41_bundle, backend="onnxruntime") as offline:
         expected = [offline.generate(prompt, GenerationConfig(max_new_tokens=NEW_TOKENS, drafter="none")).text
                     for prompt in PROMPTS]
-    with start(q41_bundle, backend="native", speculation=speculation) as server, \
+    with start(q41_bundle, backend=backend, speculation=speculation) as server, \
             ThreadPoolExecutor(len(PROMPTS)) as pool:
         api = client(server, key="unused")
         got = list(pool.map(lambda prompt: api.completions.create(model="q41", prompt=prompt, max_tokens=NEW_TOKENS,
