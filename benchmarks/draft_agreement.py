@@ -69,29 +69,33 @@ def agreement(bundle: Path, prompts: list, steps: int, engine: str = "onnxruntim
     agree = total = 0
     for ids in prompts:
         feeds = np.array([continued(target, ids, steps)], dtype=np.int64)
-        argmax = []
-        for backend in (target, draft):
-            backend.reset(1)
-            argmax.append(backend.forward(feeds, np.zeros(1, np.int64))[0].argmax(-1))
         if kv == "target":
-            argmax[1] = first_proposals(target, draft, feeds)
-        agree += int((argmax[0] == argmax[1]).sum())
+            want, got = first_proposals(target, draft, feeds)
+        else:
+            want, got = (prefill_argmax(backend, feeds) for backend in (target, draft))
+        agree += int((want == got).sum())
         total += feeds.shape[1]
     return agree, total
 
 
-def first_proposals(target, draft, feeds: np.ndarray) -> np.ndarray:
-    """The draft's argmax at each position of feeds [1, n], each over the target's KV for the positions before it."""
-    target.reset(1)
-    draft.reset(1)
-    target.forward(feeds, np.zeros(1, np.int64))
+def prefill_argmax(backend, feeds: np.ndarray) -> np.ndarray:
+    """The model's argmax at each position of feeds [1, n], in one prefill over its own KV."""
+    backend.reset(1)
+    return backend.forward(feeds, np.zeros(1, np.int64))[0].argmax(-1)
+
+
+def first_proposals(target, draft, feeds: np.ndarray) -> tuple:
+    """(the target's argmax at each position of feeds [1, n], from one prefill; the draft's, each over the target's
+    KV for the positions before it)."""
+    draft.reset(1)  # before the target's prefill: a draft sharing the target's KV resets it too
+    want = prefill_argmax(target, feeds)
     out = []
     for t in range(feeds.shape[1]):
         if t:
             draft.copy_kv(target, 0, t - 1, t)  # nothing to copy where the draft shares the target's KV
         out.append(int(draft.forward(feeds[:, t:t + 1], np.array([t]))[0, -1].argmax()))
         target.forward(feeds[:, t:t + 1], np.array([t]))  # position t's KV: the target's again
-    return np.array(out)
+    return want, np.array(out)
 
 
 def main() -> None:

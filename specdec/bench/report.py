@@ -75,8 +75,7 @@ def markdown(summary, positions: dict, info: dict) -> str:
             "predicted = (f·(1 − α^(g+1))/(1 − α) + 1 − f)·P / (f·(g·d + r·P) + (1 − f)·P), the paper's formula when "
             "f = 1, g = γ and r = 1. c = d / the mode's mean verify pass. Host time (Python around the engines) is in "
             "the measured TPOT, not in the prediction. d counts the draft model's prompt prefill as draft time, so it "
-            "overstates the per-token "
-            "cost most for short outputs.", ""]
+            "overstates the per-token cost most for short outputs.", ""]
     body = [markdown_table(summary), "", "## Greedy agreement", "", *agreement_lines(summary), "",
             "## Per-position acceptance", ""]
     body += [f"- {s}: {m}: " + " ".join(f"{v:.2f}" for v in values) for (s, m), values in positions.items()]

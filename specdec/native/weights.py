@@ -114,8 +114,8 @@ def _check_attention(attrs: dict, node, dims: ModelDims, path: Path) -> None:
 
 def _array(init, folder: Path, numpy_helper) -> np.ndarray:
     """An initializer's values. One held in an external data file is read from it on every call, and the proto
-    keeps no copy."""
-    values = numpy_helper.to_array(init, str(folder)).copy()
+    keeps no copy of it."""
+    values = numpy_helper.to_array(init, str(folder))  # holds its own reference to the bytes read
     if init.data_location == init.EXTERNAL:
         init.ClearField("raw_data")  # what to_array read in from the file
     return values
@@ -137,7 +137,7 @@ def weights_from_onnx(path: Path, dims: ModelDims) -> NativeWeights:
     _check_attention(attrs, attention, dims, path)
     if _attributes(head, onnx).get("transB") != 1 or len(head.input) > 2:
         raise BackendError(f"{path}'s LM head is not a bias-free Gemm with transB = 1", HINT)
-    packed = array(matmuls[0].input[1]).shape[1]  # q/k/v side by side: [H, (Hq + 2 Hkv) D]
+    packed = inits[matmuls[0].input[1]].dims[1]  # q/k/v side by side: [H, (Hq + 2 Hkv) D] (not read twice)
     if packed != (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim:
         raise BackendError(f"{path}'s first weight has {packed} columns, not packed q/k/v", HINT)
 
@@ -177,7 +177,8 @@ def trimmed_head_rows(path: Path, vocab: int) -> np.ndarray | None:
     scored = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}.get("N") if head else None
     if len(scatters) != 1 or table is None or scored is None:
         raise BackendError(f"{path} holds a GatherElements that is not a trimmed head's scatter", HINT)
-    columns = _array(table, path.parent, numpy_helper).reshape(-1)  # each token's column of the scores; `scored` for the fill
+    columns = _array(table, path.parent, numpy_helper).reshape(-1)  # each token's column of the scores; `scored`:
+    # the fill
     kept = np.flatnonzero(columns != scored)
     if columns.shape != (vocab,) or not np.array_equal(columns[kept], np.arange(scored)):
         raise BackendError(f"{path}'s head table ({columns.size} entries) does not map a vocabulary of {vocab} onto "
