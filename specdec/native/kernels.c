@@ -13,9 +13,11 @@
 // q (0..15) multiply the rounded activations, but its error is taken about q = 8: w = d*(q - 8) + (m + 8*d), the
 // second part times the exact sum, so a block adds d*q.rounded + m*s + 8*d*r, and the rounding's error scales with
 // |q - 8| <= 8, not q <= 15, for one multiply-add per block. Top-1 agreement with the target on the default model
-// (benchmarks/draft_agreement.py, all 50 prompts, 6663 positions): 0.9644 rounding every weight's input (0.941 -> 0.964
-// from the centring on 10 prompts), 0.9737 keeping q/k/v's fp32 (as here: the attention scores are the sensitive
-// part; about 16 % of a layer's weights), 0.9811 with no rounding at all.
+// (benchmarks/draft_agreement.py, all 50 prompts, 6663 positions, with the earlier attention kernel): 0.9644 rounding
+// every weight's input (0.941 -> 0.964 from the centring on 10 prompts), 0.9737 keeping q/k/v's fp32 (as here: the
+// attention scores are the sensitive part; about 16 % of a layer's weights), 0.9811 with no rounding at all. With the
+// current attention: 0.9586 (0.9688 reading the target's KV): any change in summation order redraws the rounding's
+// noise (benchmarks/results/issue11/native/draft.md).
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
