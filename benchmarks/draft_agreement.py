@@ -7,6 +7,9 @@ Each prompt (chat template applied, as the benchmark sends it) is extended by th
 of --continue tokens (where acceptance is decided), then fed to the target and the draft; at every position the
 draft's argmax is compared with the target's. Prints a markdown table. No assertions (not a test).
 
+Two figures: over every position (the prompt's too), and over the positions whose next token is generated (from
+the prompt's last token on), the only ones where a draft proposes.
+
 --kv own (default): the draft reads back its own KV (one prefill each): a draft alone.
 --kv target: the draft reads the target's KV for every earlier position, as it does when it proposes a round's first
   token (the loop gives it the committed KV: copied, or shared on the native backend). The target prefills; then per
@@ -60,22 +63,25 @@ def continuations(target, bundle: Path, args: argparse.Namespace) -> list:
     return [(continued(target, ids, args.steps), len(ids)) for ids in prompt_ids(bundle, args.prompts, args.per_class)]
 
 
-def agreement(bundle: Path, prompts: list, steps: int, engine: str = "onnxruntime", kv: str = "own") -> tuple[int, int]:
+def agreement(bundle: Path, prompts: list, steps: int, engine: str = "onnxruntime", kv: str = "own") -> dict:
+    """{"all": (agreeing, positions), "generated": (agreeing, positions)}: every position, and those from each
+    prompt's last token on (where the next token is generated)."""
     manifest = read_manifest(bundle)
     if engine == "native":  # the native target, and the draft it runs (on its blocks, or on onnxruntime)
         target, draft = NativeBackend.open_models(bundle, manifest, "cpu", None)
     else:
         target, draft = OrtBackend(bundle, manifest.target).open(), OrtBackend(bundle, manifest.draft).open()
-    agree = total = 0
+    counts = {"all": [0, 0], "generated": [0, 0]}
     for ids in prompts:
         feeds = np.array([continued(target, ids, steps)], dtype=np.int64)
         if kv == "target":
             want, got = first_proposals(target, draft, feeds)
         else:
             want, got = (prefill_argmax(backend, feeds) for backend in (target, draft))
-        agree += int((want == got).sum())
-        total += feeds.shape[1]
-    return agree, total
+        for name, hits in (("all", want == got), ("generated", (want == got)[len(ids) - 1:])):
+            counts[name][0] += int(hits.sum())
+            counts[name][1] += len(hits)
+    return {name: tuple(pair) for name, pair in counts.items()}
 
 
 def prefill_argmax(backend, feeds: np.ndarray) -> np.ndarray:
@@ -108,13 +114,15 @@ def main() -> None:
     parser.add_argument("--kv", choices=("own", "target"), default="own",
                         help="the KV the draft reads for earlier positions: its own, or the target's")
     args = parser.parse_args()
-    lines = ["| bundle | draft | KV read | positions | top-1 agreement |", "|---|---|---|---|---|"]
+    lines = ["| bundle | draft | KV read | positions | top-1 agreement | generated positions | top-1 agreement |",
+             "|---|---|---|---|---|---|---|"]
     for bundle in args.bundles:
         prompts = prompt_ids(bundle, args.prompts, args.per_class)
-        agree, total = agreement(bundle, prompts, args.steps, args.backend, args.kv)
+        counts = agreement(bundle, prompts, args.steps, args.backend, args.kv)
         draft = read_manifest(bundle).draft
         method = draft.calibration.method or draft.derived
-        lines.append(f"| {bundle.name} | {method} ({draft.precision}), {args.backend} | {args.kv} | {total} | {agree / total:.4f} |")
+        cells = " | ".join(f"{total} | {agree / total:.4f}" for agree, total in counts.values())
+        lines.append(f"| {bundle.name} | {method} ({draft.precision}), {args.backend} | {args.kv} | {cells} |")
     print("\n".join(lines))
 
 

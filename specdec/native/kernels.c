@@ -5,19 +5,17 @@
 //   q8 : {float d; int8 qs[32]}; w = d*q
 // fp32 activations (the target): each block's weights are decoded to fp32 once per tile of rows, then
 //   y[r, n] = sum_b (d*q + m) . x[r, block b]
-// The draft (quant = 1 in specdec_forward) rounds the activations to int8 before every weight but q/k/v's, each row's
-// blocks of 32 with one scale per 16,
-//   blkq: {float d, e, s, r; int8 qs[32]}, x[0..16) ~ d*qs, x[16..32) ~ e*qs, s = the exact fp32 block sum (for
-//   the Q4_1 minimum's term), r = s - the rounded block's sum,
-// and multiplies integers (maddubs), as onnxruntime's MatMulNBits does at accuracy level 4. A Q4_1 weight's codes
-// q (0..15) multiply the rounded activations, but its error is taken about q = 8: w = d*(q - 8) + (m + 8*d), the
-// second part times the exact sum, so a block adds d*q.rounded + m*s + 8*d*r, and the rounding's error scales with
-// |q - 8| <= 8, not q <= 15, for one multiply-add per block. Top-1 agreement with the target on the default model
-// (benchmarks/draft_agreement.py, all 50 prompts, 6663 positions, with the earlier attention kernel): 0.9644 rounding
-// every weight's input (0.941 -> 0.964 from the centring on 10 prompts), 0.9737 keeping q/k/v's fp32 (as here: the
-// attention scores are the sensitive part; about 16 % of a layer's weights), 0.9811 with no rounding at all. With the
-// current attention: 0.9586 (0.9688 reading the target's KV): any change in summation order redraws the rounding's
-// noise (benchmarks/results/issue11/native/draft.md).
+// The draft (quant = 1 in specdec_forward) rounds the activations before every weight, each row's blocks of 32 in two
+// int8 parts,
+//   blkq: {float d, s; int8 qs[32], lo[32]}, x ~ d * (128 * qs + lo): qs = round(x / step), step = max|x| / 127,
+//   lo = the remainder in 1/128ths of a step (|lo| <= 64), d = step / 128, s = the exact block sum,
+// and multiplies integers (maddubs: 128 * (q . qs) + q . lo): about 15 bits where one int8 part (onnxruntime's
+// MatMulNBits at accuracy level 4) has 8, for one more maddubs and madd per block, and one scale per 32 values. A
+// Q4_1 weight d*q + m adds d times that product and m times the exact sum. The second part took the draft's top-1
+// agreement with the target on the default model (benchmarks/draft_agreement.py, all 50 prompts, 6663 positions)
+// from 0.9586 (one int8 part per 16 values, q/k/v's inputs kept fp32) to 0.9877, next to the trimmed head's ceiling
+// of 0.9883, and its step from 5.56 to 5.01 ms at cache length 64 (q/k/v now take the int8 path too; one process,
+// both kernels loaded, 24 interleaved calls; benchmarks/results/issue11/native/draft.md).
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,7 +24,7 @@
 #include <math.h>
 typedef struct { float d, m; uint8_t qs[16]; } blk4;
 typedef struct { float d; int8_t qs[32]; } blk8;
-typedef struct { float d, e, s, r; int8_t qs[32]; } blkq;
+typedef struct { float d, s; int8_t qs[32], lo[32]; } blkq;
 #define MAXR 6  /* rows per read of the weights */
 #define COLUMNS 16  /* output columns per OpenMP task */
 #ifndef PREFETCH
@@ -87,38 +85,45 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
     }
 }
 // ---- int8 activations (the draft) ----
-// x [M, K] -> a [M, K / 32]
+// x [M, K] -> a [M, K / 32]: per block of 32, x ~ d * (128 * qs + lo): qs = round(x / step) (|qs| <= 127, step =
+// max |x| / 127), lo the remainder in 1/128ths of a step (|lo| <= 64), d = step / 128; s the exact block sum
 static void quantize_rows(const float *x, int M, int K, blkq *a) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f), fine = _mm256_set1_ps(128.f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int i = 0; i < M * (K / 32); i++) {
         const float *xb = x + (size_t)i * 32;
-        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
-               v3 = _mm256_loadu_ps(xb + 24);
-        __m256 top0 = _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1));
-        __m256 top1 = _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3));
-        __m128 t = _mm_max_ps(_mm256_castps256_ps128(top0), _mm256_extractf128_ps(top0, 1));
+        const __m256 v[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16),
+                             _mm256_loadu_ps(xb + 24)};
+        const __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                         _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
         t = _mm_max_ps(t, _mm_movehl_ps(t, t)); t = _mm_max_ss(t, _mm_movehdup_ps(t));
-        __m128 u = _mm_max_ps(_mm256_castps256_ps128(top1), _mm256_extractf128_ps(top1, 1));
-        u = _mm_max_ps(u, _mm_movehl_ps(u, u)); u = _mm_max_ss(u, _mm_movehdup_ps(u));
-        const float amax0 = _mm_cvtss_f32(t), amax1 = _mm_cvtss_f32(u);
-        a[i].d = amax0 / 127.f;
-        a[i].e = amax1 / 127.f;
-        const float s = hsum(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
-        const __m256 inv0 = _mm256_set1_ps(amax0 > 0.f ? 127.f / amax0 : 0.f);
-        const __m256 inv1 = _mm256_set1_ps(amax1 > 0.f ? 127.f / amax1 : 0.f);
-        __m256i c0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, inv0)), c1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv0)),
-                c2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, inv1)), c3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, inv1));
-        const __m256 sum0 = _mm256_cvtepi32_ps(_mm256_add_epi32(c0, c1)), sum1 = _mm256_cvtepi32_ps(_mm256_add_epi32(c2, c3));
-        a[i].s = s;
-        a[i].r = s - a[i].d * hsum(sum0) - a[i].e * hsum(sum1);
-        __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
+        const float amax = _mm_cvtss_f32(t);
+        a[i].d = amax / (127.f * 128.f);
+        a[i].s = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+        const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        __m256i code[4], rest[4];
+        for (int k = 0; k < 4; k++) {
+            const __m256 steps = _mm256_mul_ps(v[k], inv);
+            code[k] = _mm256_cvtps_epi32(steps);  // to nearest
+            rest[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(steps, _mm256_cvtepi32_ps(code[k])), fine));
+        }
+        __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(code[0], code[1]), _mm256_packs_epi32(code[2], code[3]));
         _mm256_storeu_si256((__m256i *)a[i].qs, _mm256_permutevar8x32_epi32(packed, order));
+        packed = _mm256_packs_epi16(_mm256_packs_epi32(rest[0], rest[1]), _mm256_packs_epi32(rest[2], rest[3]));
+        _mm256_storeu_si256((__m256i *)a[i].lo, _mm256_permutevar8x32_epi32(packed, order));
     }
 }
+// The integer products of a block: 128 * (u . qs) + u . lo for unsigned u (maddubs' pairs stay within int16: u <= 128,
+// |qs| <= 127), 8 int32 lanes of 4 products each
+static inline __attribute__((always_inline)) __m256i products(__m256i u, __m256i qs, __m256i lo) {
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, qs), _mm256_set1_epi16(128)),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, lo), _mm256_set1_epi16(1)));
+}
+// w = d*q + m: d * (q . x) + m * (the block's exact sum)
 static inline __attribute__((always_inline)) void q4q_cols(const int R, const blkq *a, int nb, const blk4 *w, float *y,
                                                            int N, int n0, int n1) {
-    const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i mask = _mm256_set1_epi8(0x0F);
     for (int n = n0; n < n1; n++) {
         const blk4 *c = w + (size_t)n * nb;
         __m256 acc[MAXR]; float mins[MAXR];
@@ -129,10 +134,10 @@ static inline __attribute__((always_inline)) void q4q_cols(const int R, const bl
             const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), mask);
             for (int r = 0; r < R; r++) {
                 const blkq *ab = a + (size_t)r * nb + b;
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)ab->qs)),
-                                              ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_set_m128(_mm_set1_ps(c[b].d * ab->e), _mm_set1_ps(c[b].d * ab->d)), _mm256_cvtepi32_ps(p), acc[r]);
-                mins[r] += c[b].m * ab->s + 8.f * c[b].d * ab->r;
+                const __m256i p = products(q, _mm256_loadu_si256((const __m256i *)ab->qs),
+                                           _mm256_loadu_si256((const __m256i *)ab->lo));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(c[b].d * ab->d), _mm256_cvtepi32_ps(p), acc[r]);
+                mins[r] += c[b].m * ab->s;
             }
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]) + mins[r];
@@ -140,7 +145,6 @@ static inline __attribute__((always_inline)) void q4q_cols(const int R, const bl
 }
 static inline __attribute__((always_inline)) void q8q_cols(const int R, const blkq *a, int nb, const blk8 *w, float *y,
                                                            int N, int n0, int n1) {
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int n = n0; n < n1; n++) {
         const blk8 *c = w + (size_t)n * nb;
         __m256 acc[MAXR];
@@ -150,9 +154,9 @@ static inline __attribute__((always_inline)) void q8q_cols(const int R, const bl
             const __m256i q = _mm256_loadu_si256((const __m256i *)c[b].qs), size = _mm256_sign_epi8(q, q);
             for (int r = 0; r < R; r++) {
                 const blkq *ab = a + (size_t)r * nb + b;  // |q| times the activations with q's sign
-                __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ab->qs), q);
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(size, x), ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_set_m128(_mm_set1_ps(c[b].d * ab->e), _mm_set1_ps(c[b].d * ab->d)), _mm256_cvtepi32_ps(p), acc[r]);
+                const __m256i p = products(size, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ab->qs), q),
+                                           _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ab->lo), q));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(c[b].d * ab->d), _mm256_cvtepi32_ps(p), acc[r]);
             }
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]);
@@ -423,7 +427,7 @@ int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, flo
     for (int l = 0; l < m->L; l++) {
         float *k = keys + (size_t)l * layer_stride, *v = values + (size_t)l * layer_stride;
         rmsnorm(x, m->in_norm[l], m->eps, T, H, xn);
-        linear(xn, T, H, m->qkv[l], 1, tmp, QKV, 0, a);  // fp32 activations even in the draft: see the top
+        linear(xn, T, H, m->qkv[l], 1, tmp, QKV, quant, a);
         for (int t = 0; t < T; t++) {
             const int p = pos + t; const float *row = tmp + (size_t)t * QKV;
             const float *cs = m->cos + (size_t)p * half, *sn = m->sin + (size_t)p * half;

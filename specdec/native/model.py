@@ -29,7 +29,7 @@ class NativeModel:
     """Also a KV source for the gqa driver's copy_kv (a draft taking this target's KV): `geometry` and `buffers`,
     the per-layer keys then values [slots, Hkv, S, D], as GqaDriver holds its own.
 
-    quant: round activations to int8 before each weight (the draft's kernels; the target keeps fp32).
+    quant: round activations to two int8 parts before each weight (the draft's kernels; the target keeps fp32).
     head_rows: the token ids the head scores (a trimmed draft head), None for all; the rest get `fill`.
     kv_owner: a model whose KV this one reads and writes (a draft beside its target), else its own.
     """
@@ -83,7 +83,7 @@ class NativeModel:
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
     def matmul(self, x: np.ndarray, blocks: np.ndarray, quant: bool = False) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32], x rounded to int8 first with quant (the draft's kernels);
+        """x [M, K] -> [M, N] through blocks [N, K / 32], x rounded to two int8 parts first with quant (the draft's kernels);
         the products alone, for benchmarks and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
