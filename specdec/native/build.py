@@ -13,9 +13,9 @@ from pathlib import Path
 from specdec.errors import BackendError
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 LIBRARIES = ("-lm",)
-REQUIRED_FLAGS = ("avx2", "fma", "f16c")  # /proc/cpuinfo names of what FLAGS let the compiler use
+REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what FLAGS let the compiler use
 NO_NATIVE = "use backend='onnxruntime'"
 
 
@@ -61,8 +61,7 @@ def load_kernels() -> ctypes.CDLL:
     """The compiled kernels (built once per source, flags and compiler; cached across processes)."""
     lacking = missing_cpu_flags()
     if lacking:
-        needed = f"{', '.join(REQUIRED_FLAGS[:-1])} and {REQUIRED_FLAGS[-1]}"
-        raise BackendError(f"the native backend needs an x86-64 CPU with {needed}; this one "
+        raise BackendError(f"the native backend needs an x86-64 CPU with {' and '.join(REQUIRED_FLAGS)}; this one "
                            f"lacks {', '.join(lacking)}", NO_NATIVE)
     cc = compiler()
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS, *LIBRARIES)).encode()).hexdigest()[:16]

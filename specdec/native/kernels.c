@@ -1,9 +1,8 @@
 // specdec's native CPU kernels (specdec.native): Q4_1 / Q8_0 weights times fp32 activations, AVX2 + FMA, OpenMP over
 // output columns, M rows at once (every weight decoded once per 6 rows). Compiled on first use by specdec.native.build.
 // Blocks of 32 along K, per output column n:
-//   q41: {fp16 d, m; uint8 qs[16]} (qs[j]: low nibble = q[j], high nibble = q[j + 16]); w = d*q + m (a GGUF's own
-//        block, 20 bytes: 5 bits a weight)
-//   q8 : {fp16 d; int8 qs[32]}; w = d*q
+//   q41: {float d; float m; uint8 qs[16]} (qs[j]: low nibble = q[j], high nibble = q[j + 16]); w = d*q + m
+//   q8 : {float d; int8 qs[32]}; w = d*q
 // fp32 activations (the target): each block's weights are decoded to fp32 once per tile of rows, then
 //   y[r, n] = sum_b (d*q + m) . x[r, block b]
 // The draft (quant = 1 in specdec_forward) rounds the activations before every weight, each row's blocks of 32 in two
@@ -23,15 +22,14 @@
 #include <string.h>
 #include <omp.h>
 #include <math.h>
-typedef struct { uint16_t d, m; uint8_t qs[16]; } blk4;  // d, m: fp16
-typedef struct { uint16_t d; int8_t qs[32]; } blk8;
+typedef struct { float d, m; uint8_t qs[16]; } blk4;
+typedef struct { float d; int8_t qs[32]; } blk8;
 typedef struct { float d, s; int8_t qs[32], lo[32]; } blkq;
 #define MAXR 6  /* rows per read of the weights */
 #define COLUMNS 16  /* output columns per OpenMP task */
 #ifndef PREFETCH
 #define PREFETCH 512
 #endif
-static inline float half(uint16_t h) { return _cvtsh_ss(h); }
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s)); s = _mm_add_ss(s, _mm_movehdup_ps(s)); return _mm_cvtss_f32(s);
@@ -63,7 +61,7 @@ static inline __attribute__((always_inline)) void q4_cols(const int R, const flo
             FETCH(c + b);
             const __m128i v = _mm_loadu_si128((const __m128i *)c[b].qs);
             const __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-            const __m256 d = _mm256_set1_ps(half(c[b].d)), m = _mm256_set1_ps(half(c[b].m));
+            const __m256 d = _mm256_broadcast_ss(&c[b].d), m = _mm256_broadcast_ss(&c[b].m);
             rows_times(R, x + b * 32, K, _mm256_fmadd_ps(U8(lo), d, m), _mm256_fmadd_ps(U8(_mm_srli_si128(lo, 8)), d, m),
                        _mm256_fmadd_ps(U8(hi), d, m), _mm256_fmadd_ps(U8(_mm_srli_si128(hi, 8)), d, m), acc);
         }
@@ -79,7 +77,7 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             FETCH(c + b);
-            const __m256 d = _mm256_set1_ps(half(c[b].d));
+            const __m256 d = _mm256_broadcast_ss(&c[b].d);
             rows_times(R, x + b * 32, K, _mm256_mul_ps(S8(c[b].qs), d), _mm256_mul_ps(S8(c[b].qs + 8), d),
                        _mm256_mul_ps(S8(c[b].qs + 16), d), _mm256_mul_ps(S8(c[b].qs + 24), d), acc);
         }
@@ -138,8 +136,8 @@ static inline __attribute__((always_inline)) void q4q_cols(const int R, const bl
                 const blkq *ab = a + (size_t)r * nb + b;
                 const __m256i p = products(q, _mm256_loadu_si256((const __m256i *)ab->qs),
                                            _mm256_loadu_si256((const __m256i *)ab->lo));
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(half(c[b].d) * ab->d), _mm256_cvtepi32_ps(p), acc[r]);
-                mins[r] += half(c[b].m) * ab->s;
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(c[b].d * ab->d), _mm256_cvtepi32_ps(p), acc[r]);
+                mins[r] += c[b].m * ab->s;
             }
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]) + mins[r];
@@ -158,7 +156,7 @@ static inline __attribute__((always_inline)) void q8q_cols(const int R, const bl
                 const blkq *ab = a + (size_t)r * nb + b;  // |q| times the activations with q's sign
                 const __m256i p = products(size, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ab->qs), q),
                                            _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ab->lo), q));
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(half(c[b].d) * ab->d), _mm256_cvtepi32_ps(p), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(c[b].d * ab->d), _mm256_cvtepi32_ps(p), acc[r]);
             }
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]);

@@ -18,10 +18,8 @@ from specdec.errors import BackendError, missing_dependency
 from specdec.manifest import ModelDims
 
 BLOCK = 32
-BLOCK4 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)])  # kernels.c's blk4: a GGUF's Q4_1 block
-BLOCK8 = np.dtype([("d", "<f2"), ("qs", "i1", 32)])  # kernels.c's blk8: a GGUF's Q8_0 block
-FITTED4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # a fit, before its scales become fp16
-FITTED8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])
+BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # kernels.c's blk4
+BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # kernels.c's blk8
 GRID_TOLERANCE = 1e-4  # max |w − dequant| / d: fp32 rounding, not a coarser grid
 ALLOWED_OPS = {"Shape", "Squeeze", "Gather", "Add", "Sub", "Cast", "ReduceMax", "SimplifiedLayerNormalization",
                "SkipSimplifiedLayerNormalization", "MatMul", "GroupQueryAttention", "Split", "Sigmoid", "Mul",
@@ -52,19 +50,19 @@ class NativeWeights:
 
 
 def q41_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
-    """weight [N, K] -> (blocks [N, K/32] of FITTED4, max |w − d·q − m| / d), the fit of specdec.calibration.q41."""
+    """weight [N, K] -> (blocks [N, K/32] of BLOCK4, max |w − d·q − m| / d), the fit of specdec.calibration.q41."""
     q = q41_from_weight(weight.T)  # codes [nb, 32, N]; scale, minimum [nb, N]
     codes = q["codes"].transpose(2, 0, 1)  # [N, nb, 32]
-    out = np.zeros(codes.shape[:2], FITTED4)
+    out = np.zeros(codes.shape[:2], BLOCK4)
     out["d"], out["m"] = q["scale"].T, q["minimum"].T
     out["qs"] = codes[..., :16] | (codes[..., 16:] << 4)
     return out, q["grid_error"]
 
 
 def q8_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
-    """weight [N, K] -> (blocks [N, K/32] of FITTED8, max |w − d·q| / d), the fit of specdec.calibration.q41."""
+    """weight [N, K] -> (blocks [N, K/32] of BLOCK8, max |w − d·q| / d), the fit of specdec.calibration.q41."""
     q = q8_0_from_weight(weight)  # codes [N, nb, 32] as q + 128; scale [N, nb]
-    out = np.zeros(q["scale"].shape, FITTED8)
+    out = np.zeros(q["scale"].shape, BLOCK8)
     out["d"], out["qs"] = q["scale"], (q["codes"].astype(np.int16) - 128).astype(np.int8)
     return out, q["grid_error"]
 
@@ -74,19 +72,10 @@ def _on_grid(name: str, weight: np.ndarray, blocks_of) -> np.ndarray:
     if weight.ndim != 2 or weight.shape[1] % BLOCK:
         raise BackendError(f"{name} has shape {list(weight.shape)}; the native kernels need K % {BLOCK} == 0", HINT)
     blocks, error = blocks_of(np.ascontiguousarray(weight, dtype=np.float32))
-    grid = "Q4_1" if blocks_of is q41_blocks else "Q8_0"
     if error > GRID_TOLERANCE:
+        grid = "Q4_1" if blocks_of is q41_blocks else "Q8_0"
         raise BackendError(f"{name} is not on a {grid} grid (max error {error:.3g} of a step)", HINT)
-    halves = np.empty(blocks.shape, BLOCK4 if blocks_of is q41_blocks else BLOCK8)
-    for field in halves.dtype.names:  # the blocks' scales (and minimums) as fp16, a GGUF's: kept only where exact
-        halves[field] = blocks[field]
-        if field != "qs":
-            moved = np.abs(halves[field].astype(np.float32) - blocks[field]) / np.maximum(np.abs(blocks["d"]), 1e-30)
-            shift = float(moved.max(initial=0.0)) * (15 if field == "d" else 1)  # in steps, at most
-            if shift > GRID_TOLERANCE:
-                raise BackendError(f"{name}'s {grid} block {'scales' if field == 'd' else 'minimums'} are not fp16 "
-                                   f"values, as a GGUF's are: fp16 moves a weight by up to {shift:.3g} of a step", HINT)
-    return halves
+    return blocks
 
 
 def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:

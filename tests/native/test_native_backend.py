@@ -99,29 +99,6 @@ def test_weights_off_the_grids_are_refused(off_grid_bundle):
     assert "backend='onnxruntime'" in caught.value.hint
 
 
-def test_block_scales_are_kept_as_fp16_only_where_exact():
-    """The kernels hold a GGUF's blocks: fp16 scales and minimums. On-grid weights whose scales are fp16 values read
-    back exactly; a grid with fp32 scales (fp16 would move its weights) is refused, naming the layer."""
-    from specdec.native.weights import _on_grid, q41_blocks, q8_blocks
-
-    rng = np.random.default_rng(1)
-    codes = rng.integers(0, 16, (8, 2, 32)).astype(np.float32)
-    codes[..., 0], codes[..., 1] = 0, 15  # every block spans its grid, as a fit finds it
-    scale = rng.uniform(0.01, 0.1, (8, 2, 1)).astype(np.float16).astype(np.float32)
-    low = rng.uniform(-1, 0, (8, 2, 1)).astype(np.float16).astype(np.float32)
-    blocks = _on_grid("w", (codes * scale + low).reshape(8, 64), q41_blocks)
-    assert blocks.dtype["d"] == np.float16 and blocks.itemsize == 20
-    assert np.array_equal(blocks["d"].astype(np.float32), scale[..., 0])
-    assert np.array_equal(blocks["m"].astype(np.float32), low[..., 0])
-    with pytest.raises(BackendError, match="w's Q4_1 block scales are not fp16 values") as caught:
-        _on_grid("w", (codes * (scale * np.float32(1.0003)) + low).reshape(8, 64), q41_blocks)
-    assert "backend='onnxruntime'" in caught.value.hint
-    signed = np.concatenate([np.full((8, 2, 1), 127.0), rng.integers(-127, 128, (8, 2, 31))], -1).astype(np.float32)
-    assert _on_grid("h", (signed * scale).reshape(8, 64), q8_blocks).itemsize == 34
-    with pytest.raises(BackendError, match="h's Q8_0 block scales are not fp16 values"):
-        _on_grid("h", (signed * scale * np.float32(1.0003)).reshape(8, 64), q8_blocks)
-
-
 def test_graph_outside_the_layout_is_refused(gqa_int4_bundle):
     manifest = read_manifest(gqa_int4_bundle)  # head size 8: rotary as Cos, Sin, ... outside the attention op
     with pytest.raises(BackendError, match="Cos.*which the native backend does not run"):
@@ -199,9 +176,9 @@ def test_failed_compile(fresh_build, monkeypatch):
 
 def test_cpu_without_avx2(fresh_build, monkeypatch, tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("flags\t\t: fpu sse2 fma f16c\n")
+    cpuinfo.write_text("flags\t\t: fpu sse2 fma\n")
     assert build.missing_cpu_flags(cpuinfo) == ["avx2"]
-    assert build.missing_cpu_flags(tmp_path / "missing") == ["avx2", "fma", "f16c"]
+    assert build.missing_cpu_flags(tmp_path / "missing") == ["avx2", "fma"]
     monkeypatch.setattr(build, "missing_cpu_flags", lambda: ["avx2"])
     with pytest.raises(BackendError, match="lacks avx2"):
         build.load_kernels()

@@ -68,11 +68,11 @@ def test_int8_products_match_numpy(pair):
             x[:, 3] *= 40  # an outlier sets its block's step
             rounded, sums = _int8(x)
             if blocks.dtype.names == ("d", "qs"):  # Q8_0
-                want = rounded @ (blocks["d"].astype(np.float32)[..., None] * blocks["qs"]).reshape(len(blocks), -1).T
+                want = rounded @ (blocks["d"][..., None] * blocks["qs"]).reshape(len(blocks), -1).T
             else:
                 codes = np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1)  # [N, nb, 32]
-                scaled = (blocks["d"].astype(np.float32)[..., None] * codes).reshape(len(blocks), -1)
-                want = rounded @ scaled.T + sums @ blocks["m"].astype(np.float32).T
+                scaled = (blocks["d"][..., None] * codes.astype(np.float32)).reshape(len(blocks), -1)
+                want = rounded @ scaled.T + sums @ blocks["m"].T
             got = draft.model.matmul(x, blocks, quant=True)
             assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
             fp32 = draft.model.matmul(x, blocks)  # and the rounding is there, at about 15 bits (2e-4 here)
@@ -143,8 +143,8 @@ def test_greedy_identical_to_target_only(q41_bundle, drafter, gamma):
 
 def test_sampling_matches_the_target_distribution(q41_bundle):
     """The draft's q is 0 where its head does not score; acceptance uses that q: the output stays exact."""
-    config = GenerationConfig(max_new_tokens=TOKENS + 1, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
-    with load(q41_bundle, backend="native") as gen:  # no EOS: every sample has TOKENS tokens, as exact_joint counts
+    config = GenerationConfig(max_new_tokens=TOKENS + 1, gamma=3, drafter="model", **TOP_K)
+    with load(q41_bundle, backend="native") as gen:
         prompt_ids = gen.codec.encode(PROMPT)
         counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
         assert proposed[2] > 100 and accepted[1] > 50, (proposed, accepted)
