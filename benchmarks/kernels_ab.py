@@ -1,0 +1,72 @@
+"""One native step with two builds of kernels.c in one process: the current source against another (an older
+commit's), calls interleaved, so the machine's drift falls on both alike.
+
+    git show 75374f6:specdec/native/kernels.c > /tmp/old_kernels.c
+    python benchmarks/kernels_ab.py bundles/smollm2-q41 /tmp/old_kernels.c [--role draft|target] [--calls 24]
+
+The other source must export the same functions with the same signatures (build.load_kernels declares them). At
+cache lengths 64 / 512 / 1000 (a random prompt prefilled by the target): one-token forwards of the role, the two
+builds alternating (which goes first alternates too). Prints min / median ms of each and new/old. Not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specdec.manifest import read_manifest
+from specdec.native import build
+from specdec.runtime.native_backend import NativeBackend
+
+LENGTHS = (64, 512, 1000)
+
+
+def kernels_from(source: Path):
+    """The compiled library of another kernels.c (build's cache keys it by its text)."""
+    current = build.SOURCE
+    build.load_kernels.cache_clear()
+    build.SOURCE = source
+    try:
+        return build.load_kernels()
+    finally:
+        build.SOURCE = current
+        build.load_kernels.cache_clear()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("old", type=Path, help="the other kernels.c")
+    parser.add_argument("--role", choices=("draft", "target"), default="draft")
+    parser.add_argument("--calls", type=int, default=24, help="forwards per build and cache length")
+    args = parser.parse_args()
+    builds = {"new": build.load_kernels(), "old": kernels_from(args.old)}
+    target, draft = NativeBackend.open_models(args.bundle, read_manifest(args.bundle), "cpu", None)
+    model = (draft if args.role == "draft" else target).model
+    rng = np.random.default_rng(0)
+    lines = [f"{args.role} step, ms (min / median of {args.calls} calls each); old = {args.old}", "",
+             "| cache length | new | old | new / old (min) | new / old (median) |", "|---|---|---|---|---|"]
+    for length in LENGTHS:
+        target.reset(1)
+        draft.reset(1)
+        target.forward(rng.integers(3, target.vocab_size, (1, length)), np.zeros(1, np.int64), last_only=True)
+        times = {name: [] for name in builds}
+        for call in range(args.calls):
+            for name in (("new", "old") if call % 2 else ("old", "new")):
+                model.kernels = builds[name]
+                started = time.perf_counter()
+                model.forward(np.array([7]), length, 0, last_only=True)
+                times[name].append((time.perf_counter() - started) * 1e3)
+        new, old = times["new"], times["old"]
+        lines.append(f"| {length} | {min(new):.2f} / {statistics.median(new):.2f} | {min(old):.2f} / "
+                     f"{statistics.median(old):.2f} | {min(new) / min(old):.3f} | "
+                     f"{statistics.median(new) / statistics.median(old):.3f} |")
+    model.kernels = builds["new"]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
