@@ -14,8 +14,8 @@
 // Q4_1 weight d*q + m adds d times that product and m times the exact sum. The second part took the draft's top-1
 // agreement with the target on the default model (benchmarks/draft_agreement.py, all 50 prompts, 6663 positions)
 // from 0.9586 (one int8 part per 16 values, q/k/v's inputs kept fp32) to 0.9877, next to the trimmed head's ceiling
-// of 0.9883, and its step from 5.56 to 5.01 ms at cache length 64 (q/k/v now take the int8 path too; one process,
-// both kernels loaded, 24 interleaved calls; benchmarks/results/issue11/native/draft.md).
+// of 0.9883, and its step from 5.58 to 4.99 ms at cache length 64 (q/k/v now take the int8 path too;
+// benchmarks/kernels_ab.py: one process, both kernels loaded, 24 interleaved calls; issue11/native/draft.md).
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
