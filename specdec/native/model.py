@@ -83,8 +83,8 @@ class NativeModel:
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
     def matmul(self, x: np.ndarray, blocks: np.ndarray, quant: bool = False) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32], x rounded to two int8 parts first with quant (the draft's kernels);
-        the products alone, for benchmarks and tests."""
+        """x [M, K] -> [M, N] through blocks [N, K / 32], x rounded to two int8 parts first with quant (the draft's
+        kernels); the products alone, for benchmarks and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
         four, k = blocks.dtype == BLOCK4, blocks.shape[1] * BLOCK
