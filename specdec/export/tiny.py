@@ -87,13 +87,27 @@ def snap_to_gguf_grids(model) -> None:
             if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
                 w = module.weight.reshape(module.weight.shape[0], -1, 32)
                 low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-                step = torch.where(high > low, (high - low) / 15, torch.ones_like(low))
-                module.weight.copy_((torch.round((w - low) / step) * step + low).reshape(module.weight.shape))
+                step = _half(torch.where(high > low, (high - low) / 15, torch.ones_like(low)))
+                low = _half(low)
+                codes = torch.clamp(torch.round((w - low) / step), 0, 15)
+                module.weight.copy_((codes * step + low).reshape(module.weight.shape))
         table = model.get_input_embeddings().weight
         e = table.reshape(table.shape[0], -1, 32)
         step = e.abs().amax(-1, keepdim=True) / 127
         step = torch.where(step > 0, step, torch.ones_like(step))  # all-zero rows (the padding token's)
-        table.copy_((torch.round(e / step) * step).reshape(table.shape))
+        step = _half(step, down=True)  # not above max|e| / 127: the largest code stays ±127
+        table.copy_((torch.clamp(torch.round(e / step), -127, 127) * step).reshape(table.shape))
+
+
+def _half(x, down: bool = False):
+    """x (fp32, positive where down) as the nearest fp16 value, a GGUF block's scale or minimum; with down, the
+    largest fp16 value not above it."""
+    import torch
+
+    half = x.half()
+    if down:
+        half = torch.where(half.float() > x, (half.view(torch.int16) - 1).view(torch.float16), half)
+    return half.float()
 
 
 def save_tiny_on_grids(folder: str | Path, **options) -> Path:

@@ -1,4 +1,4 @@
-"""Compile kernels.c on first use (cc or gcc, -O3 -mavx2 -mfma -fopenmp) into a per-user cache, and load it."""
+"""Compile kernels.c on first use (cc or gcc, -O3 -mavx2 -mfma -mf16c -fopenmp) into a per-user cache, and load it."""
 from __future__ import annotations
 
 import ctypes
@@ -13,9 +13,9 @@ from pathlib import Path
 from specdec.errors import BackendError
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 LIBRARIES = ("-lm",)
-REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what FLAGS let the compiler use
+REQUIRED_FLAGS = ("avx2", "fma", "f16c")  # /proc/cpuinfo names of what FLAGS let the compiler use
 NO_NATIVE = "use backend='onnxruntime'"
 
 
@@ -52,7 +52,7 @@ def _compile(cc: str, target: Path) -> None:
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise BackendError(f"compiling {SOURCE.name} with {cc} failed: {last}",
-                               f"the kernels need a compiler with AVX2, FMA and OpenMP (gcc does), or {NO_NATIVE}")
+                               f"the kernels need a compiler with AVX2, FMA, F16C and OpenMP (gcc does), or {NO_NATIVE}")
         os.replace(built, target)
 
 

@@ -16,6 +16,10 @@
 // from 0.9586 (one int8 part per 16 values, q/k/v's inputs kept fp32) to 0.9877, next to the trimmed head's ceiling
 // of 0.9883, and its step from 5.58 to 4.99 ms at cache length 64 (q/k/v now take the int8 path too;
 // benchmarks/kernels_ab.py: one process, both kernels loaded, 24 interleaved calls; issue11/native/draft.md).
+// The draft reads its Q4_1 weights from its own copy, two blocks at a time (blk4p: fp16 scales and minimums, a
+// GGUF's own, and the two blocks' codes in one byte's nibbles): 40 bytes per 64 weights where the target's blk4 take
+// 48, one load and two masks for 64 codes, one F16C conversion and one multiply for both blocks' scales. That took
+// its step from 4.51 to 3.77 ms at cache length 64 (kernels_ab.py, 2026-12-03; issue11/native/draft.md).
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,6 +29,11 @@
 typedef struct { float d, m; uint8_t qs[16]; } blk4;
 typedef struct { float d; int8_t qs[32]; } blk8;
 typedef struct { float d, s; int8_t qs[32], lo[32]; } blkq;
+// The draft's Q4_1 weights, two blocks of a column at a time: fp16 d0, d1, m0, m1 (a GGUF's own precision), then
+// qs[j] = q0[j] | q1[j] << 4: 40 bytes per 64 weights where two blk4 take 48. Its activations likewise in pairs:
+// sc = {d0, d1, s0, s1}, then each block's two parts. An odd count of blocks ends in a pair whose second half is 0.
+typedef struct { uint16_t h[4]; uint8_t qs[32]; } blk4p;
+typedef struct { float sc[4]; int8_t qs[2][32], lo[2][32]; } blkqp;
 #define MAXR 6  /* rows per read of the weights */
 #define COLUMNS 16  /* output columns per OpenMP task */
 #ifndef PREFETCH
@@ -87,32 +96,46 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
 // ---- int8 activations (the draft) ----
 // x [M, K] -> a [M, K / 32]: per block of 32, x ~ d * (128 * qs + lo): qs = round(x / step) (|qs| <= 127, step =
 // max |x| / 127), lo the remainder in 1/128ths of a step (|lo| <= 64), d = step / 128; s the exact block sum
-static void quantize_rows(const float *x, int M, int K, blkq *a) {
+static inline void quantize_block(const float *xb, float *d, float *s, int8_t *qs, int8_t *lo) {
     const __m256 sign = _mm256_set1_ps(-0.0f), fine = _mm256_set1_ps(128.f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int i = 0; i < M * (K / 32); i++) {
-        const float *xb = x + (size_t)i * 32;
-        const __m256 v[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16),
-                             _mm256_loadu_ps(xb + 24)};
-        const __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                         _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-        __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-        t = _mm_max_ps(t, _mm_movehl_ps(t, t)); t = _mm_max_ss(t, _mm_movehdup_ps(t));
-        const float amax = _mm_cvtss_f32(t);
-        a[i].d = amax / (127.f * 128.f);
-        a[i].s = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
-        const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-        __m256i code[4], rest[4];
-        for (int k = 0; k < 4; k++) {
-            const __m256 steps = _mm256_mul_ps(v[k], inv);
-            code[k] = _mm256_cvtps_epi32(steps);  // to nearest
-            rest[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(steps, _mm256_cvtepi32_ps(code[k])), fine));
-        }
-        __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(code[0], code[1]), _mm256_packs_epi32(code[2], code[3]));
-        _mm256_storeu_si256((__m256i *)a[i].qs, _mm256_permutevar8x32_epi32(packed, order));
-        packed = _mm256_packs_epi16(_mm256_packs_epi32(rest[0], rest[1]), _mm256_packs_epi32(rest[2], rest[3]));
-        _mm256_storeu_si256((__m256i *)a[i].lo, _mm256_permutevar8x32_epi32(packed, order));
+    const __m256 v[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16),
+                         _mm256_loadu_ps(xb + 24)};
+    const __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                     _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    t = _mm_max_ps(t, _mm_movehl_ps(t, t)); t = _mm_max_ss(t, _mm_movehdup_ps(t));
+    const float amax = _mm_cvtss_f32(t);
+    *d = amax / (127.f * 128.f);
+    *s = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+    const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    __m256i code[4], rest[4];
+    for (int k = 0; k < 4; k++) {
+        const __m256 steps = _mm256_mul_ps(v[k], inv);
+        code[k] = _mm256_cvtps_epi32(steps);  // to nearest
+        rest[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(steps, _mm256_cvtepi32_ps(code[k])), fine));
     }
+    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(code[0], code[1]), _mm256_packs_epi32(code[2], code[3]));
+    _mm256_storeu_si256((__m256i *)qs, _mm256_permutevar8x32_epi32(packed, order));
+    packed = _mm256_packs_epi16(_mm256_packs_epi32(rest[0], rest[1]), _mm256_packs_epi32(rest[2], rest[3]));
+    _mm256_storeu_si256((__m256i *)lo, _mm256_permutevar8x32_epi32(packed, order));
+}
+static void quantize_rows(const float *x, int M, int K, blkq *a) {
+    for (int i = 0; i < M * (K / 32); i++) quantize_block(x + (size_t)i * 32, &a[i].d, &a[i].s, a[i].qs, a[i].lo);
+}
+// ... in pairs of blocks (blkqp), [M, (K / 32 + 1) / 2]
+static void quantize_pairs(const float *x, int M, int K, blkqp *a) {
+    const int nb = K / 32, np = (nb + 1) / 2;
+    for (int r = 0; r < M; r++)
+        for (int b = 0; b < nb; b++) {
+            blkqp *p = a + (size_t)r * np + b / 2; const int h = b % 2;
+            quantize_block(x + (size_t)r * K + (size_t)b * 32, &p->sc[h], &p->sc[2 + h], p->qs[h], p->lo[h]);
+        }
+    if (nb % 2)
+        for (int r = 0; r < M; r++) {
+            blkqp *p = a + (size_t)r * np + np - 1;
+            p->sc[1] = p->sc[3] = 0.f; memset(p->qs[1], 0, 32); memset(p->lo[1], 0, 32);
+        }
 }
 // The integer products of a block: 128 * (u . qs) + u . lo for unsigned u (maddubs' pairs stay within int16: u <= 128,
 // |qs| <= 127), 8 int32 lanes of 4 products each
@@ -120,27 +143,37 @@ static inline __attribute__((always_inline)) __m256i products(__m256i u, __m256i
     return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, qs), _mm256_set1_epi16(128)),
                             _mm256_madd_epi16(_mm256_maddubs_epi16(u, lo), _mm256_set1_epi16(1)));
 }
-// w = d*q + m: d * (q . x) + m * (the block's exact sum)
-static inline __attribute__((always_inline)) void q4q_cols(const int R, const blkq *a, int nb, const blk4 *w, float *y,
-                                                           int N, int n0, int n1) {
+// two blocks per step (blk4p x blkqp): one load of 64 codes, one conversion of both scales and minimums, both
+// blocks' scales times the activations' in one multiply, the minimums' terms summed in lanes 2 and 3
+static inline __attribute__((always_inline)) void q4p_cols(const int R, const blkqp *a, int np, const blk4p *w,
+                                                           float *y, int N, int n0, int n1) {
     const __m256i mask = _mm256_set1_epi8(0x0F);
     for (int n = n0; n < n1; n++) {
-        const blk4 *c = w + (size_t)n * nb;
-        __m256 acc[MAXR]; float mins[MAXR];
-        for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.f; }
-        for (int b = 0; b < nb; b++) {
-            FETCH(c + b);
-            const __m128i v = _mm_loadu_si128((const __m128i *)c[b].qs);  // q[0..15] low nibbles, q[16..31] high
-            const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), mask);
+        const blk4p *c = w + (size_t)n * np;
+        __m256 acc[MAXR][2]; __m128 terms[MAXR];
+        for (int r = 0; r < R; r++) { acc[r][0] = acc[r][1] = _mm256_setzero_ps(); terms[r] = _mm_setzero_ps(); }
+        for (int p = 0; p < np; p++) {
+            FETCH(c + p);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)c[p].qs);
+            const __m256i q0 = _mm256_and_si256(v, mask), q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)c[p].h));  // d0 d1 m0 m1
             for (int r = 0; r < R; r++) {
-                const blkq *ab = a + (size_t)r * nb + b;
-                const __m256i p = products(q, _mm256_loadu_si256((const __m256i *)ab->qs),
-                                           _mm256_loadu_si256((const __m256i *)ab->lo));
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(c[b].d * ab->d), _mm256_cvtepi32_ps(p), acc[r]);
-                mins[r] += c[b].m * ab->s;
+                const blkqp *ab = a + (size_t)r * np + p;
+                const __m128 sc = _mm_mul_ps(h, _mm_loadu_ps(ab->sc));  // d0 d0' d1 d1' m0 s0 m1 s1
+                const __m256i p0 = products(q0, _mm256_loadu_si256((const __m256i *)ab->qs[0]),
+                                            _mm256_loadu_si256((const __m256i *)ab->lo[0]));
+                const __m256i p1 = products(q1, _mm256_loadu_si256((const __m256i *)ab->qs[1]),
+                                            _mm256_loadu_si256((const __m256i *)ab->lo[1]));
+                acc[r][0] = _mm256_fmadd_ps(_mm256_broadcastss_ps(sc), _mm256_cvtepi32_ps(p0), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(sc)), _mm256_cvtepi32_ps(p1),
+                                            acc[r][1]);
+                terms[r] = _mm_add_ps(terms[r], sc);
             }
         }
-        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]) + mins[r];
+        for (int r = 0; r < R; r++) {
+            const __m128 t = _mm_add_ss(_mm_movehl_ps(terms[r], terms[r]), _mm_shuffle_ps(terms[r], terms[r], 3));
+            y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + _mm_cvtss_f32(t);
+        }
     }
 }
 static inline __attribute__((always_inline)) void q8q_cols(const int R, const blkq *a, int nb, const blk8 *w, float *y,
@@ -165,7 +198,7 @@ static inline __attribute__((always_inline)) void q8q_cols(const int R, const bl
 
 void specdec_set_threads(int threads) { omp_set_num_threads(threads); }
 
-enum { Q4_F32, Q8_F32, Q4_I8, Q8_I8 };  // weights x activations
+enum { Q4_F32, Q8_F32, Q8_I8, Q4P_I8 };  // weights x activations
 #define EACH_R(R, CALL) switch (R) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
                                      case 4: CALL(4); break; case 5: CALL(5); break; default: CALL(6); }
 // x [M, K] (fp32 rows, or int8 blocks [M, K / 32]) -> y [M, N]; tiles of MAXR rows; the columns go out in guided
@@ -176,18 +209,19 @@ static void gemm(int kind, const void *x, int M, int K, const void *w, float *y,
     for (int m0 = 0; m0 < M; m0 += MAXR) {
         const int R = M - m0 < MAXR ? M - m0 : MAXR;
         const float *xf = (const float *)x + (size_t)m0 * K; const blkq *xq = (const blkq *)x + (size_t)m0 * nb;
+        const blkqp *xp = (const blkqp *)x + (size_t)m0 * ((nb + 1) / 2);
         float *yr = y + (size_t)m0 * N;
         #pragma omp parallel for schedule(guided)
         for (int n0 = 0; n0 < N; n0 += COLUMNS) {
             const int n1 = n0 + COLUMNS < N ? n0 + COLUMNS : N;
             #define Q4F(r) q4_cols(r, xf, K, w, yr, N, n0, n1)
             #define Q8F(r) q8_cols(r, xf, K, w, yr, N, n0, n1)
-            #define Q4I(r) q4q_cols(r, xq, nb, w, yr, N, n0, n1)
             #define Q8I(r) q8q_cols(r, xq, nb, w, yr, N, n0, n1)
+            #define Q4P(r) q4p_cols(r, xp, (nb + 1) / 2, w, yr, N, n0, n1)
             switch (kind) {
             case Q4_F32: EACH_R(R, Q4F); break;
             case Q8_F32: EACH_R(R, Q8F); break;
-            case Q4_I8: EACH_R(R, Q4I); break;
+            case Q4P_I8: EACH_R(R, Q4P); break;
             default: EACH_R(R, Q8I);
             }
         }
@@ -196,12 +230,12 @@ static void gemm(int kind, const void *x, int M, int K, const void *w, float *y,
 // the products alone (benchmarks time them, tests check them): x [M, K] fp32 -> y [M, N]
 void q41_gemm(const float *x, int M, int K, const blk4 *w, float *y, int N) { gemm(Q4_F32, x, M, K, w, y, N); }
 void q8_gemm(const float *x, int M, int K, const blk8 *w, float *y, int N) { gemm(Q8_F32, x, M, K, w, y, N); }
-// ... with x rounded to int8 first (four = 1: Q4_1 blocks, else Q8_0); -1 where memory ran out
+// ... with x rounded to int8 first (four = 1: paired Q4_1 blocks, blk4p, else Q8_0); -1 where memory ran out
 int int8_gemm(const float *x, int M, int K, const void *w, int four, float *y, int N) {
-    blkq *a = malloc(sizeof(blkq) * M * (K / 32));
+    void *a = malloc(sizeof(blkq) * M * (K / 32 + 1));
     if (!a) return -1;
-    quantize_rows(x, M, K, a);
-    gemm(four ? Q4_I8 : Q8_I8, a, M, K, w, y, N);
+    if (four) { quantize_pairs(x, M, K, a); gemm(Q4P_I8, a, M, K, w, y, N); }
+    else { quantize_rows(x, M, K, a); gemm(Q8_I8, a, M, K, w, y, N); }
     free(a);
     return 0;
 }
@@ -377,6 +411,8 @@ typedef struct {
     const float *embedding;  // [vocab, H]
     const float *const *in_norm, *const *post_norm;  // [L] of [H]
     const blk4 *const *qkv, *const *o, *const *gate_up, *const *down;  // [L] of [N, K / 32] blocks
+    const blk4p *const *qkv_p, *const *o_p, *const *gate_up_p, *const *down_p;  // the same paired, [N, (K/32+1)/2]:
+                                                                                  // the draft's (quant), else NULL
     const float *final_norm;
     const blk8 *head;  // [V, H / 32]
     const float *cos, *sin;  // [positions, D / 2]
@@ -398,13 +434,17 @@ static void rotate(const float *x, const float *cs, const float *sn, int D, floa
         out[i + half] = x2 * cs[i] + x1 * sn[i];
     }
 }
-// x [M, K] -> y [M, N] through Q4_1 (four) or Q8_0 blocks, with fp32 or int8 (scratch a) activations
-static void linear(const float *x, int M, int K, const void *w, int four, float *y, int N, int quant, blkq *a) {
-    if (quant) {
-        quantize_rows(x, M, K, a);
-        gemm(four ? Q4_I8 : Q8_I8, a, M, K, w, y, N);
-    } else {
+// x [M, K] -> y [M, N] through Q4_1 (four; paired where quant) or Q8_0 blocks, with fp32 or int8 (scratch a)
+// activations
+static void linear(const float *x, int M, int K, const void *w, int four, float *y, int N, int quant, void *a) {
+    if (!quant) {
         gemm(four ? Q4_F32 : Q8_F32, x, M, K, w, y, N);
+    } else if (four) {
+        quantize_pairs(x, M, K, a);
+        gemm(Q4P_I8, a, M, K, w, y, N);
+    } else {
+        quantize_rows(x, M, K, a);
+        gemm(Q8_I8, a, M, K, w, y, N);
     }
 }
 // tokens [T] at positions pos.. -> logits [T or 1, V]; K/V land at [pos, pos + T) of keys, values [L][Hkv, S, D]
@@ -420,14 +460,15 @@ int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, flo
           *tmp = malloc(sizeof(float) * T * wide), *q = malloc(sizeof(float) * T * Hq * D),
           *att = malloc(sizeof(float) * T * Hq * D), *gu = malloc(sizeof(float) * T * 2 * I),
           *act = malloc(sizeof(float) * T * I);
-    blkq *a = malloc(sizeof(blkq) * T * (wide / 32));
+    void *a = malloc(sizeof(blkq) * T * (wide / 32 + 1));  // a blkqp is two blkq's size
     int status = 0;
     if (!x || !xn || !tmp || !q || !att || !gu || !act || !a) { status = -1; goto done; }
     for (int t = 0; t < T; t++) memcpy(x + (size_t)t * H, m->embedding + (size_t)tokens[t] * H, sizeof(float) * H);
+    #define WEIGHT(name) (quant ? (const void *)m->name##_p[l] : (const void *)m->name[l])
     for (int l = 0; l < m->L; l++) {
         float *k = keys + (size_t)l * layer_stride, *v = values + (size_t)l * layer_stride;
         rmsnorm(x, m->in_norm[l], m->eps, T, H, xn);
-        linear(xn, T, H, m->qkv[l], 1, tmp, QKV, quant, a);
+        linear(xn, T, H, WEIGHT(qkv), 1, tmp, QKV, quant, a);
         for (int t = 0; t < T; t++) {
             const int p = pos + t; const float *row = tmp + (size_t)t * QKV;
             const float *cs = m->cos + (size_t)p * half, *sn = m->sin + (size_t)p * half;
@@ -438,10 +479,10 @@ int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, flo
             }
         }
         if (attention(q, T, Hq, Hkv, D, k, v, S, pos, m->scale, att)) { status = -1; goto done; }
-        linear(att, T, Hq * D, m->o[l], 1, tmp, H, quant, a);
+        linear(att, T, Hq * D, WEIGHT(o), 1, tmp, H, quant, a);
         for (int i = 0; i < T * H; i++) x[i] += tmp[i];
         rmsnorm(x, m->post_norm[l], m->eps, T, H, xn);
-        linear(xn, T, H, m->gate_up[l], 1, gu, 2 * I, quant, a);
+        linear(xn, T, H, WEIGHT(gate_up), 1, gu, 2 * I, quant, a);
         for (int t = 0; t < T; t++) {
             const float *g = gu + (size_t)t * 2 * I, *u = g + I; float *y = act + (size_t)t * I;
             int i = 0;
@@ -452,7 +493,7 @@ int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, flo
             }
             for (; i < I; i++) y[i] = g[i] / (1.f + expf(-g[i])) * u[i];
         }
-        linear(act, T, I, m->down[l], 1, tmp, H, quant, a);
+        linear(act, T, I, WEIGHT(down), 1, tmp, H, quant, a);
         for (int i = 0; i < T * H; i++) x[i] += tmp[i];
     }
     const int rows = last_only ? 1 : T;

@@ -9,16 +9,18 @@ import numpy as np
 from specdec.errors import BackendError
 from specdec.lowering import Geometry
 from specdec.manifest import ModelDims
-from specdec.native.weights import BLOCK, BLOCK4, NativeWeights
+from specdec.native.weights import BLOCK, BLOCK4, NativeWeights, q41_pairs
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+LINEARS = ("qkv", "o", "gate_up", "down")
 
 
 class ModelStruct(ctypes.Structure):
     """kernels.c's model_t."""
     _fields_ = [("L", _I), ("H", _I), ("Hq", _I), ("Hkv", _I), ("D", _I), ("I", _I), ("V", _I), ("eps", _F),
                 ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P), ("qkv", _P), ("o", _P),
-                ("gate_up", _P), ("down", _P), ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P)]
+                ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P), ("gate_up_p", _P), ("down_p", _P),
+                ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P)]
 
 
 def _pointers(arrays: list) -> np.ndarray:
@@ -54,15 +56,24 @@ class NativeModel:
         return head if self.head_rows is None else np.ascontiguousarray(head[self.head_rows])
 
     @functools.cached_property
+    def pairs(self) -> list:
+        """The draft's copy of the layers' Q4_1 weights in pairs of blocks (BLOCK4P, fp16 scales): per layer
+        qkv, o, gate_up, down. About 5/6 of the target's bytes, which the draft reads on every step."""
+        return [[q41_pairs(getattr(layer, name)) for name in LINEARS] for layer in self.weights.layers]
+
+    @functools.cached_property
     def struct(self) -> ModelStruct:
         """kernels.c's model_t over the weights (built once; the arrays it points into live as long as this)."""
         weights, dims, layers = self.weights, self.dims, self.weights.layers
         self._tables = [_pointers([getattr(layer, name) for layer in layers])  # kept alive with the struct
-                        for name in ("input_norm", "post_norm", "qkv", "o", "gate_up", "down")]
+                        for name in ("input_norm", "post_norm", *LINEARS)]
+        if self.quant:  # the draft's paired copies (the target's struct leaves them NULL)
+            self._tables += [_pointers([pairs[i] for pairs in self.pairs]) for i in range(len(LINEARS))]
+        paired = [table.ctypes.data for table in self._tables[6:]] or [None] * len(LINEARS)
         return ModelStruct(
             dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim,
             layers[0].down.shape[1] * BLOCK, len(self.head), weights.epsilon, weights.scale,
-            weights.embedding.ctypes.data, *(table.ctypes.data for table in self._tables),
+            weights.embedding.ctypes.data, *(table.ctypes.data for table in self._tables[:6]), *paired,
             weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data)
 
     @property
@@ -89,7 +100,8 @@ class NativeModel:
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
         four, k = blocks.dtype == BLOCK4, blocks.shape[1] * BLOCK
         if quant:
-            if self.kernels.int8_gemm(x.ctypes.data, x.shape[0], k, blocks.ctypes.data, four, y.ctypes.data,
+            pairs = q41_pairs(blocks) if four else blocks
+            if self.kernels.int8_gemm(x.ctypes.data, x.shape[0], k, pairs.ctypes.data, four, y.ctypes.data,
                                       blocks.shape[0]):
                 raise BackendError(f"int8 activations of {x.shape[0]} rows: out of memory", "free some memory")
             return y
@@ -106,6 +118,8 @@ class NativeModel:
             raise BackendError(f"token ids {tokens.min()}..{tokens.max()} are outside the vocabulary 0..{vocab - 1}",
                                "encode the text with the bundle's tokenizer")
         keys, values = self.keys, self.values
+        if self.quant and not self.struct.qkv_p:  # rounding turned on after a struct without the pairs was built
+            del self.struct
         rows = 1 if last_only else len(tokens)
         scored = np.empty((rows, len(self.head)), np.float32)
         status = self.kernels.specdec_forward(

@@ -20,6 +20,7 @@ from specdec.manifest import ModelDims
 BLOCK = 32
 BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # kernels.c's blk4
 BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # kernels.c's blk8
+BLOCK4P = np.dtype([("h", "<f2", 4), ("qs", "u1", 32)])  # kernels.c's blk4p: two BLOCK4 of a column, the draft's
 GRID_TOLERANCE = 1e-4  # max |w − dequant| / d: fp32 rounding, not a coarser grid
 ALLOWED_OPS = {"Shape", "Squeeze", "Gather", "Add", "Sub", "Cast", "ReduceMax", "SimplifiedLayerNormalization",
                "SkipSimplifiedLayerNormalization", "MatMul", "GroupQueryAttention", "Split", "Sigmoid", "Mul",
@@ -57,6 +58,19 @@ def q41_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
     out["d"], out["m"] = q["scale"].T, q["minimum"].T
     out["qs"] = codes[..., :16] | (codes[..., 16:] << 4)
     return out, q["grid_error"]
+
+
+def q41_pairs(blocks: np.ndarray) -> np.ndarray:
+    """blocks [N, nb] of BLOCK4 -> [N, ceil(nb / 2)] of BLOCK4P: each two blocks' d0, d1, m0, m1 in fp16 (a GGUF's
+    own precision; elsewhere the draft's scales round to 11 bits) and their codes q0[j] | q1[j] << 4. An odd nb ends
+    in a pair whose second block is 0."""
+    if blocks.shape[1] % 2:
+        blocks = np.concatenate([blocks, np.zeros((len(blocks), 1), BLOCK4)], axis=1)
+    codes = np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1)  # [N, nb, 32]
+    out = np.empty((len(blocks), blocks.shape[1] // 2), BLOCK4P)
+    out["h"] = np.stack([blocks["d"][:, 0::2], blocks["d"][:, 1::2], blocks["m"][:, 0::2], blocks["m"][:, 1::2]], -1)
+    out["qs"] = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return out
 
 
 def q8_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:

@@ -8,7 +8,7 @@ import pytest
 
 from specdec.native import build
 
-pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2 and FMA")
+pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 S = 512  # KV positions per head
 
 

@@ -19,7 +19,7 @@ from specdec.runtime.config import GenerationConfig
 from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
 
-pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2 and FMA")
+pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 TOLERANCE = 1e-4  # of the largest |logit|: fp32 summation order
 
 
@@ -176,9 +176,9 @@ def test_failed_compile(fresh_build, monkeypatch):
 
 def test_cpu_without_avx2(fresh_build, monkeypatch, tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("flags\t\t: fpu sse2 fma\n")
+    cpuinfo.write_text("flags\t\t: fpu sse2 fma f16c\n")
     assert build.missing_cpu_flags(cpuinfo) == ["avx2"]
-    assert build.missing_cpu_flags(tmp_path / "missing") == ["avx2", "fma"]
+    assert build.missing_cpu_flags(tmp_path / "missing") == ["avx2", "fma", "f16c"]
     monkeypatch.setattr(build, "missing_cpu_flags", lambda: ["avx2"])
     with pytest.raises(BackendError, match="lacks avx2"):
         build.load_kernels()

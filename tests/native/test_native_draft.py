@@ -16,13 +16,14 @@ from specdec.calibration.q41 import HEAD_FILL
 from specdec.errors import BackendError
 from specdec.manifest import read_manifest
 from specdec.native import build
+from specdec.native.weights import BLOCK4
 from specdec.runtime import load
 from specdec.runtime.backend import unwrapped
 from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
 from tests.runtime.test_distribution import PROMPT, TOKENS, TOP_K, exact_joint, p_value, sampled
 
-pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2 and FMA")
+pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 from tests.native.conftest import HEAD_TOKENS
 
 
@@ -59,10 +60,14 @@ def _int8(x: np.ndarray) -> tuple:
 
 def test_int8_products_match_numpy(pair):
     """The same int8 codes (same float32 rounding) times each weight type: only the summation order differs. A Q4_1
-    weight d*q + m adds d times the rounded activations' product and m times the exact block sum."""
+    weight d*q + m adds d times the rounded activations' product and m times the exact block sum, its d and m in fp16
+    (the draft's paired blocks). An odd count of blocks (K = 96) ends in a half-empty pair."""
     _, draft = pair
     weights, rng = draft.model.weights, np.random.default_rng(5)
-    for blocks in (weights.layers[0].qkv, weights.layers[0].down, draft.model.head):
+    odd = np.zeros((24, 3), BLOCK4)
+    odd["d"], odd["m"] = rng.uniform(1e-3, 2e-2, odd.shape), rng.uniform(-0.1, 0.0, odd.shape)
+    odd["qs"] = rng.integers(0, 256, (*odd.shape, 16))
+    for blocks in (weights.layers[0].qkv, weights.layers[0].down, odd, draft.model.head):
         for rows in (1, 5, 8):  # a tile of 6 and a rest
             x = rng.normal(0, 2, (rows, blocks.shape[1] * 32)).astype(np.float32)
             x[:, 3] *= 40  # an outlier sets its block's step
@@ -70,9 +75,10 @@ def test_int8_products_match_numpy(pair):
             if blocks.dtype.names == ("d", "qs"):  # Q8_0
                 want = rounded @ (blocks["d"][..., None] * blocks["qs"]).reshape(len(blocks), -1).T
             else:
+                d, m = (blocks[name].astype(np.float16).astype(np.float32) for name in ("d", "m"))
                 codes = np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1)  # [N, nb, 32]
-                scaled = (blocks["d"][..., None] * codes.astype(np.float32)).reshape(len(blocks), -1)
-                want = rounded @ scaled.T + sums @ blocks["m"].T
+                scaled = (d[..., None] * codes.astype(np.float32)).reshape(len(blocks), -1)
+                want = rounded @ scaled.T + sums @ m.T
             got = draft.model.matmul(x, blocks, quant=True)
             assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
             fp32 = draft.model.matmul(x, blocks)  # and the rounding is there, at about 15 bits (2e-4 here)
@@ -143,8 +149,8 @@ def test_greedy_identical_to_target_only(q41_bundle, drafter, gamma):
 
 def test_sampling_matches_the_target_distribution(q41_bundle):
     """The draft's q is 0 where its head does not score; acceptance uses that q: the output stays exact."""
-    config = GenerationConfig(max_new_tokens=TOKENS + 1, gamma=3, drafter="model", **TOP_K)
-    with load(q41_bundle, backend="native") as gen:
+    config = GenerationConfig(max_new_tokens=TOKENS + 1, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
+    with load(q41_bundle, backend="native") as gen:  # no EOS: every sample has TOKENS tokens, as exact_joint counts
         prompt_ids = gen.codec.encode(PROMPT)
         counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
         assert proposed[2] > 100 and accepted[1] > 50, (proposed, accepted)

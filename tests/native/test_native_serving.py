@@ -15,7 +15,7 @@ from specdec.serving.options import ServeOptions
 from tests.serving.conftest import client, metric, start
 from tests.serving.test_serve_exactness import NEW_TOKENS, PROMPTS
 
-pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2 and FMA")
+pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
 
 @pytest.mark.parametrize("speculation,backend", [("fixed", "native"), ("adaptive", "native"), ("fixed", "auto")])
