@@ -48,6 +48,8 @@ class NativeModel:
         self.geometry = Geometry(dims, max_seq_len, "float32")
         self._keys = self._values = None  # [L, slots, Hkv, S, D]
         self.buffers = []
+        if quant:
+            self.struct  # the draft's paired weights are made when it opens, not on its first call (~0.2 s)
 
     @functools.cached_property
     def head(self) -> np.ndarray:
