@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.native.model import LINEARS
+
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -53,9 +55,11 @@ def check_parity(native, ort_target, source, new_tokens: int) -> list:
 def kernels_only(model, rows: int) -> None:
     """The step's products (every linear weight and the head, int8 activations for a draft) on constant inputs,
     nothing around them."""
-    for layer in model.weights.layers:
-        for blocks in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            model.matmul(np.ones((rows, blocks.shape[1] * 32), np.float32), blocks, model.quant)
+    for i, layer in enumerate(model.weights.layers):
+        for j, name in enumerate(LINEARS):
+            blocks = getattr(layer, name)
+            x = np.ones((rows, blocks.shape[1] * 32), np.float32)
+            model.matmul(x, model.pairs[i][j] if model.quant else blocks, model.quant)  # a draft's paired copy
     model.matmul(np.ones((rows, model.head.shape[1] * 32), np.float32), model.head, model.quant)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from specdec.errors import BackendError
 from specdec.lowering import Geometry
 from specdec.manifest import ModelDims
-from specdec.native.weights import BLOCK, BLOCK4, NativeWeights, q41_pairs
+from specdec.native.weights import BLOCK, BLOCK4, BLOCK4P, NativeWeights, q41_pairs
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 LINEARS = ("qkv", "o", "gate_up", "down")
@@ -96,13 +96,14 @@ class NativeModel:
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
     def matmul(self, x: np.ndarray, blocks: np.ndarray, quant: bool = False) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32], x rounded to two int8 parts first with quant (the draft's
-        kernels); the products alone, for benchmarks and tests."""
+        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK8; or BLOCK4P, the draft's pairs, with quant),
+        x rounded to two int8 parts first with quant (the draft's kernels); the products alone, for benchmarks and
+        tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
-        four, k = blocks.dtype == BLOCK4, blocks.shape[1] * BLOCK
+        four, k = blocks.dtype in (BLOCK4, BLOCK4P), x.shape[1]
         if quant:
-            pairs = q41_pairs(blocks) if four else blocks
+            pairs = q41_pairs(blocks) if blocks.dtype == BLOCK4 else blocks
             if self.kernels.int8_gemm(x.ctypes.data, x.shape[0], k, pairs.ctypes.data, four, y.ctypes.data,
                                       blocks.shape[0]):
                 raise BackendError(f"int8 activations of {x.shape[0]} rows: out of memory", "free some memory")
