@@ -159,7 +159,8 @@ static inline __attribute__((always_inline)) void q4p_cols(const int R, const bl
             const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)c[p].h));  // d0 d1 m0 m1
             for (int r = 0; r < R; r++) {
                 const blkqp *ab = a + (size_t)r * np + p;
-                const __m128 sc = _mm_mul_ps(h, _mm_loadu_ps(ab->sc));  // d0 d0' d1 d1' m0 s0 m1 s1
+                // the weights' by the activations': d0 d0', d1 d1', m0 s0, m1 s1
+                const __m128 sc = _mm_mul_ps(h, _mm_loadu_ps(ab->sc));
                 const __m256i p0 = products(q0, _mm256_loadu_si256((const __m256i *)ab->qs[0]),
                                             _mm256_loadu_si256((const __m256i *)ab->lo[0]));
                 const __m256i p1 = products(q1, _mm256_loadu_si256((const __m256i *)ab->qs[1]),
