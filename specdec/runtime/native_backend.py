@@ -3,12 +3,12 @@ GGUF (the default model). The kernels read the 4-bit blocks instead of the fp32 
 
 - The target computes its graph's function in another summation order, fp32 activations throughout.
 - A draft that is the target's int4-q41 quantization (make demo's) runs on the same blocks, read from its own copy in
-  pairs of blocks with fp16 scales (5/6 of the bytes), with activations rounded to two int8 parts per block of 32 (about 15 bits, where its graph's MatMulNBits at
-  accuracy level 4 rounds to one) and its graph's trimmed head; it reads and writes the target's KV: committed
-  positions hold the target's K/V, the draft writes only past them, and the target's verify pass overwrites what
-  it wrote. So a native draft's forward must start at or past its target's committed length: ModelDrafter, given
-  the target as kv_source, starts it there (takes_kv_from). Any other draft runs on onnxruntime and copies the
-  target's committed KV (OrtBackend.takes_kv_from).
+  pairs of blocks with fp16 scales (5/6 of the bytes), with activations rounded to two int8 parts per block of 32
+  (about 15 bits, where its graph's MatMulNBits at accuracy level 4 rounds to one) and its graph's trimmed head; it
+  reads and writes the target's KV: committed positions hold the target's K/V, the draft writes only past them, and
+  the target's verify pass overwrites what it wrote. So a native draft's forward must start at or past its target's
+  committed length: ModelDrafter, given the target as kv_source, starts it there (takes_kv_from). Any other draft
+  runs on onnxruntime and copies the target's committed KV (OrtBackend.takes_kv_from).
 
 Rows of a call run one by one; KV lives in numpy, [L, slots, Hkv, S, D], in the gqa driver's per-layer layout.
 """
