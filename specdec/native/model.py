@@ -67,15 +67,15 @@ class NativeModel:
     def struct(self) -> ModelStruct:
         """kernels.c's model_t over the weights (built once; the arrays it points into live as long as this)."""
         weights, dims, layers = self.weights, self.dims, self.weights.layers
-        self._tables = [_pointers([getattr(layer, name) for layer in layers])  # kept alive with the struct
-                        for name in ("input_norm", "post_norm", *LINEARS)]
-        if self.quant:  # the draft's paired copies (the target's struct leaves them NULL)
-            self._tables += [_pointers([pairs[i] for pairs in self.pairs]) for i in range(len(LINEARS))]
-        paired = [table.ctypes.data for table in self._tables[6:]] or [None] * len(LINEARS)
+        tables = [_pointers([getattr(layer, name) for layer in layers])
+                  for name in ("input_norm", "post_norm", *LINEARS)]
+        paired = [_pointers(list(column)) for column in zip(*self.pairs)] if self.quant else []  # the draft's only
+        self._tables = tables + paired  # kept alive with the struct
         return ModelStruct(
             dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim,
             layers[0].down.shape[1] * BLOCK, len(self.head), weights.epsilon, weights.scale,
-            weights.embedding.ctypes.data, *(table.ctypes.data for table in self._tables[:6]), *paired,
+            weights.embedding.ctypes.data, *(table.ctypes.data for table in tables),
+            *([table.ctypes.data for table in paired] or [None] * len(LINEARS)),  # NULL for a target
             weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data)
 
     @property
