@@ -1,12 +1,15 @@
 """One native step with two builds of kernels.c in one process: the current source against another (an older
 commit's), calls interleaved, so the machine's drift falls on both alike.
 
-    git show 75374f6:specdec/native/kernels.c > /tmp/old_kernels.c
+    git show c572fa7:specdec/native/kernels.c > /tmp/old_kernels.c   # prefetch 512 bytes ahead, was 2048
     python benchmarks/kernels_ab.py bundles/smollm2-q41 /tmp/old_kernels.c [--role draft|target] [--calls 24]
+                                    [--tokens 5]
 
-The other source must export the same functions with the same signatures (build.load_kernels declares them). At
+The other source must export the same functions with the same signatures (build.load_kernels declares them) and
+read the same model_t (specdec.native.model.ModelStruct; before 7c1b1d2 it lacked the draft's paired pointers). At
 cache lengths 64 / 512 / 1000 (a random prompt prefilled by the target): one-token forwards of the role, the two
-builds alternating (which goes first alternates too). Prints min / median ms of each and new/old. Not a test.
+builds alternating (which goes first alternates too); with --tokens T, forwards of T tokens (a verify pass, a
+prefill's chunk) at the lengths that leave room for them. Prints min / median ms of each and new/old. Not a test.
 """
 from __future__ import annotations
 
@@ -42,14 +45,16 @@ def main() -> None:
     parser.add_argument("old", type=Path, help="the other kernels.c")
     parser.add_argument("--role", choices=("draft", "target"), default="draft")
     parser.add_argument("--calls", type=int, default=24, help="forwards per build and cache length")
+    parser.add_argument("--tokens", type=int, default=1, help="tokens per forward")
     args = parser.parse_args()
     builds = {"new": build.load_kernels(), "old": kernels_from(args.old)}
     target, draft = NativeBackend.open_models(args.bundle, read_manifest(args.bundle), "cpu", None)
     model = (draft if args.role == "draft" else target).model
     rng = np.random.default_rng(0)
-    lines = [f"{args.role} step, ms (min / median of {args.calls} calls each); old = {args.old}", "",
+    lines = [f"{args.role}, {args.tokens}-token forwards, ms (min / median of {args.calls} calls each); "
+             f"old = {args.old}", "",
              "| cache length | new | old | new / old (min) | new / old (median) |", "|---|---|---|---|---|"]
-    for length in LENGTHS:
+    for length in (n for n in LENGTHS if n + args.tokens <= model.max_seq_len):
         target.reset(1)
         draft.reset(1)
         target.forward(rng.integers(3, target.vocab_size, (1, length)), np.zeros(1, np.int64), last_only=True)
@@ -58,7 +63,7 @@ def main() -> None:
             for name in (("new", "old") if call % 2 else ("old", "new")):
                 model.kernels = builds[name]
                 started = time.perf_counter()
-                model.forward(np.array([7]), length, 0, last_only=True)
+                model.forward(np.full(args.tokens, 7), length, 0, last_only=True)
                 times[name].append((time.perf_counter() - started) * 1e3)
         new, old = times["new"], times["old"]
         lines.append(f"| {length} | {min(new):.2f} / {statistics.median(new):.2f} | {min(old):.2f} / "
