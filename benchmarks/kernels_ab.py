@@ -8,8 +8,8 @@ commit's), calls interleaved, so the machine's drift falls on both alike.
 The other source must export the same functions with the same signatures (build.load_kernels declares them) and
 read the same model_t (specdec.native.model.ModelStruct; before 7c1b1d2 it lacked the draft's paired pointers). At
 cache lengths 64 / 512 / 1000 (a random prompt prefilled by the target): one-token forwards of the role, the two
-builds alternating (which goes first alternates too); with --tokens T, forwards of T tokens (a verify pass, a
-prefill's chunk) at the lengths that leave room for them. Prints min / median ms of each and new/old. Not a test.
+builds alternating (which goes first alternates too); with --tokens T, forwards of T tokens (up to 9: a verify
+pass, every row scored; more: a prefill chunk, its last row scored) at the lengths that leave room for them. Prints min / median ms of each and new/old. Not a test.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from specdec.native import build
 from specdec.runtime.native_backend import NativeBackend
 
 LENGTHS = (64, 512, 1000)
+VERIFY_ROWS = 9  # up to γ_max + 1 tokens: a verify pass, which scores every row; more: a prefill chunk (its last)
 
 
 def kernels_from(source: Path):
@@ -63,7 +64,7 @@ def main() -> None:
             for name in (("new", "old") if call % 2 else ("old", "new")):
                 model.kernels = builds[name]
                 started = time.perf_counter()
-                model.forward(np.full(args.tokens, 7), length, 0, last_only=True)
+                model.forward(np.full(args.tokens, 7), length, 0, last_only=args.tokens > VERIFY_ROWS)
                 times[name].append((time.perf_counter() - started) * 1e3)
         new, old = times["new"], times["old"]
         lines.append(f"| {length} | {min(new):.2f} / {statistics.median(new):.2f} | {min(old):.2f} / "

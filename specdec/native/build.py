@@ -73,8 +73,9 @@ def load_kernels() -> ctypes.CDLL:
     for name in ("q41_gemm", "q8_gemm"):
         getattr(lib, name).argtypes = [pointer, integer, integer, pointer, pointer, integer]
         getattr(lib, name).restype = None
-    lib.int8_gemm.argtypes = [pointer, integer, integer, pointer, integer, pointer, integer]
-    lib.int8_gemm.restype = integer
+    for name in ("int8_gemm", "prefill_products"):
+        getattr(lib, name).argtypes = [pointer, integer, integer, pointer, integer, pointer, integer]
+        getattr(lib, name).restype = integer
     lib.specdec_set_threads.argtypes, lib.specdec_set_threads.restype = [integer], None
     lib.specdec_forward.argtypes = [pointer, pointer, integer, integer, pointer, pointer, ctypes.c_long, integer,
                                     integer, integer, pointer]

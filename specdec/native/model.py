@@ -95,10 +95,10 @@ class NativeModel:
             self._keys, self._values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
-    def matmul(self, x: np.ndarray, blocks: np.ndarray, quant: bool = False) -> np.ndarray:
+    def matmul(self, x: np.ndarray, blocks: np.ndarray, quant: bool = False, prompt: bool = False) -> np.ndarray:
         """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK8; or BLOCK4P, the draft's pairs, with quant),
-        x rounded to two int8 parts first with quant (the draft's kernels); the products alone, for benchmarks and
-        tests."""
+        x rounded to two int8 parts first with quant (the draft's kernels), or through the kernel of a prompt's rows
+        with prompt (fp32 activations; a forward with last_only); the products alone, for benchmarks and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
         four, k = blocks.dtype in (BLOCK4, BLOCK4P), x.shape[1]
@@ -107,6 +107,11 @@ class NativeModel:
             if self.kernels.int8_gemm(x.ctypes.data, x.shape[0], k, pairs.ctypes.data, four, y.ctypes.data,
                                       blocks.shape[0]):
                 raise BackendError(f"int8 activations of {x.shape[0]} rows: out of memory", "free some memory")
+            return y
+        if prompt:
+            if self.kernels.prefill_products(x.ctypes.data, x.shape[0], k, blocks.ctypes.data, four, y.ctypes.data,
+                                             blocks.shape[0]):
+                raise BackendError(f"a prompt's {x.shape[0]} rows: out of memory", "free some memory")
             return y
         kernel = self.kernels.q41_gemm if four else self.kernels.q8_gemm
         kernel(x.ctypes.data, x.shape[0], k, blocks.ctypes.data, y.ctypes.data, blocks.shape[0])

@@ -1,0 +1,75 @@
+"""The target's kernel for a prompt's rows (a forward with last_only, as the runtime feeds prompts): its products
+match numpy's, every row's result is the same however the prompt is chunked, and the prompt's KV stays near what the
+step kernel computes for the same positions. Verify passes and steps keep the step kernel (test_native_draft's greedy
+equality and the bitwise verify-equals-prefill test)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec.native import build
+from specdec.native.weights import BLOCK4, BLOCK8
+from specdec.runtime.native_backend import NativeBackend
+
+pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
+
+
+@pytest.fixture(scope="module")
+def target(grid_bundle):
+    from specdec.manifest import read_manifest
+
+    backend = NativeBackend(grid_bundle, read_manifest(grid_bundle).target, 2).open()
+    yield backend
+    backend.close()
+
+
+def _blocks(kind, n, nb, rng):
+    if kind == "q8":
+        blocks = np.zeros((n, nb), BLOCK8)
+        blocks["d"], blocks["qs"] = rng.uniform(1e-3, 2e-2, (n, nb)), rng.integers(-127, 128, (n, nb, 32))
+        return blocks, blocks["d"][..., None] * blocks["qs"]
+    blocks = np.zeros((n, nb), BLOCK4)
+    blocks["d"], blocks["m"] = rng.uniform(1e-3, 2e-2, (n, nb)), rng.uniform(-0.1, 0.0, (n, nb))
+    blocks["qs"] = rng.integers(0, 256, (n, nb, 16))
+    codes = np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1).astype(np.float64)
+    return blocks, blocks["d"][..., None].astype(np.float64) * codes + blocks["m"][..., None]
+
+
+@pytest.mark.parametrize("kind", ["q41", "q8"])
+def test_prompt_products_match_numpy(target, kind):
+    """Rows in tiles of 4 and a rest, columns in tiles of 3 within tasks of 24 and a rest, K one block or several."""
+    rng = np.random.default_rng(3)
+    for rows, columns, nb in ((1, 5, 1), (4, 24, 2), (5, 37, 3), (13, 50, 18), (9, 3, 48)):
+        blocks, weights = _blocks(kind, columns, nb, rng)
+        x = rng.normal(0, 2, (rows, nb * 32)).astype(np.float32)
+        want = x.astype(np.float64) @ weights.reshape(columns, -1).T
+        got = target.model.matmul(x, blocks, prompt=True)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+        step = target.model.matmul(x, blocks)  # the step kernel: the same products, summed in another order
+        assert np.abs(got - step).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_chunking_never_changes_a_prompts_rows(target):
+    """A prompt fed whole or in pieces of any size (1 included): the same KV and last logits, bit for bit."""
+    ids = np.random.default_rng(4).integers(3, target.vocab_size, (1, 23))
+    target.reset(2)
+    whole = target.forward(ids, np.array([0]), last_only=True, slots=np.array([0]))
+    start = 0
+    for stop in (5, 6, 23):
+        pieces = target.forward(ids[:, start:stop], np.array([start]), last_only=True, slots=np.array([1]))
+        start = stop
+    assert np.array_equal(whole, pieces)
+    model = target.model
+    assert np.array_equal(model.keys[:, 0, :, :23], model.keys[:, 1, :, :23])
+    assert np.array_equal(model.values[:, 0, :, :23], model.values[:, 1, :, :23])
+
+
+def test_prompt_kv_near_the_step_kernels(target):
+    """The same positions through the step kernel (every row scored): the KV differs only in its last bits."""
+    ids = np.random.default_rng(5).integers(3, target.vocab_size, (1, 20))
+    target.reset(2)
+    target.forward(ids, np.array([0]), last_only=True, slots=np.array([0]))
+    target.forward(ids, np.array([0]), slots=np.array([1]))
+    for cache in (target.model.keys, target.model.values):
+        prompt, step = cache[:, 0, :, :20], cache[:, 1, :, :20]
+        assert np.abs(prompt - step).max() <= 1e-5 * np.abs(step).max()
