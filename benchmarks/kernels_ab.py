@@ -5,15 +5,17 @@ commit's), calls interleaved, so the machine's drift falls on both alike.
     python benchmarks/kernels_ab.py bundles/smollm2-q41 /tmp/old_kernels.c [--role draft|target] [--calls 24]
                                     [--tokens 5]
 
-The other source must export the same functions with the same signatures (build.load_kernels declares them) and
+The other source's exports must have the same signatures (build.SIGNATURES; an older source may lack some) and
 read the same model_t (specdec.native.model.ModelStruct; before 7c1b1d2 it lacked the draft's paired pointers). At
 cache lengths 64 / 512 / 1000 (a random prompt prefilled by the target): one-token forwards of the role, the two
-builds alternating (which goes first alternates too); with --tokens T, forwards of T tokens (up to 9: a verify
-pass, every row scored; more: a prefill chunk, its last row scored) at the lengths that leave room for them. Prints min / median ms of each and new/old. Not a test.
+builds alternating (which goes first alternates too); with --tokens T, forwards of T tokens at the lengths that leave
+room for them (up to 9: a verify pass, every row scored; more: a prompt's chunk, its last row scored, which takes
+the prompt kernel). Prints min / median ms of each and new/old. Not a test.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import time
 from pathlib import Path
@@ -29,15 +31,10 @@ VERIFY_ROWS = 9  # up to γ_max + 1 tokens: a verify pass, which scores every ro
 
 
 def kernels_from(source: Path):
-    """The compiled library of another kernels.c (build's cache keys it by its text)."""
-    current = build.SOURCE
-    build.load_kernels.cache_clear()
-    build.SOURCE = source
-    try:
-        return build.load_kernels()
-    finally:
-        build.SOURCE = current
-        build.load_kernels.cache_clear()
+    """The compiled library of another kernels.c, the exports it has declared (an older one may lack some that
+    the forward does not call, such as prefill_products before fefff85)."""
+    lib = ctypes.CDLL(str(build.compiled(source)))
+    return build.declare(lib, [name for name in build.SIGNATURES if hasattr(lib, name)])
 
 
 def main() -> None:

@@ -44,43 +44,53 @@ def compiler() -> str:
                        f"(CC={os.environ.get('CC')!r}, cc, gcc)", f"install gcc (apt install gcc), or {NO_NATIVE}")
 
 
-def _compile(cc: str, target: Path) -> None:
+def _compile(cc: str, source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:  # then one rename: no half-written library
         built = Path(scratch) / target.name
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), *LIBRARIES], capture_output=True, text=True)
+        done = subprocess.run([cc, *FLAGS, str(source), "-o", str(built), *LIBRARIES], capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise BackendError(f"compiling {SOURCE.name} with {cc} failed: {last}",
+            raise BackendError(f"compiling {source.name} with {cc} failed: {last}",
                                f"the kernels need a compiler with AVX2, FMA, F16C and OpenMP (gcc does), or {NO_NATIVE}")
         os.replace(built, target)
 
 
-@functools.cache
-def load_kernels() -> ctypes.CDLL:
-    """The compiled kernels (built once per source, flags and compiler; cached across processes)."""
+_P, _I = ctypes.c_void_p, ctypes.c_int
+SIGNATURES = {  # the kernels' exports: argument types, result type
+    "q41_gemm": ([_P, _I, _I, _P, _P, _I], None),
+    "q8_gemm": ([_P, _I, _I, _P, _P, _I], None),
+    "int8_gemm": ([_P, _I, _I, _P, _I, _P, _I], _I),
+    "prefill_products": ([_P, _I, _I, _P, _I, _P, _I], _I),
+    "specdec_set_threads": ([_I], None),
+    "specdec_forward": ([_P, _P, _I, _I, _P, _P, ctypes.c_long, _I, _I, _I, _P], _I),
+    "specdec_attention": ([_P, _I, _I, _I, _I, _P, _P, _I, _I, ctypes.c_float, _P], _I),
+}
+
+
+def compiled(source: Path) -> Path:
+    """The shared library of `source` (compiled once per source text, flags and compiler; cached across processes)."""
     lacking = missing_cpu_flags()
     if lacking:
         raise BackendError(f"the native backend needs an x86-64 CPU with {' and '.join(REQUIRED_FLAGS)}; this one "
                            f"lacks {', '.join(lacking)}", NO_NATIVE)
     cc = compiler()
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS, *LIBRARIES)).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source.read_bytes() + " ".join((cc, *FLAGS, *LIBRARIES)).encode()).hexdigest()[:16]
     library = cache_dir() / "native" / key / "libspecdec_kernels.so"
     if not library.is_file():
-        _compile(cc, library)
-    lib = ctypes.CDLL(str(library))
-    pointer, integer = ctypes.c_void_p, ctypes.c_int
-    for name in ("q41_gemm", "q8_gemm"):
-        getattr(lib, name).argtypes = [pointer, integer, integer, pointer, pointer, integer]
-        getattr(lib, name).restype = None
-    for name in ("int8_gemm", "prefill_products"):
-        getattr(lib, name).argtypes = [pointer, integer, integer, pointer, integer, pointer, integer]
-        getattr(lib, name).restype = integer
-    lib.specdec_set_threads.argtypes, lib.specdec_set_threads.restype = [integer], None
-    lib.specdec_forward.argtypes = [pointer, pointer, integer, integer, pointer, pointer, ctypes.c_long, integer,
-                                    integer, integer, pointer]
-    lib.specdec_forward.restype = integer
-    lib.specdec_attention.argtypes = [pointer, integer, integer, integer, integer, pointer, pointer, integer, integer,
-                                      ctypes.c_float, pointer]
-    lib.specdec_attention.restype = integer
+        _compile(cc, source, library)
+    return library
+
+
+def declare(lib: ctypes.CDLL, names=tuple(SIGNATURES)) -> ctypes.CDLL:
+    """Give the exports `names` of a loaded library their SIGNATURES."""
+    for name in names:
+        function = getattr(lib, name)
+        function.argtypes, function.restype = SIGNATURES[name]
     return lib
+
+
+@functools.cache
+def load_kernels() -> ctypes.CDLL:
+    """The compiled kernels.c, its exports declared."""
+    return declare(ctypes.CDLL(str(compiled(SOURCE))))

@@ -5,8 +5,8 @@
 //   q8 : {float d; int8 qs[32]}; w = d*q
 // fp32 activations (the target): each block's weights are decoded to fp32 once per tile of rows, then
 //   y[r, n] = sum_b (d*q + m) . x[r, block b]
-// A prompt's rows (a forward with last_only) take their own kernel, prefill_gemm below: the same products, tiled for
-// many rows and summed in another order; verify passes and steps keep this one.
+// A prompt's rows (a forward of several tokens with last_only) take their own kernel, prefill_gemm below: the same
+// products, tiled for many rows and summed in another order; verify passes and steps keep this one.
 // The draft (quant = 1 in specdec_forward) rounds the activations before every weight, each row's blocks of 32 in two
 // int8 parts,
 //   blkq: {float d, s; int8 qs[32], lo[32]}, x ~ d * (128 * qs + lo): qs = round(x / step), step = max|x| / 127,
@@ -103,13 +103,14 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
     }
 }
 // ---- a prompt's rows (the target's prefill) ----
-// A forward that scores only its last row feeds a prompt (the runtime's feed_chunks). Its rows are never compared with
-// a one-token step, so they take a kernel of their own, whatever their count (a chunking never changes a result): a
-// task decodes its columns' weights to fp32 once for all rows (the same values as q4_cols' / q8_cols'), then tiles of
-// PR rows x PC columns, one accumulator per output over K in 8-wide chunks, share each load: 7 loads per 12 FMAs where
-// the step kernel has one per FMA. Its sums run in another order than the step kernel's; verify passes and steps keep
-// that one, so they stay bitwise equal row by row. (One thread, 60 rows of the default model's shapes: 2.3-2.5
-// against 3.5 cycles per row and block of 32 weights.)
+// A forward of several tokens that scores only its last row feeds a prompt (the runtime's feed_chunks). Its rows are
+// never compared with a one-token step, so they take a kernel of their own; a forward of one token keeps the step
+// kernel. Any chunking into pieces of two or more tokens gives the same results, and plain and speculative decoding
+// feed a prompt in the same pieces. A task decodes its columns' weights to fp32 once for all rows (the values q4_cols
+// and q8_cols use), then tiles of PR rows x PC columns, one accumulator per output over K in 8-wide chunks, share
+// each load: 7 loads per 12 FMAs where the step kernel has one per FMA. Its sums run in another order than the step
+// kernel's; verify passes and steps keep that one, so they stay bitwise equal row by row. (One thread, 60 rows of
+// the default model's shapes: 2.3-2.5 against 3.5 cycles per row and block of 32 weights.)
 #define PR 4  /* rows per tile: 4 x 3 accumulators, 3 weights and 1 activation fill the 16 registers */
 #define PC 3  /* columns per tile */
 #define PREFILL_COLUMNS 24  /* columns per task: their fp32 weights stay in L2 while the rows' tiles pass over them */
@@ -171,7 +172,8 @@ static int prefill_gemm(int four, const float *x, int M, int K, const void *w, f
                 const int R = M - r0 < PR ? M - r0 : PR;
                 for (int n = n0; n < n1; n += PC) {
                     const int C = n1 - n < PC ? n1 - n : PC;
-                    const float *xr = x + (size_t)r0 * K, *wc = buf + (size_t)(n - n0) * K; float *yr = y + (size_t)r0 * N + n;
+                    const float *xr = x + (size_t)r0 * K, *wc = buf + (size_t)(n - n0) * K;
+                    float *yr = y + (size_t)r0 * N + n;
                     #define TILE(r, c) prefill_tile(r, c, xr, K, wc, yr, N)
                     EACH_RC(R, C, TILE)
                 }
@@ -550,6 +552,7 @@ static int linear(const float *x, int M, int K, const void *w, int four, float *
 int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, float *keys, float *values,
                     long layer_stride, int S, int last_only, int quant, float *logits) {
     const int H = m->H, D = m->D, Hq = m->Hq, Hkv = m->Hkv, I = m->I, QKV = (Hq + 2 * Hkv) * D, half = D / 2;
+    const int prompt = last_only && T > 1;  // a prompt's rows: the prompt kernel (prefill_gemm)
     int wide = H;  // the widest activation row
     if (QKV > wide) wide = QKV;
     if (Hq * D > wide) wide = Hq * D;
@@ -566,7 +569,7 @@ int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, flo
     for (int l = 0; l < m->L; l++) {
         float *k = keys + (size_t)l * layer_stride, *v = values + (size_t)l * layer_stride;
         rmsnorm(x, m->in_norm[l], m->eps, T, H, xn);
-        if (linear(xn, T, H, WEIGHT(qkv), 1, tmp, QKV, quant, last_only, a)) { status = -1; goto done; }
+        if (linear(xn, T, H, WEIGHT(qkv), 1, tmp, QKV, quant, prompt, a)) { status = -1; goto done; }
         for (int t = 0; t < T; t++) {
             const int p = pos + t; const float *row = tmp + (size_t)t * QKV;
             const float *cs = m->cos + (size_t)p * half, *sn = m->sin + (size_t)p * half;
@@ -577,10 +580,10 @@ int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, flo
             }
         }
         if (attention(q, T, Hq, Hkv, D, k, v, S, pos, m->scale, att)) { status = -1; goto done; }
-        if (linear(att, T, Hq * D, WEIGHT(o), 1, tmp, H, quant, last_only, a)) { status = -1; goto done; }
+        if (linear(att, T, Hq * D, WEIGHT(o), 1, tmp, H, quant, prompt, a)) { status = -1; goto done; }
         for (int i = 0; i < T * H; i++) x[i] += tmp[i];
         rmsnorm(x, m->post_norm[l], m->eps, T, H, xn);
-        if (linear(xn, T, H, WEIGHT(gate_up), 1, gu, 2 * I, quant, last_only, a)) { status = -1; goto done; }
+        if (linear(xn, T, H, WEIGHT(gate_up), 1, gu, 2 * I, quant, prompt, a)) { status = -1; goto done; }
         for (int t = 0; t < T; t++) {
             const float *g = gu + (size_t)t * 2 * I, *u = g + I; float *y = act + (size_t)t * I;
             int i = 0;
@@ -591,12 +594,12 @@ int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, flo
             }
             for (; i < I; i++) y[i] = g[i] / (1.f + expf(-g[i])) * u[i];
         }
-        if (linear(act, T, I, WEIGHT(down), 1, tmp, H, quant, last_only, a)) { status = -1; goto done; }
+        if (linear(act, T, I, WEIGHT(down), 1, tmp, H, quant, prompt, a)) { status = -1; goto done; }
         for (int i = 0; i < T * H; i++) x[i] += tmp[i];
     }
     const int rows = last_only ? 1 : T;
     rmsnorm(x + (size_t)(T - rows) * H, m->final_norm, m->eps, rows, H, xn);
-    linear(xn, rows, H, m->head, 0, logits, m->V, quant, 0, a);  // one row under last_only: the step kernel
+    linear(xn, rows, H, m->head, 0, logits, m->V, quant, 0, a);  // one row under last_only: the step kernel too
 done:
     free(x); free(xn); free(tmp); free(q); free(att); free(gu); free(act); free(a);
     return status;

@@ -1,7 +1,7 @@
-"""The target's kernel for a prompt's rows (a forward with last_only, as the runtime feeds prompts): its products
-match numpy's, every row's result is the same however the prompt is chunked, and the prompt's KV stays near what the
-step kernel computes for the same positions. Verify passes and steps keep the step kernel (test_native_draft's greedy
-equality and the bitwise verify-equals-prefill test)."""
+"""The target's kernel for a prompt's rows (a forward of several tokens with last_only, as the runtime feeds
+prompts): its products match numpy's, every row's result is the same however the prompt is chunked, and the prompt's
+KV stays near what the step kernel computes for the same positions. Verify passes and steps keep the step kernel
+(test_native_draft's greedy equality and its bitwise verify-equals-prefill test)."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,18 +50,22 @@ def test_prompt_products_match_numpy(target, kind):
 
 
 def test_chunking_never_changes_a_prompts_rows(target):
-    """A prompt fed whole or in pieces of any size (1 included): the same KV and last logits, bit for bit."""
+    """A prompt fed whole or in pieces of two tokens or more: the same KV and last logits, bit for bit. A piece of
+    one token is a step's forward and keeps the step kernel, last_only or not."""
     ids = np.random.default_rng(4).integers(3, target.vocab_size, (1, 23))
     target.reset(2)
     whole = target.forward(ids, np.array([0]), last_only=True, slots=np.array([0]))
     start = 0
-    for stop in (5, 6, 23):
+    for stop in (5, 7, 23):
         pieces = target.forward(ids[:, start:stop], np.array([start]), last_only=True, slots=np.array([1]))
         start = stop
     assert np.array_equal(whole, pieces)
     model = target.model
     assert np.array_equal(model.keys[:, 0, :, :23], model.keys[:, 1, :, :23])
     assert np.array_equal(model.values[:, 0, :, :23], model.values[:, 1, :, :23])
+    one = ids[:, 22:]
+    assert np.array_equal(target.forward(one, np.array([22]), last_only=True, slots=np.array([0])),
+                          target.forward(one, np.array([22]), slots=np.array([1])))
 
 
 def test_prompt_kv_near_the_step_kernels(target):
