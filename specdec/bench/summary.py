@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from specdec.bench.config import BASELINE
 from specdec.bench.table import PERCENTILES, polars
-from specdec.runtime.drafters import expected_speedup
+from specdec.runtime.adaptive_gamma import expected_speedup
 
 
 def _percentiles(pl, column: str, name: str) -> list:

@@ -125,13 +125,12 @@ class SpeculativeLoop:
     def _teach_gates(rows: list, record: Round) -> None:
         """Each gate learns once per round from the model rounds of the rows it decides for, and from rounds in
         which no row verified drafts (a one-token pass)."""
-        counts = {}
+        runs = {}  # per gate: (gate, [(proposed, accepted) of each of its rows])
         for row, row_record in zip(rows, record.rows):
             if row_record is not None and row.gate is not None and row_record.source == "model":
-                gate, proposed, accepted = counts.get(id(row.gate), (row.gate, 0, 0))
-                counts[id(row.gate)] = (gate, proposed + row_record.proposed, accepted + row_record.accepted)
-        for gate, proposed, accepted in counts.values():
-            gate.observe(proposed, accepted, record.verify_s)
+                runs.setdefault(id(row.gate), (row.gate, []))[1].append((row_record.proposed, row_record.accepted))
+        for gate, pairs in runs.values():
+            gate.observe(sum(p for p, _ in pairs), sum(a for _, a in pairs), record.verify_s, pairs)
         if not any(row_record is not None and row_record.proposed for row_record in record.rows):
             for gate in {id(row.gate): row.gate for row in rows if row.gate is not None}.values():
                 gate.observe_plain(record.verify_s)  # every row verified one token: a plain step

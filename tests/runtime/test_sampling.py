@@ -118,6 +118,31 @@ def test_gate_turns_the_model_off_when_it_does_not_pay():
     assert probes.count(True) == 2 and probes[14] and probes[30]
 
 
+def test_gate_counts_acceptance_by_position():
+    """Acceptances in runs: 7 rounds of 4 drafts all accepted, 3 with none (α = 0.7). A round emits 1 + 0.7·4 = 3.8
+    tokens, where the constant-α formula says 2.77: with c = 0.25 and r = 1.7 the model pays (3.8 / 2 / 1.7 = 1.12),
+    although the formula would turn it off (0.81). The per-row runs come from the loop's round records."""
+    from specdec.runtime.adaptive_gamma import expected_speedup
+    from specdec.runtime.drafters import ModelGate
+    from specdec.runtime.loop import SpeculativeLoop
+    from specdec.runtime.state import Round, RowRound
+
+    gate = ModelGate(warmup_rounds=2, prior_weight=1e-9)
+    rows = [SimpleNamespace(gate=gate), SimpleNamespace(gate=gate)]
+    for accepted in (4, 4, 4, 0, 4, 4, 0, 4, 0, 4):  # two rows a round: the same run each
+        drafted = [RowRound(4, accepted, [7] * (accepted + 1), "model", None)] * 2
+        SpeculativeLoop._teach_gates(rows, Round(4, drafted, 0.0, 0.017))
+        gate.observe_draft_step(0.017 / 4)  # c = 0.25
+    for _ in range(2):
+        SpeculativeLoop._teach_gates(rows, Round(4, [RowRound(0, 0, [7], "none", None)] * 2, 0.0, 0.01))  # r = 1.7
+    assert abs(gate.alpha - 0.7) < 1e-6 and gate.tries == [20, 14, 14, 14] and gate.passes == [14, 14, 14, 14]
+    assert abs(1 + gate.cumulative(4).sum() - 3.8) < 1e-6
+    assert expected_speedup(gate.alpha, 4, gate.cost_ratio) / gate.verify_ratio < 1.0
+    assert gate.pays(4)
+    gate.observe(4, 0, 0.017)  # a rejected first draft: position 1 only
+    assert gate.tries == [21, 14, 14, 14] and gate.passes == [14, 14, 14, 14]
+
+
 def test_gate_counts_the_verify_pass_against_a_one_token_step():
     """High α and a cheap draft, but a verify pass that costs 5 one-token steps (r = 5): the model does not pay."""
     from specdec.runtime.adaptive_gamma import expected_speedup
