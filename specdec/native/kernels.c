@@ -61,8 +61,9 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
     }
 }
 // A Q4_1 block's 32 weights as four vectors of 8 (q[0..7], q[8..15], q[16..23], q[24..31]): each half of qs
-// zero-extended to 8 lanes straight from memory, then its low and high nibbles (6 integer operations per block where
-// splitting the bytes first took 10: the step 20 % shorter on one core with the weights in cache, the same values)
+// zero-extended to 8 lanes straight from memory, then its low and high nibbles: 6 integer operations per block where
+// splitting the bytes first took 10, the same values; the target's step 14 % shorter at cache length 64
+// (benchmarks/kernels_ab.py, 2026-12-03; issue11/native/prompt.md)
 #define Z8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #define Q4_DECODE(blk, mask, w0, w1, w2, w3) \
     const __m256i lo8_ = Z8((blk).qs), hi8_ = Z8((blk).qs + 8); \
@@ -531,10 +532,10 @@ static void rotate(const float *x, const float *cs, const float *sn, int D, floa
 }
 // x [M, K] -> y [M, N] through Q4_1 (four; paired where quant) or Q8_0 blocks, with fp32 or int8 (scratch a)
 // activations
-// (prefill: a prompt's rows, fp32 activations: prefill_gemm; -1 where its scratch could not be had)
-static int linear(const float *x, int M, int K, const void *w, int four, float *y, int N, int quant, int prefill,
+// (prompt: a prompt's rows, fp32 activations: prefill_gemm; -1 where its scratch could not be had)
+static int linear(const float *x, int M, int K, const void *w, int four, float *y, int N, int quant, int prompt,
                   void *a) {
-    if (!quant && prefill) {
+    if (!quant && prompt) {
         return prefill_gemm(four, x, M, K, w, y, N);
     } else if (!quant) {
         gemm(four ? Q4_F32 : Q8_F32, x, M, K, w, y, N);
