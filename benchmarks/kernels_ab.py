@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -37,6 +38,20 @@ def kernels_from(source: Path):
     return build.declare(lib, [name for name in build.SIGNATURES if hasattr(lib, name)])
 
 
+def float32_embedding(*models) -> None:
+    """An older kernels.c (no embedding_rows in its model_t) reads only a float32 embedding: give both builds one,
+    rebuilt from the head's blocks where the weights left it there."""
+    weights = models[0].weights
+    if weights.embedding is not None:
+        return
+    head = weights.head
+    rebuilt = (head["d"][..., None] * head["qs"].astype(np.float32)).reshape(len(head), -1)
+    weights = dataclasses.replace(weights, embedding=rebuilt)
+    for model in models:
+        model.weights = weights
+        model.__dict__.pop("struct", None)  # built again over the new weights
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path)
@@ -47,6 +62,8 @@ def main() -> None:
     args = parser.parse_args()
     builds = {"new": build.load_kernels(), "old": kernels_from(args.old)}
     target, draft = NativeBackend.open_models(args.bundle, read_manifest(args.bundle), "cpu", None)
+    if "embedding_rows" not in args.old.read_text(encoding="utf-8"):
+        float32_embedding(target.model, draft.model)
     model = (draft if args.role == "draft" else target).model
     rng = np.random.default_rng(0)
     lines = [f"{args.role}, {args.tokens}-token forwards, ms (min / median of {args.calls} calls each); "

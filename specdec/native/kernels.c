@@ -504,7 +504,7 @@ int specdec_attention(const float *q, int T, int Hq, int Hkv, int D, const float
 typedef struct {
     int L, H, Hq, Hkv, D, I, V;
     float eps, scale;
-    const float *embedding;  // [vocab, H]
+    const float *embedding;  // [vocab, H]; NULL where embedding_rows holds it
     const float *const *in_norm, *const *post_norm;  // [L] of [H]
     const blk4 *const *qkv, *const *o, *const *gate_up, *const *down;  // [L] of [N, K / 32] blocks
     const blk4p *const *qkv_p, *const *o_p, *const *gate_up_p, *const *down_p;  // the same paired, [N, (K/32+1)/2]:
@@ -512,6 +512,7 @@ typedef struct {
     const float *final_norm;
     const blk8 *head;  // [V, H / 32]
     const float *cos, *sin;  // [positions, D / 2]
+    const blk8 *embedding_rows;  // [vocab, H / 32]: row t of the embedding is d * q of these (tied weights)
 } model_t;
 
 static void rmsnorm(const float *x, const float *gamma, float eps, int T, int H, float *out) {
@@ -565,7 +566,18 @@ int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, flo
     void *a = malloc(sizeof(blkq) * T * (wide / 32 + 1));  // a blkqp is two blkq's size
     int status = 0;
     if (!x || !xn || !tmp || !q || !att || !gu || !act || !a) { status = -1; goto done; }
-    for (int t = 0; t < T; t++) memcpy(x + (size_t)t * H, m->embedding + (size_t)tokens[t] * H, sizeof(float) * H);
+    for (int t = 0; t < T; t++) {
+        if (m->embedding) {
+            memcpy(x + (size_t)t * H, m->embedding + (size_t)tokens[t] * H, sizeof(float) * H);
+            continue;
+        }
+        const blk8 *row = m->embedding_rows + (size_t)tokens[t] * (H / 32);  // d * q, as numpy rebuilt it
+        for (int b = 0; b < H / 32; b++) {
+            const __m256 d = _mm256_broadcast_ss(&row[b].d);
+            float *out = x + (size_t)t * H + 32 * b;
+            for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(S8(row[b].qs + 8 * j), d));
+        }
+    }
     #define WEIGHT(name) (quant ? (const void *)m->name##_p[l] : (const void *)m->name[l])
     for (int l = 0; l < m->L; l++) {
         float *k = keys + (size_t)l * layer_stride, *v = values + (size_t)l * layer_stride;

@@ -20,7 +20,7 @@ class ModelStruct(ctypes.Structure):
     _fields_ = [("L", _I), ("H", _I), ("Hq", _I), ("Hkv", _I), ("D", _I), ("I", _I), ("V", _I), ("eps", _F),
                 ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P), ("qkv", _P), ("o", _P),
                 ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P), ("gate_up_p", _P), ("down_p", _P),
-                ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P)]
+                ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P), ("embedding_rows", _P)]
 
 
 def _pointers(arrays: list) -> np.ndarray:
@@ -74,9 +74,11 @@ class NativeModel:
         return ModelStruct(
             dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim,
             layers[0].down.shape[1] * BLOCK, len(self.head), weights.epsilon, weights.scale,
-            weights.embedding.ctypes.data, *(table.ctypes.data for table in tables),
+            None if weights.embedding is None else weights.embedding.ctypes.data,
+            *(table.ctypes.data for table in tables),
             *([table.ctypes.data for table in paired] or [None] * len(LINEARS)),  # NULL for a target
-            weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data)
+            weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data,
+            weights.head.ctypes.data if weights.embedding is None else None)  # the whole head, not a draft's rows
 
     @property
     def keys(self):

@@ -40,7 +40,7 @@ class Layer:
 
 @dataclass
 class NativeWeights:
-    embedding: np.ndarray  # [V, H] float32
+    embedding: np.ndarray | None  # [V, H] float32; None where the head's Q8_0 blocks hold it exactly (tied weights)
     layers: list
     final_norm: np.ndarray  # [H]
     head: np.ndarray  # [V, H / 32] of BLOCK8
@@ -79,6 +79,20 @@ def q8_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
     out = np.zeros(q["scale"].shape, BLOCK8)
     out["d"], out["qs"] = q["scale"], (q["codes"].astype(np.int16) - 128).astype(np.int8)
     return out, q["grid_error"]
+
+
+def head_holds(head: np.ndarray, embedding: np.ndarray, rows: int = 4096) -> bool:
+    """Whether the head's Q8_0 blocks [V, H / 32] give the embedding [V, H] exactly (d * q in float32, as the
+    kernels compute it): tied weights on the grid, so the kernels read the embedding's rows from the head and the
+    float32 copy (113 MB for the default model) is not kept. Compared a few thousand rows at a time."""
+    if embedding.shape != (head.shape[0], head.shape[1] * BLOCK):
+        return False
+    for start in range(0, len(head), rows):
+        part = head[start : start + rows]
+        rebuilt = (part["d"][..., None] * part["qs"].astype(np.float32)).reshape(len(part), -1)
+        if not np.array_equal(rebuilt, embedding[start : start + rows]):
+            return False
+    return True
 
 
 def _on_grid(name: str, weight: np.ndarray, blocks_of) -> np.ndarray:
@@ -163,9 +177,11 @@ def weights_from_onnx(path: Path, dims: ModelDims) -> NativeWeights:
 
     layers = [Layer(gamma(norms[2 * i]), gamma(norms[2 * i + 1]), *(weight(m) for m in matmuls[4 * i : 4 * i + 4]))
               for i in range(dims.num_layers)]
+    head_blocks = _on_grid(head.name, array(head.input[1]), q8_blocks)  # its fp32 weight freed before the embedding
+    embedding = array(parts["embeddings"][0].input[0]).astype(np.float32)
     return NativeWeights(
-        embedding=array(parts["embeddings"][0].input[0]).astype(np.float32), layers=layers,
-        final_norm=gamma(norms[-1]), head=_on_grid(head.name, array(head.input[1]), q8_blocks),
+        embedding=None if head_holds(head_blocks, embedding) else embedding, layers=layers,
+        final_norm=gamma(norms[-1]), head=head_blocks,
         cos=array(attention.input[7]).astype(np.float32), sin=array(attention.input[8]).astype(np.float32),
         epsilon=float(_attributes(norms[0], onnx).get("epsilon", 1e-5)),
         scale=float(attrs.get("scale") or dims.head_dim ** -0.5))

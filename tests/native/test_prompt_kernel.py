@@ -77,3 +77,30 @@ def test_prompt_kv_near_the_step_kernels(target):
     for cache in (target.model.keys, target.model.values):
         prompt, step = cache[:, 0, :, :20], cache[:, 1, :, :20]
         assert np.abs(prompt - step).max() <= 1e-5 * np.abs(step).max()
+
+
+def test_tied_embedding_read_from_the_heads_blocks(target):
+    """Where the head's Q8_0 blocks give the embedding exactly (tied weights, the default model), the kernels read
+    its rows from them and no float32 copy is kept: the same KV and logits, bit for bit, as with the copy."""
+    import dataclasses
+
+    from specdec.native.model import NativeModel
+    from specdec.native.weights import head_holds
+
+    weights = target.model.weights
+    head = weights.head
+    rebuilt = (head["d"][..., None] * head["qs"].astype(np.float32)).reshape(len(head), -1)
+    assert head_holds(head, rebuilt, rows=7)  # in pieces, the last one short
+    nudged = rebuilt.copy()
+    nudged[-1, -1] = np.nextafter(nudged[-1, -1], np.float32(np.inf))
+    assert not head_holds(head, nudged, rows=7) and not head_holds(head, rebuilt[:, :32])
+    ids = np.random.default_rng(6).integers(3, target.vocab_size, 12)
+    runs = []
+    for embedding in (rebuilt, None):
+        model = NativeModel(dataclasses.replace(weights, embedding=embedding), target.model.dims, target.model.kernels,
+                            target.max_seq_len)
+        model.reset(1)
+        runs.append([model.forward(ids[:8], 0, 0, last_only=True), model.forward(ids[8:9], 8, 0),
+                     model.forward(ids[9:], 9, 0), model.keys[:, 0, :, :12].copy()])
+    for ours, theirs in zip(*runs):
+        assert np.array_equal(ours, theirs)
