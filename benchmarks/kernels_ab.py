@@ -25,6 +25,7 @@ import numpy as np
 
 from specdec.manifest import read_manifest
 from specdec.native import build
+from specdec.native.weights import q8_rows
 from specdec.runtime.native_backend import NativeBackend
 
 LENGTHS = (64, 512, 1000)
@@ -44,9 +45,7 @@ def float32_embedding(*models) -> None:
     weights = models[0].weights
     if weights.embedding is not None:
         return
-    head = weights.head
-    rebuilt = (head["d"][..., None] * head["qs"].astype(np.float32)).reshape(len(head), -1)
-    weights = dataclasses.replace(weights, embedding=rebuilt)
+    weights = dataclasses.replace(weights, embedding=q8_rows(weights.head))
     for model in models:
         model.weights = weights
         model.__dict__.pop("struct", None)  # built again over the new weights

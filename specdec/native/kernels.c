@@ -124,11 +124,12 @@ static inline void decode4(const blk4 *c, int nb, float *out) {
         _mm256_store_ps(out + 24, w3);
     }
 }
+// (also a tied embedding's row, at any alignment)
 static inline void decode8(const blk8 *c, int nb, float *out) {
     for (int b = 0; b < nb; b++, out += 32) {
         FETCH(c + b);
         const __m256 d = _mm256_broadcast_ss(&c[b].d);
-        for (int j = 0; j < 4; j++) _mm256_store_ps(out + 8 * j, _mm256_mul_ps(S8(c[b].qs + 8 * j), d));
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(S8(c[b].qs + 8 * j), d));
     }
 }
 // R rows of x (stride K) times C decoded columns at w (stride K) -> y[r * N + c]
@@ -571,12 +572,7 @@ int specdec_forward(const model_t *m, const int64_t *tokens, int T, int pos, flo
             memcpy(x + (size_t)t * H, m->embedding + (size_t)tokens[t] * H, sizeof(float) * H);
             continue;
         }
-        const blk8 *row = m->embedding_rows + (size_t)tokens[t] * (H / 32);  // d * q, as numpy rebuilt it
-        for (int b = 0; b < H / 32; b++) {
-            const __m256 d = _mm256_broadcast_ss(&row[b].d);
-            float *out = x + (size_t)t * H + 32 * b;
-            for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(S8(row[b].qs + 8 * j), d));
-        }
+        decode8(m->embedding_rows + (size_t)tokens[t] * (H / 32), H / 32, x + (size_t)t * H);  // d * q, as q8_rows
     }
     #define WEIGHT(name) (quant ? (const void *)m->name##_p[l] : (const void *)m->name[l])
     for (int l = 0; l < m->L; l++) {

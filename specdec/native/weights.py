@@ -81,6 +81,11 @@ def q8_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
     return out, q["grid_error"]
 
 
+def q8_rows(blocks: np.ndarray) -> np.ndarray:
+    """blocks [N, nb] of BLOCK8 -> their values [N, nb * 32] float32, d * q as the kernels compute it."""
+    return (blocks["d"][..., None] * blocks["qs"].astype(np.float32)).reshape(len(blocks), -1)
+
+
 def head_holds(head: np.ndarray, embedding: np.ndarray, rows: int = 4096) -> bool:
     """Whether the head's Q8_0 blocks [V, H / 32] give the embedding [V, H] exactly (d * q in float32, as the
     kernels compute it): tied weights on the grid, so the kernels read the embedding's rows from the head and the
@@ -88,9 +93,7 @@ def head_holds(head: np.ndarray, embedding: np.ndarray, rows: int = 4096) -> boo
     if embedding.shape != (head.shape[0], head.shape[1] * BLOCK):
         return False
     for start in range(0, len(head), rows):
-        part = head[start : start + rows]
-        rebuilt = (part["d"][..., None] * part["qs"].astype(np.float32)).reshape(len(part), -1)
-        if not np.array_equal(rebuilt, embedding[start : start + rows]):
+        if not np.array_equal(q8_rows(head[start : start + rows]), embedding[start : start + rows]):
             return False
     return True
 

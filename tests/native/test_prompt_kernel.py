@@ -85,11 +85,11 @@ def test_tied_embedding_read_from_the_heads_blocks(target):
     import dataclasses
 
     from specdec.native.model import NativeModel
-    from specdec.native.weights import head_holds
+    from specdec.native.weights import head_holds, q8_rows
 
     weights = target.model.weights
     head = weights.head
-    rebuilt = (head["d"][..., None] * head["qs"].astype(np.float32)).reshape(len(head), -1)
+    rebuilt = q8_rows(head)
     assert head_holds(head, rebuilt, rows=7)  # in pieces, the last one short
     nudged = rebuilt.copy()
     nudged[-1, -1] = np.nextafter(nudged[-1, -1], np.float32(np.inf))
