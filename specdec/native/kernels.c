@@ -111,7 +111,8 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
 // and q8_cols use), then tiles of PR rows x PC columns, one accumulator per output over K in 8-wide chunks, share
 // each load: 7 loads per 12 FMAs where the step kernel has one per FMA. Its sums run in another order than the step
 // kernel's; verify passes and steps keep that one, so they stay bitwise equal row by row. A 64-token chunk of the
-// default model took 0.67-0.73x the step kernel's time (benchmarks/kernels_ab.py --tokens 64; issue11/native/prompt.md).
+// default model took 0.67-0.73x the step kernel's time (benchmarks/kernels_ab.py --tokens 64;
+// issue11/native/prompt.md).
 #define PR 4  /* rows per tile: 4 x 3 accumulators, 3 weights and 1 activation fill the 16 registers */
 #define PC 3  /* columns per tile */
 #define PREFILL_COLUMNS 24  /* columns per task: their fp32 weights stay in L2 while the rows' tiles pass over them */
