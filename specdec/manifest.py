@@ -113,6 +113,19 @@ class CalibrationRecord:
 
 
 @dataclass(frozen=True)
+class NativeRecord:
+    """A model's weights as the native engine reads them: a file of blocks it memory-maps (specdec.blocks)."""
+
+    layout: str  # a specdec.blocks layout name: "q41" (a target on the GGUF grids), "q41-draft" (its int4-q41 draft)
+    abi: int  # specdec.blocks.ABI_VERSION of the writer
+    path: str  # relative to the bundle; also in the entry's files, with its sha256
+    tensors: dict  # name -> {"kind", "shape", "offset"}
+    epsilon: float = 0.0  # RMSNorm epsilon
+    scale: float = 0.0  # attention scores' scale
+    fill: float = 0.0  # the logit of a token a trimmed head does not score
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     """One exported model of a bundle (target or draft)."""
 
@@ -135,6 +148,7 @@ class ModelEntry:
     engines: list = field(default_factory=list)  # list[EngineRecord]
     size_bytes: int = 0
     calibration: CalibrationRecord = field(default_factory=CalibrationRecord)
+    native: NativeRecord | None = None  # the native engine's weights, where export could write them
 
 
 @dataclass(frozen=True)
@@ -176,7 +190,7 @@ class Manifest:
 
 
 _NESTED = {cls.__name__: cls for cls in (ModelDims, SourceRecord, CalibrationRecord, GammaRecord, TokenizerInfo,
-                                         Defaults)}  # type name -> dataclass, for nested records
+                                         Defaults, NativeRecord)}  # type name -> dataclass, for nested records
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
@@ -294,6 +308,8 @@ def _check_paths(manifest: Manifest) -> None:
             _inside(rel, f"models.{role}.files")
         for record in entry.engines:
             _inside(record.path, f"models.{role}.engines.path")
+        if entry.native is not None:
+            _inside(entry.native.path, f"models.{role}.native.path")
 
 
 def validate_manifest(manifest: Manifest) -> None:

@@ -76,6 +76,20 @@ def _entry_for(source: ModelEntry, root: Path, config: QuantizeConfig, record: C
     )
 
 
+def _native_draft(root: Path, manifest: Manifest, source: ModelEntry, config: QuantizeConfig, keep):
+    """The native weights of an int4-q41 draft of a target that has native weights (written into root/draft/), or
+    None: the native engine runs such a draft on its target's blocks, in pairs, with the draft's trimmed head."""
+    target = manifest.target.native
+    if config.method != "int4-q41" or config.role != "draft" or source.role != "target" or target is None:
+        return None
+    from specdec.blocks import TensorEntry, read_tensors
+    from specdec.calibration.q41 import HEAD_FILL
+    from specdec.export.native_pack import write_draft
+
+    index = {name: TensorEntry(spec["kind"], tuple(spec["shape"]), spec["offset"]) for name, spec in target.tensors.items()}
+    return write_draft(root, config.role, read_tensors(root / target.path, index), keep, HEAD_FILL)
+
+
 def source_entry(manifest: Manifest, bundle: Path, config: QuantizeConfig, source: str) -> ModelEntry:
     """The fp32 model of `bundle` that `config` quantizes: its target, or (source='draft') its draft."""
     if source not in SOURCES:
@@ -119,6 +133,8 @@ def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite:
             origin=f"{entry.onnx_path} ({origin})", details=details,
             data=describe_source(config.data, windows) if config.needs_data else None,
             accuracy_level=config.accuracy_level if config.method.startswith("int4") else None)
-        models = {**manifest.models, config.role: _entry_for(entry, tmp, config, record)}
+        native = _native_draft(tmp, manifest, entry, config, keep)
+        models = {**manifest.models, config.role: dataclasses.replace(_entry_for(entry, tmp, config, record),
+                                                                      native=native)}
         write_manifest(tmp, dataclasses.replace(manifest, models=models))
     return out

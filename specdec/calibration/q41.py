@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.blocks import q8_0_from_weight, q41_from_weight  # noqa: F401 (also this module's API)
 from specdec.errors import missing_dependency
 
 log = logging.getLogger(__name__)
@@ -36,22 +37,6 @@ BLOCK = 32
 ACCURACY_LEVEL = 4  # int8 compute in MatMulNBits: the fast path on x86 CPUs
 GRID_TOLERANCE = 1e-3  # max |w − dequant| / d for a block to count as on the grid
 MINIMUMS = ("rows", "exact")  # how the float minimum's residual is added back (module docstring)
-
-
-def q41_from_weight(weight: np.ndarray) -> dict:
-    """Quantize a [K, N] weight (K % 32 == 0) to Q4_1 codes. -> codes [nb, 32, N] uint8, scale, zp, residual and
-    minimum (m), each [nb, N], and grid_error (max |w − d·q − m| / d)."""
-    k, n = weight.shape
-    blocks = weight.astype(np.float32).reshape(k // BLOCK, BLOCK, n)  # [nb, 32, N]
-    low, high = blocks.min(axis=1), blocks.max(axis=1)  # [nb, N]
-    scale = (high - low) / 15.0
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
-    codes = np.clip(np.rint((blocks - low[:, None]) / scale[:, None]), 0, 15)
-    error = np.abs(codes * scale[:, None] + low[:, None] - blocks).max(axis=1) / scale
-    zero_point = np.clip(np.rint(-low / scale), 0, 15)
-    residual = (low + zero_point * scale).astype(np.float32)  # (q − zp)·d + residual == d·q + m
-    return {"codes": codes.astype(np.uint8), "scale": scale, "zero_point": zero_point.astype(np.uint8),
-            "residual": residual, "minimum": low.astype(np.float32), "grid_error": float(error.max())}
 
 
 def _pack_nibbles(values: np.ndarray) -> np.ndarray:
@@ -127,20 +112,6 @@ def _replace(node, weight: np.ndarray, sums: dict, add_init, helper, accuracy_le
     nodes.append(helper.make_node("MatMul", [sums[x], f"{base}_min"], [f"{out}_min"], name=f"{base}_min"))
     nodes.append(helper.make_node("Add", [f"{out}_q4", f"{out}_min"], [out], name=f"{base}_add"))
     return nodes, q["grid_error"], row_error
-
-
-def q8_0_from_weight(weight: np.ndarray) -> dict:
-    """Quantize an [N, K] weight (K % 32 == 0) on the GGUF Q8_0 grid: per 32-value block along K, w = d·q with
-    d = max |w| / 127 and q in −127..127, exact for weights dequantized from Q8_0 (the amax element is q = ±127).
-    -> codes [N, nb, 32] uint8 (q + 128), scale [N, nb], zero_point [N, nb] (128), grid_error (max |w − d·q| / d)."""
-    n, k = weight.shape
-    blocks = weight.astype(np.float32).reshape(n, k // BLOCK, BLOCK)  # [N, nb, 32]
-    scale = np.abs(blocks).max(axis=-1) / 127.0
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
-    codes = np.clip(np.rint(blocks / scale[..., None]), -127, 127)
-    error = np.abs(codes * scale[..., None] - blocks).max(axis=-1) / scale
-    return {"codes": (codes + 128).astype(np.uint8), "scale": scale,
-            "zero_point": np.full(scale.shape, 128, np.uint8), "grid_error": float(error.max())}
 
 
 HEAD_FILL = -1e30  # logit of a token a trimmed head does not score: its probability is exactly 0 at any usable T

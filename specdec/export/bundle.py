@@ -11,6 +11,7 @@ from specdec.export.architectures import architecture_for, dims_from_config, sup
 from specdec.export.config import ExportConfig
 from specdec.export.drafts import int4_from_onnx, layer_draft, layer_draft_range
 from specdec.export.onnx_graph import KV_DTYPE_NAMES, TORCH_DTYPES, onnx_from_hf
+from specdec.export.native_pack import NativeSkipped, write_target
 from specdec.export.parity import check_parity, enforce_parity, runner_for
 from specdec.export.sources import ModelSource, load_config, load_model, load_tokenizer, resolve_source
 from specdec.lowering import lowering_for
@@ -132,6 +133,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
             enforce_parity(role, parity)
             note = "checked" if enforced else "informational: quantized graph"
     inputs, outputs = lowering_for(config.lowering).io_specs(arch.dims, config.max_seq_len, KV_DTYPE_NAMES[config.dtype])
+    native = _native_weights(root, role, arch.dims, config) if role == "target" else None
     files = _files_of(root, role)
     return ModelEntry(
         role=role,
@@ -151,7 +153,19 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
         parity=list(parity),
         parity_note=note,
         size_bytes=sum((root / rel).stat().st_size for rel in files),
+        native=native,
     )
+
+
+def _native_weights(root: Path, role: str, dims, config: ExportConfig):
+    """The native engine's weights of an fp32 target (its NativeRecord), or None where its graph cannot have them."""
+    if config.dtype != "fp32":
+        return None
+    try:
+        return write_target(root, role, dims)
+    except NativeSkipped as why:
+        log.info("no native weights for the %s: %s", role, why)
+        return None
 
 
 def _tokenizer_info(tokenizer, model, root: Path) -> TokenizerInfo:

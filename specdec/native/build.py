@@ -1,22 +1,56 @@
-"""Compile kernels.c on first use (cc or gcc, -O3 -mavx2 -mfma -mf16c -fopenmp) into a per-user cache, and load it."""
+"""Compile the native engine's C sources on first use and load the library, checked.
+
+The sources ship inside the package (package data), so an installed wheel compiles them like a checkout does: a
+prebuilt library would need one wheel per CPU and libc, while the kernels are built for the machine that runs them
+(-mavx2 -mfma -mf16c, checked against /proc/cpuinfo). The library is cached per user, keyed by the sources, flags
+and compiler, and used only if:
+- the cache directory and the library belong to this user and no one else may write them (else a private
+  temporary directory is built into instead);
+- it loads, has every export, and reports this specdec's ABI version and block sizes (else it is rebuilt).
+A file lock makes processes that start together compile once.
+"""
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
+import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
 
+from specdec.blocks import ABI_VERSION, SIZES
 from specdec.errors import BackendError
 
-SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+SOURCES = tuple(HERE / name for name in ("forward.c", "linear.c", "attention.c", "pool.c"))
+HEADERS = tuple(HERE / name for name in ("specdec_native.h", "internal.h", "pool.h"))
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror")
+SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all")
+SANITIZE_ENV = "SPECDEC_NATIVE_SANITIZE"  # "1": build with ASan + UBSan (the CI's sanitizer run; needs LD_PRELOAD)
 LIBRARIES = ("-lm",)
 REQUIRED_FLAGS = ("avx2", "fma", "f16c")  # /proc/cpuinfo names of what FLAGS let the compiler use
 NO_NATIVE = "use backend='onnxruntime'"
+LIBRARY_NAME = "libspecdec_native.so"
+
+_P, _I, _L, _S, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_size_t, ctypes.c_float
+SIGNATURES = {  # the exports of specdec_native.h: argument types, result type
+    "specdec_abi_version": ([], _I),
+    "specdec_layout_size": ([_I], _L),
+    "specdec_scratch_bytes": ([_P, _I, _I, _I, _I], _L),
+    "specdec_forward": ([_P, _P, _S, _P, _I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _P], _I),
+    "specdec_matmul_scratch_bytes": ([_I, _I, _I, _I], _L),
+    "specdec_matmul": ([_P, _I, _I, _P, _I, _I, _I, _P, _I, _P, _S, _I], _I),
+    "specdec_attention_scratch_bytes": ([_I, _I, _I, _I, _I, _I], _L),
+    "specdec_attention": ([_P, _I, _I, _I, _I, _P, _P, _I, _I, _F, _P, _P, _S, _I], _I),
+}
+LAYOUT_SIZES = {0: SIZES["blk4"], 1: SIZES["blk8"], 2: SIZES["blk4p"], 3: 72, 4: 144}  # + 5: model_t, by model.py
 
 
 def cache_dir() -> Path:
@@ -44,53 +78,139 @@ def compiler() -> str:
                        f"(CC={os.environ.get('CC')!r}, cc, gcc)", f"install gcc (apt install gcc), or {NO_NATIVE}")
 
 
-def _compile(cc: str, source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
+def build_flags() -> tuple:
+    return FLAGS + SANITIZE_FLAGS if os.environ.get(SANITIZE_ENV) == "1" else FLAGS
+
+
+def _compile(cc: str, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:  # then one rename: no half-written library
         built = Path(scratch) / target.name
-        done = subprocess.run([cc, *FLAGS, str(source), "-o", str(built), *LIBRARIES], capture_output=True, text=True)
+        done = subprocess.run([cc, *build_flags(), *map(str, SOURCES), "-o", str(built), *LIBRARIES],
+                              capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise BackendError(f"compiling {source.name} with {cc} failed: {last}",
-                               f"the kernels need a compiler with AVX2, FMA, F16C and OpenMP (gcc does), or {NO_NATIVE}")
+            raise BackendError(f"compiling the native kernels with {cc} failed: {last}",
+                               f"the kernels need a C compiler with AVX2, FMA and F16C (gcc does), or {NO_NATIVE}")
         os.replace(built, target)
 
 
-_P, _I = ctypes.c_void_p, ctypes.c_int
-SIGNATURES = {  # the kernels' exports: argument types, result type
-    "q41_gemm": ([_P, _I, _I, _P, _P, _I], None),
-    "q8_gemm": ([_P, _I, _I, _P, _P, _I], None),
-    "int8_gemm": ([_P, _I, _I, _P, _I, _P, _I], _I),
-    "prefill_products": ([_P, _I, _I, _P, _I, _P, _I], _I),
-    "specdec_set_threads": ([_I], None),
-    "specdec_forward": ([_P, _P, _I, _I, _P, _P, ctypes.c_long, _I, _I, _I, _P], _I),
-    "specdec_attention": ([_P, _I, _I, _I, _I, _P, _P, _I, _I, ctypes.c_float, _P], _I),
-}
+def _private(path: Path) -> bool:
+    """Whether `path` belongs to this user and no one else may write it (nor replace it: its directory too)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def compiled(source: Path) -> Path:
-    """The shared library of `source` (compiled once per source text, flags and compiler; cached across processes)."""
+def _usable_dir(folder: Path) -> bool:
+    """Create `folder` (0700) where missing; whether it and its parent are private to this user."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return folder.is_dir() and _private(folder) and _private(folder.parent) and os.access(folder, os.W_OK)
+
+
+@functools.cache
+def _private_tmp() -> Path:
+    """A directory only this process uses, for a cache that is not private or not writable."""
+    return Path(tempfile.mkdtemp(prefix="specdec-native-"))
+
+
+def library_dir(key: str) -> Path:
+    """Where the library of `key` is cached: the user's cache, or a private temporary directory (logged once)."""
+    root = cache_dir() / "native"
+    folder = root / key
+    if _usable_dir(root) and _usable_dir(folder):
+        return folder
+    log.warning("the native kernels' cache %s is not a directory only this user can write; building in %s",
+                folder, _private_tmp())
+    return _private_tmp()
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """An exclusive lock on folder/.lock: processes that start cold together compile once."""
+    with open(folder / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def source_key(cc: str) -> str:
+    digest = hashlib.sha256(" ".join((cc, *build_flags(), *LIBRARIES)).encode())
+    for path in SOURCES + HEADERS:
+        try:
+            digest.update(path.read_bytes())
+        except OSError as exc:
+            raise BackendError(f"the native kernels' source {path} cannot be read ({exc.strerror})",
+                               f"reinstall specdec (its wheel carries the C sources), or {NO_NATIVE}") from exc
+    return digest.hexdigest()[:16]
+
+
+def checked(path: Path) -> ctypes.CDLL:
+    """Load `path` and check it: every export, this ABI version, every block size. BackendError otherwise.
+    It is loaded from a private copy under a new name, removed once mapped: dlopen hands back an object already
+    loaded under the same name, so a library rebuilt in this process (or a mutant a test builds) must not share
+    one, and the file checked is the file mapped."""
+    fd, copy = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, open(path, "rb") as source:
+            shutil.copyfileobj(source, out)
+        lib = ctypes.CDLL(copy)
+        declare(lib)
+    except (OSError, AttributeError) as exc:
+        why = str(exc).replace(copy, str(path))
+        raise BackendError(f"{path} is not a usable native kernels library ({why})", "it is rebuilt") from exc
+    finally:
+        os.unlink(copy)
+    if lib.specdec_abi_version() != ABI_VERSION:
+        raise BackendError(f"{path} has ABI {lib.specdec_abi_version()}, this specdec needs {ABI_VERSION}",
+                           "it is rebuilt")
+    for which, size in LAYOUT_SIZES.items():
+        if lib.specdec_layout_size(which) != size:
+            raise BackendError(f"{path} lays out block {which} in {lib.specdec_layout_size(which)} bytes, not {size}",
+                               "it is rebuilt")
+    return lib
+
+
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Give the library's exports their SIGNATURES (AttributeError for a missing one)."""
+    for name, (args, result) in SIGNATURES.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = args, result
+    return lib
+
+
+def _check_machine() -> str:
     lacking = missing_cpu_flags()
     if lacking:
         raise BackendError(f"the native backend needs an x86-64 CPU with {' and '.join(REQUIRED_FLAGS)}; this one "
                            f"lacks {', '.join(lacking)}", NO_NATIVE)
-    cc = compiler()
-    key = hashlib.sha256(source.read_bytes() + " ".join((cc, *FLAGS, *LIBRARIES)).encode()).hexdigest()[:16]
-    library = cache_dir() / "native" / key / "libspecdec_kernels.so"
-    if not library.is_file():
-        _compile(cc, source, library)
-    return library
+    return compiler()
 
 
-def declare(lib: ctypes.CDLL, names=tuple(SIGNATURES)) -> ctypes.CDLL:
-    """Give the exports `names` of a loaded library their SIGNATURES."""
-    for name in names:
-        function = getattr(lib, name)
-        function.argtypes, function.restype = SIGNATURES[name]
-    return lib
+def compiled() -> ctypes.CDLL:
+    """The loaded, checked library of this specdec's sources: built once per sources, flags and compiler, rebuilt
+    where the cached one is corrupt, foreign or of another ABI."""
+    cc = _check_machine()
+    folder = library_dir(source_key(cc))
+    library = folder / LIBRARY_NAME
+    with _locked(folder):
+        if library.is_file() and _private(library):
+            try:
+                return checked(library)
+            except BackendError as exc:
+                log.warning("rebuilding the native kernels: %s", exc.message)
+        library.unlink(missing_ok=True)
+        _compile(cc, library)
+        return checked(library)  # a library that fails its checks right after the build is not rebuilt again
 
 
 @functools.cache
 def load_kernels() -> ctypes.CDLL:
-    """The compiled kernels.c, its exports declared."""
-    return declare(ctypes.CDLL(str(compiled(SOURCE))))
+    """The compiled, checked kernels (once per process)."""
+    return compiled()

@@ -1,80 +1,105 @@
-"""The forward pass on the native kernels (kernels.c's specdec_forward), with static KV per slot in numpy."""
+"""The forward pass on the native kernels (specdec_forward), with static KV per slot in numpy and the scratch the
+kernels work in, both owned here: a forward allocates nothing once the scratch has grown to its largest call."""
 from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 
 import numpy as np
 
+from specdec.blocks import BLOCK, BLOCK4, BLOCK4P, BLOCK8
 from specdec.errors import BackendError
 from specdec.lowering import Geometry
 from specdec.manifest import ModelDims
-from specdec.native.weights import BLOCK, BLOCK4, BLOCK4P, NativeWeights, q41_pairs
+from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
 
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-LINEARS = ("qkv", "o", "gate_up", "down")
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
+STATUS = {  # specdec_native.h's status codes
+    1: "a pointer the kernels need is NULL", 2: "a count or size is out of range", 3: "a token id is outside the "
+    "weights' vocabulary", 4: "a position is below 0 or past the static buffers", 5: "the scratch is too small",
+    6: "the thread count is out of range"}
+KINDS = {BLOCK4: 0, BLOCK8: 1, BLOCK4P: 2}  # specdec_matmul's weight kinds
+KERNELS = {"step": 0, "prompt": 1, "int8": 2}
 
 
 class ModelStruct(ctypes.Structure):
-    """kernels.c's model_t."""
-    _fields_ = [("L", _I), ("H", _I), ("Hq", _I), ("Hkv", _I), ("D", _I), ("I", _I), ("V", _I), ("eps", _F),
-                ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P), ("qkv", _P), ("o", _P),
-                ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P), ("gate_up_p", _P), ("down_p", _P),
-                ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P), ("embedding_rows", _P)]
+    """specdec_native.h's model_t."""
+    _fields_ = [("L", _I), ("H", _I), ("Hq", _I), ("Hkv", _I), ("D", _I), ("I", _I), ("V", _I), ("vocab", _I),
+                ("positions", _I), ("eps", _F), ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P),
+                ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P),
+                ("gate_up_p", _P), ("down_p", _P), ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P),
+                ("embedding_rows", _P)]
 
 
 def _pointers(arrays: list) -> np.ndarray:
     return np.array([a.ctypes.data for a in arrays], dtype=np.uintp)
 
 
-class NativeModel:
-    """Also a KV source for the gqa driver's copy_kv (a draft taking this target's KV): `geometry` and `buffers`,
-    the per-layer keys then values [slots, Hkv, S, D], as GqaDriver holds its own.
+def raise_for(status: int, what: str) -> None:
+    if status:
+        raise BackendError(f"the native kernels refused {what}: {STATUS.get(status, f'status {status}')}",
+                           "this is a bug in specdec's call; report it with the bundle's manifest")
 
-    quant: round activations to two int8 parts before each weight (the draft's kernels; the target keeps fp32).
-    head_rows: the token ids the head scores (a trimmed draft head), None for all; the rest get `fill`.
+
+class Scratch:
+    """A growing, 64-byte aligned work buffer for the kernels."""
+
+    def __init__(self):
+        self.buffer = np.empty(0, np.uint8)
+
+    def at_least(self, nbytes: int) -> tuple[int, int]:
+        """(address, size) of a buffer of at least `nbytes` (grown, never shrunk)."""
+        if nbytes < 0:  # what the kernels' scratch_bytes answer for a call they would refuse
+            raise_for(2, "a call's shape")
+        if self.buffer.size < nbytes:
+            self.buffer = np.empty(nbytes, np.uint8)
+        return self.buffer.ctypes.data, self.buffer.size
+
+
+class NativeModel:
+    """One model on the kernels. Also a KV source for the gqa driver's copy_kv (a draft taking this target's KV):
+    `geometry` and `buffers`, the per-layer keys then values [slots, Hkv, S, D], as GqaDriver holds its own.
+
+    draft: the paired weights and head of an int4-q41 draft (activations rounded to two int8 parts before each
+    weight: the draft's kernels; the target keeps fp32); it runs on `weights` (its target's norms and tables).
     kv_owner: a model whose KV this one reads and writes (a draft beside its target), else its own.
     """
 
-    def __init__(self, weights: NativeWeights, dims: ModelDims, kernels, max_seq_len: int, quant: bool = False,
-                 head_rows: np.ndarray | None = None, fill: float = 0.0, kv_owner: "NativeModel | None" = None):
+    def __init__(self, weights: NativeWeights, dims: ModelDims, kernels, max_seq_len: int,
+                 draft: DraftWeights | None = None, kv_owner: "NativeModel | None" = None):
         self.weights = weights
         self.dims = dims
         self.kernels = kernels
         self.max_seq_len = max_seq_len
-        self.quant = quant
-        self.head_rows, self.fill = head_rows, np.float32(fill)
+        self.draft = draft
         self.kv_owner = kv_owner
         self.geometry = Geometry(dims, max_seq_len, "float32")
         self._keys = self._values = None  # [L, slots, Hkv, S, D]
         self.buffers = []
-        if quant:
-            self.struct  # the draft's paired weights are made when it opens, not on its first call (~0.2 s)
+        self.scratch = Scratch()
+        self._lock = threading.Lock()  # one forward at a time: the scratch is this model's
+        self.quant = draft is not None  # the draft's kernels (int8 activations, paired blocks); a test may turn
+        # them off to see the draft's head on its target's fp32 products
 
-    @functools.cached_property
+    @property
     def head(self) -> np.ndarray:
-        """[V or len(head_rows), H / 32] of BLOCK8: the rows the head scores."""
-        head = self.weights.head
-        return head if self.head_rows is None else np.ascontiguousarray(head[self.head_rows])
-
-    @functools.cached_property
-    def pairs(self) -> list:
-        """The draft's copy of the layers' Q4_1 weights in pairs of blocks (BLOCK4P, fp16 scales): per layer
-        qkv, o, gate_up, down. About 5/6 of the target's bytes, which the draft reads on every step."""
-        return [[q41_pairs(getattr(layer, name)) for name in LINEARS] for layer in self.weights.layers]
+        """[V or V', H / 32] of BLOCK8: the rows the head scores."""
+        return self.weights.head if self.draft is None else self.draft.head
 
     @functools.cached_property
     def struct(self) -> ModelStruct:
-        """kernels.c's model_t over the weights (built once; the arrays it points into live as long as this)."""
+        """specdec_native.h's model_t over the weights (built once; the arrays it points into live as long as
+        this)."""
         weights, dims, layers = self.weights, self.dims, self.weights.layers
         tables = [_pointers([getattr(layer, name) for layer in layers])
                   for name in ("input_norm", "post_norm", *LINEARS)]
-        paired = [_pointers(list(column)) for column in zip(*self.pairs)] if self.quant else []  # the draft's only
+        paired = [_pointers(list(column)) for column in zip(*self.draft.pairs)] if self.draft else []
         self._tables = tables + paired  # kept alive with the struct
         return ModelStruct(
             dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim,
-            layers[0].down.shape[1] * BLOCK, len(self.head), weights.epsilon, weights.scale,
-            None if weights.embedding is None else weights.embedding.ctypes.data,
+            layers[0].down.shape[1] * BLOCK, len(self.head), weights.vocab, len(weights.cos), weights.epsilon,
+            weights.scale, None if weights.embedding is None else weights.embedding.ctypes.data,
             *(table.ctypes.data for table in tables),
             *([table.ctypes.data for table in paired] or [None] * len(LINEARS)),  # NULL for a target
             weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data,
@@ -97,49 +122,45 @@ class NativeModel:
             self._keys, self._values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
-    def matmul(self, x: np.ndarray, blocks: np.ndarray, quant: bool = False, prompt: bool = False) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK8; or BLOCK4P, the draft's pairs, with quant),
-        x rounded to two int8 parts first with quant (the draft's kernels), or through the kernel of a prompt's rows
-        with prompt (fp32 activations; a forward with last_only); the products alone, for benchmarks and tests."""
+    def matmul(self, x: np.ndarray, blocks: np.ndarray, kernel: str = "step", threads: int = 1) -> np.ndarray:
+        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK8; BLOCK4P with kernel "int8"), by the step
+        kernel, a prompt's kernel ("prompt") or with x rounded to two int8 parts ("int8": the draft's); the products
+        alone, for benchmarks and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or blocks.ndim != 2 or blocks.dtype not in KINDS:
+            raise BackendError(f"matmul of {x.shape} by {blocks.dtype} {blocks.shape}", "pass x [M, K], blocks [N, nb]")
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
-        four, k = blocks.dtype in (BLOCK4, BLOCK4P), x.shape[1]
-        if quant:
-            pairs = q41_pairs(blocks) if blocks.dtype == BLOCK4 else blocks
-            if self.kernels.int8_gemm(x.ctypes.data, x.shape[0], k, pairs.ctypes.data, four, y.ctypes.data,
-                                      blocks.shape[0]):
-                raise BackendError(f"int8 activations of {x.shape[0]} rows: out of memory", "free some memory")
-            return y
-        if prompt:
-            if self.kernels.prefill_products(x.ctypes.data, x.shape[0], k, blocks.ctypes.data, four, y.ctypes.data,
-                                             blocks.shape[0]):
-                raise BackendError(f"a prompt's {x.shape[0]} rows: out of memory", "free some memory")
-            return y
-        kernel = self.kernels.q41_gemm if four else self.kernels.q8_gemm
-        kernel(x.ctypes.data, x.shape[0], k, blocks.ctypes.data, y.ctypes.data, blocks.shape[0])
+        need = self.kernels.specdec_matmul_scratch_bytes(x.shape[0], x.shape[1], KERNELS[kernel], threads)
+        with self._lock:
+            address, size = self.scratch.at_least(need)
+            raise_for(self.kernels.specdec_matmul(
+                x.ctypes.data, x.shape[0], x.shape[1], blocks.ctypes.data, blocks.shape[1], KINDS[blocks.dtype],
+                KERNELS[kernel], y.ctypes.data, blocks.shape[0], address, size, threads),
+                f"a product of {list(x.shape)} by {blocks.dtype.name} blocks {list(blocks.shape)}")
         return y
 
-    def forward(self, tokens: np.ndarray, pos: int, slot: int, last_only: bool = False) -> np.ndarray:
-        """tokens [T] at positions pos.. of `slot` -> logits [T, V] ([1, V] with last_only); K/V land at
-        [pos, pos + T)."""
+    def forward(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool = False,
+                threads: int = 1) -> np.ndarray:
+        """tokens [B, T] of rows at positions pos[b].. of slots[b] -> logits [B, T or 1, V]; K/V land at
+        [pos[b], pos[b] + T) of each slot. One call for all rows: each weight is read once for all of them."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
-        vocab = self.dims.vocab_size
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
-            raise BackendError(f"token ids {tokens.min()}..{tokens.max()} are outside the vocabulary 0..{vocab - 1}",
-                               "encode the text with the bundle's tokenizer")
+        rows, steps = tokens.shape if tokens.ndim == 2 else (0, 0)
         keys, values = self.keys, self.values
-        if self.quant and not self.struct.qkv_p:  # rounding turned on after a struct without the pairs was built
-            del self.struct
-        rows = 1 if last_only else len(tokens)
-        scored = np.empty((rows, len(self.head)), np.float32)
-        status = self.kernels.specdec_forward(
-            ctypes.byref(self.struct), tokens.ctypes.data, len(tokens), pos, keys[0, slot].ctypes.data,
-            values[0, slot].ctypes.data, keys.strides[0] // 4, self.max_seq_len, last_only, self.quant,
-            scored.ctypes.data)
-        if status:
-            raise BackendError(f"the native forward of {len(tokens)} tokens ran out of memory", "free some memory")
-        if self.head_rows is None:
-            return scored
-        logits = np.full((rows, vocab), self.fill, np.float32)
-        logits[:, self.head_rows] = scored
+        if rows == 0 or steps == 0 or keys is None:
+            raise BackendError(f"a native forward of token ids shaped {list(tokens.shape)}",
+                               "pass [B, T] token ids with B, T >= 1, after reset")
+        pos32 = np.ascontiguousarray(pos, dtype=np.int32)
+        key_rows, value_rows = _pointers([keys[0, s] for s in slots]), _pointers([values[0, s] for s in slots])
+        out = np.empty((rows, 1 if last_only else steps, len(self.head)), np.float32)
+        with self._lock:
+            need = self.kernels.specdec_scratch_bytes(ctypes.byref(self.struct), rows, steps, self.max_seq_len, threads)
+            address, size = self.scratch.at_least(need)
+            raise_for(self.kernels.specdec_forward(
+                ctypes.byref(self.struct), address, size, tokens.ctypes.data, rows, steps, pos32.ctypes.data,
+                key_rows.ctypes.data, value_rows.ctypes.data, keys.strides[0] // 4, self.max_seq_len, last_only,
+                self.quant, threads, out.ctypes.data), f"a forward of {rows} x {steps} tokens at {pos32.tolist()}")
+        if self.draft is None or self.draft.head_rows is None:
+            return out
+        logits = np.full(out.shape[:2] + (self.dims.vocab_size,), self.draft.fill, np.float32)
+        logits[..., self.draft.head_rows] = out
         return logits

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.errors import BackendError, CapacityError
-from specdec.manifest import Manifest, ModelEntry
+from specdec.manifest import ModelEntry
 
 
 def check_capacity(cache_len: np.ndarray, steps: int, max_seq_len: int) -> None:
@@ -30,6 +30,7 @@ class Backend:
     """Shared fields, checks and lifetime of every backend; subclasses implement open, _reset, _forward, close."""
 
     name = ""  # the `backend=` value of specdec.load
+    devices = ("cpu",)  # device prefixes it runs on
 
     def __init__(self, root: Path, entry: ModelEntry):
         self.root = Path(root)
@@ -40,9 +41,23 @@ class Backend:
         self.batch = 0  # slots of the latest reset
 
     @classmethod
-    def open_models(cls, root: Path, manifest: Manifest, device: str, threads: int | None) -> tuple:
-        """(target, draft or None), opened, for `specdec.load`."""
-        raise NotImplementedError
+    def for_target(cls, root: Path, entry: ModelEntry, device: str, threads: int | None) -> "Backend":
+        """A target on `device` (not opened yet); specdec.runtime.registry.open_pair opens the pair."""
+        return cls(root, entry, threads)
+
+    @classmethod
+    def runs_draft(cls, draft: ModelEntry, target: "Backend") -> bool:
+        """Whether this backend runs `draft` beside the open `target` (the pair planner asks each candidate)."""
+        return False
+
+    @classmethod
+    def for_draft(cls, root: Path, draft: ModelEntry, threads: int | None, target: "Backend") -> "Backend":
+        return cls(root, draft, threads)
+
+    @property
+    def kv_layout(self) -> str | None:
+        """The lowering whose KV layout this backend's driver holds in numpy (a KV source for copy_kv), or None."""
+        return None
 
     def open(self) -> "Backend":
         raise NotImplementedError
@@ -107,7 +122,63 @@ def unwrapped(backend):
 
 
 def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """The cores this process may use: its affinity mask, capped by its cgroup's CPU quota (a container limited to 2
+    CPUs on a 64-core host has an affinity of 64)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, quota)) if quota else cores
+
+
+def cgroup_cpu_quota(proc: Path = Path("/proc/self/cgroup"), fs: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """ceil(quota / period) of this process's cgroup (v2 cpu.max, or v1 cpu.cfs_quota_us), None where unlimited or
+    unreadable. Every cgroup from this process's up to the root counts: the smallest quota wins."""
+    try:
+        lines = proc.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    quotas = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        v2 = parts[0] == "0" and parts[1] == ""
+        if not v2 and "cpu" not in parts[1].split(","):
+            continue
+        folder = fs / parts[2].lstrip("/") if v2 else _v1_folder(fs, parts[1], parts[2])
+        for level in [folder, *folder.parents]:
+            quota = _quota_v2(level) if v2 else _quota_v1(level)
+            if quota:
+                quotas.append(quota)
+            if level == fs or fs not in level.parents:
+                break
+    return min(quotas) if quotas else None
+
+
+def _v1_folder(fs: Path, controllers: str, path: str) -> Path:
+    for name in (controllers, "cpu,cpuacct", "cpu"):
+        if (fs / name).is_dir():
+            return fs / name / path.lstrip("/")
+    return fs / "cpu" / path.lstrip("/")
+
+
+def _quota_v2(folder: Path) -> int | None:
+    try:
+        quota, period = (folder / "cpu.max").read_text(encoding="utf-8").split()[:2]
+        return None if quota == "max" else -(-int(quota) // int(period))
+    except (OSError, ValueError):
+        return None
+
+
+def _quota_v1(folder: Path) -> int | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text(encoding="utf-8"))
+        period = int((folder / "cpu.cfs_period_us").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return -(-quota // period) if quota > 0 and period > 0 else None
+
+
+default_threads = cpu_count  # what the native kernels and onnxruntime use when the caller names no count
 
 
 @functools.cache

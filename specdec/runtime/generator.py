@@ -21,7 +21,7 @@ from specdec.runtime.adaptive_gamma import FixedGamma, HeuristicGamma, adaptive_
 from specdec.runtime.config import AUTO_BACKEND, GenerationConfig
 from specdec.runtime.drafters import ChainDrafter, ModelDrafter, ModelGate, PromptLookupDrafter
 from specdec.runtime.loop import SpeculativeLoop
-from specdec.runtime.registry import backend_class
+from specdec.runtime.registry import TrtBackend, open_backends
 from specdec.runtime.state import Row, Stats, Timed, row_rng
 from specdec.runtime.text import StopStrings, TextCodec, holdback
 
@@ -40,36 +40,20 @@ class GenerationResult:
 def load(bundle: str | Path, backend: str = AUTO_BACKEND, device: str | None = None, verify: bool = True,
          threads: int | None = None) -> "Generator":
     """Open a bundle for generation. `verify` checks every file's sha256 against the manifest.
-    backend: "auto" (the default) opens the native backend where the bundle and this machine allow it (a gqa target
-    exported from a Q4_1 GGUF, an AVX2 CPU, a C compiler), else onnxruntime; the Generator's `backend` names the one
-    opened and `backend_note` says why native was not.
+    backend: "auto" (the default) opens the native backend where the bundle and this machine allow it (native weights
+    in the bundle, an AVX2 CPU, a C compiler), else onnxruntime; the Generator's `backend` names the one opened and
+    `backend_note` says why native was not (specdec.runtime.registry).
     device: "cpu" for onnxruntime and native (the default), "cuda:N" for tensorrt (default cuda:0)."""
     root = Path(bundle)
     manifest = read_manifest(root)
     if verify:
         check_bundle_files(root, manifest)
-    device = device or ("cuda:0" if backend == "tensorrt" else "cpu")
+    device = device or ("cuda:0" if backend == TrtBackend.name else "cpu")
     codec = TextCodec(root).open()
-    if backend == AUTO_BACKEND:
-        target, draft, backend, note = _open_auto(root, manifest, device, threads)
-    else:
-        (target, draft), note = backend_class(backend).open_models(root, manifest, device, threads), None
+    target, draft, backend, note = open_backends(root, manifest, backend, device, threads)
     generator = Generator(manifest, codec, target, draft)
     generator.backend, generator.backend_note = backend, note
     return generator
-
-
-def _open_auto(root: Path, manifest: Manifest, device: str, threads: int | None) -> tuple:
-    """(target, draft, the backend's name, why native did not open or None): native where it opens, else
-    onnxruntime, which runs every bundle."""
-    if device != "cpu":
-        raise BackendError(f"backend='auto' runs on the CPU, not on {device!r}",
-                           "pass backend='tensorrt' for a GPU, or leave device unset")
-    try:
-        return (*backend_class("native").open_models(root, manifest, device, threads), "native", None)
-    except BackendError as exc:  # not this bundle, or not this machine
-        note = f"the native backend did not open: {exc}"
-    return (*backend_class("onnxruntime").open_models(root, manifest, device, threads), "onnxruntime", note)
 
 
 @dataclass

@@ -7,9 +7,8 @@ import numpy as np
 
 from specdec.errors import BackendError, ConfigError, missing_dependency
 from specdec.lowering import kv_numpy_dtype, lowering_for
-from specdec.manifest import Manifest, ModelEntry
-from specdec.runtime.backend import Backend, check_device, session_options, steady_malloc, unwrapped
-from specdec.runtime.native_backend import NativeBackend
+from specdec.manifest import ModelEntry
+from specdec.runtime.backend import Backend, session_options, steady_malloc, unwrapped
 
 
 class OrtBackend(Backend):
@@ -24,11 +23,13 @@ class OrtBackend(Backend):
         self.driver = None
 
     @classmethod
-    def open_models(cls, root: Path, manifest: Manifest, device: str, threads: int | None) -> tuple:
-        check_device(cls.name, device, ("cpu",))
-        target = cls(root, manifest.target, threads).open()
-        draft = cls(root, manifest.draft, threads).open() if manifest.draft is not None else None
-        return target, draft
+    def runs_draft(cls, draft: ModelEntry, target: Backend) -> bool:
+        """onnxruntime runs any draft on the CPU, beside any target (the planner's last resort)."""
+        return True
+
+    @property
+    def kv_layout(self) -> str | None:
+        return self.entry.lowering
 
     def open(self) -> "OrtBackend":
         try:
@@ -55,11 +56,11 @@ class OrtBackend(Backend):
         """A draft derived from the target (quantized, or its first layers) computes nearly or exactly the
         target's KV for the same tokens, so the target's committed KV may stand in for its own: its prefill and
         catch-ups then cost a copy, not a forward. The target may run on onnxruntime or on the native backend,
-        whose KV has the gqa driver's layout. Same lowering, KV dtype, heads, head size and S, no more
-        layers. Exactness never depends on it: acceptance uses the q the draft proposed."""
+        whose KV has the gqa driver's layout (both name it as kv_layout). Same lowering, KV dtype, heads, head size
+        and S, no more layers. Exactness never depends on it: acceptance uses the q the draft proposed."""
         source = unwrapped(source)
         mine, theirs = self.entry, getattr(source, "entry", None)
-        return (isinstance(source, (OrtBackend, NativeBackend)) and theirs is not None and theirs.role == "target"
+        return (getattr(source, "kv_layout", None) == mine.lowering and theirs is not None and theirs.role == "target"
                 and mine.role == "draft" and bool(mine.derived) and mine.lowering == theirs.lowering
                 and mine.kv_dtype == theirs.kv_dtype and mine.max_seq_len == theirs.max_seq_len
                 and (mine.dims.num_kv_heads, mine.dims.head_dim) == (theirs.dims.num_kv_heads, theirs.dims.head_dim)

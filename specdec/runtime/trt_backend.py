@@ -21,8 +21,8 @@ from specdec.engines.trt_config import INPUT_NAMES, OUTPUT_NAMES, PROFILE_NAMES,
 from specdec.engines.trt_select import check_plan_file, rebuild_hint, select_engine
 from specdec.errors import BackendError
 from specdec.lowering import PAD_ID
-from specdec.manifest import Manifest, ModelEntry
-from specdec.runtime.backend import Backend, check_device
+from specdec.manifest import ModelEntry
+from specdec.runtime.backend import Backend
 
 KV_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 INT64 = 8
@@ -48,22 +48,20 @@ class TrtBackend(Backend):
         self.bound = None  # (profile, B, T) the context is set up for
         self.replays = 0
 
-    @classmethod
-    def open_models(cls, root: Path, manifest: Manifest, device: str, threads: int | None) -> tuple:
-        """Plans for the models that have one; a draft without a plan (INT4 MatMulNBits) runs on ORT CPU."""
-        from specdec.runtime.ort_backend import OrtBackend
+    devices = ("cuda",)
 
-        check_device(cls.name, device, ("cuda",))
-        options = TrtOptions(device=int(device.split(":")[1]) if ":" in device else 0)
-        target = cls(root, manifest.target, options).open()
-        draft = manifest.draft
-        if draft is None:
-            return target, None
-        try:
-            return target, (cls(root, draft, options) if draft.engines else OrtBackend(root, draft, threads)).open()
-        except BaseException:
-            target.close()
-            raise
+    @classmethod
+    def for_target(cls, root: Path, entry: ModelEntry, device: str, threads: int | None) -> "TrtBackend":
+        return cls(root, entry, TrtOptions(device=int(device.split(":")[1]) if ":" in device else 0))
+
+    @classmethod
+    def runs_draft(cls, draft: ModelEntry, target: Backend) -> bool:
+        """A draft with a plan runs beside a TensorRT target; one without (INT4 MatMulNBits) goes to onnxruntime."""
+        return isinstance(target, cls) and bool(draft.engines)
+
+    @classmethod
+    def for_draft(cls, root: Path, draft: ModelEntry, threads: int | None, target: Backend) -> "TrtBackend":
+        return cls(root, draft, target.options)
 
     # --- lifetime --------------------------------------------------------------------------------------
     def open(self) -> "TrtBackend":

@@ -60,7 +60,7 @@ def test_every_backend_class_keeps_the_contract():
     """A signature drift (TrtBackend.forward once lost `last_only`) fails here, on any machine."""
     for name, cls in BACKENDS.items():
         assert cls.name == name and issubclass(cls, Backend)
-        for method in ("forward", "_forward", "reset", "_reset", "open", "close", "open_models"):
+        for method in ("forward", "_forward", "reset", "_reset", "open", "close", "for_target", "runs_draft", "for_draft"):
             assert _parameters(getattr(cls, method)) == _parameters(getattr(Backend, method)), (name, method)
 
 

@@ -72,11 +72,11 @@ def test_greedy_identical_to_onnxruntime_target_only(grid_bundle, drafter, gamma
 
 
 def test_weights_read_from_external_data(grid_bundle, tmp_path):
-    """A graph whose every initializer lies in its external data file (as large bundles' do) gives the same weights:
-    each is read from the file when it is converted, again where two nodes share it."""
+    """A graph whose every initializer lies in its external data file (as large bundles' do) gives the same native
+    tensors: each is read from the file when it is converted, again where two nodes share it."""
     import onnx
 
-    from specdec.native.weights import weights_from_onnx
+    from specdec.export.native_pack import native_tensors
 
     manifest = read_manifest(grid_bundle)
     inline = grid_bundle / manifest.target.onnx_path
@@ -84,37 +84,41 @@ def test_weights_read_from_external_data(grid_bundle, tmp_path):
     onnx.save_model(onnx.load(str(inline)), str(moved), save_as_external_data=True, location="model.onnx.data",
                     size_threshold=0)
     assert not any(init.raw_data for init in onnx.load(str(moved), load_external_data=False).graph.initializer)
-    want, got = (weights_from_onnx(path, manifest.target.dims) for path in (inline, moved))
-    for name in ("embedding", "final_norm", "head", "cos", "sin"):
-        assert np.array_equal(getattr(got, name), getattr(want, name)), name
-    for ours, theirs in zip(got.layers, want.layers):
-        for name in ("input_norm", "post_norm", "qkv", "o", "gate_up", "down"):
-            assert np.array_equal(getattr(ours, name), getattr(theirs, name)), name
+    (want, *scalars), (got, *again) = (native_tensors(path, manifest.target.dims) for path in (inline, moved))
+    assert scalars == again and sorted(want) == sorted(got)
+    for name in want:
+        assert np.array_equal(got[name], want[name]), name
 
 
-def test_weights_off_the_grids_are_refused(off_grid_bundle):
+def test_weights_off_the_grids_get_no_native_weights(off_grid_bundle):
+    from specdec.export.native_pack import NativeSkipped, native_tensors
+
     manifest = read_manifest(off_grid_bundle)  # random fp32 weights
-    with pytest.raises(BackendError, match="not on a Q4_1 grid") as caught:
+    assert manifest.target.native is None
+    with pytest.raises(NativeSkipped, match="not on a Q4_1 grid"):
+        native_tensors(off_grid_bundle / manifest.target.onnx_path, manifest.target.dims)
+    with pytest.raises(BackendError, match="carries no native weights") as caught:
         NativeBackend(off_grid_bundle, manifest.target).open()
     assert "backend='onnxruntime'" in caught.value.hint
 
 
-def test_graph_outside_the_layout_is_refused(gqa_int4_bundle):
+def test_graph_outside_the_layout_gets_no_native_weights(gqa_int4_bundle, int4_bundle):
+    from specdec.export.native_pack import NativeSkipped, native_tensors
+
     manifest = read_manifest(gqa_int4_bundle)  # head size 8: rotary as Cos, Sin, ... outside the attention op
-    with pytest.raises(BackendError, match="Cos.*which the native backend does not run"):
-        NativeBackend(gqa_int4_bundle, manifest.target).open()
-
-
-def test_plain_lowering_is_refused(int4_bundle):
-    with pytest.raises(BackendError, match="lowering 'plain'"):
-        NativeBackend(int4_bundle, read_manifest(int4_bundle).target).open()
+    with pytest.raises(NativeSkipped, match="Cos.*which the native engine does not run"):
+        native_tensors(gqa_int4_bundle / manifest.target.onnx_path, manifest.target.dims)
+    plain = read_manifest(int4_bundle).target
+    assert manifest.target.native is None and plain.native is None
+    with pytest.raises(BackendError, match="carries no native weights"):
+        NativeBackend(int4_bundle, plain).open()
 
 
 def test_cli_refusal_is_a_message(off_grid_bundle):
     done = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", str(off_grid_bundle), "--prompt", "Hi",
                            "--backend", "native"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
-    assert "not on a Q4_1 grid" in done.stderr and "Hint:" in done.stderr and "Traceback" not in done.stderr
+    assert "no native weights" in done.stderr and "Hint:" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_auto_opens_native_where_it_can(grid_bundle, off_grid_bundle):
@@ -130,7 +134,7 @@ def test_auto_opens_native_where_it_can(grid_bundle, off_grid_bundle):
         assert generator.generate([5, 9, 14], config).token_ids == native_ids
     with load(off_grid_bundle) as generator:
         assert generator.backend == "onnxruntime" and isinstance(generator.target.backend, OrtBackend)
-        assert "native backend did not open" in generator.backend_note and "Q4_1 grid" in generator.backend_note
+        assert "native backend did not open" in generator.backend_note and "no native weights" in generator.backend_note
 
 
 def test_auto_is_for_the_cpu(grid_bundle):
@@ -145,7 +149,7 @@ def test_cli_names_the_backend_auto_chose(grid_bundle, off_grid_bundle):
                                "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert f"[auto, {chosen}]" in done.stderr
-        assert ("Q4_1 grid" in done.stderr) == (chosen == "onnxruntime")
+        assert ("no native weights" in done.stderr) == (chosen == "onnxruntime")
 
 
 @pytest.fixture

@@ -16,11 +16,12 @@ from specdec.calibration.q41 import HEAD_FILL
 from specdec.errors import BackendError
 from specdec.manifest import read_manifest
 from specdec.native import build
-from specdec.native.weights import BLOCK4
+from specdec.blocks import BLOCK4, q41_pairs
 from specdec.runtime import load
 from specdec.runtime.backend import unwrapped
 from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
+from specdec.runtime.registry import open_pair
 from tests.runtime.test_distribution import PROMPT, TOKENS, TOP_K, exact_joint, p_value, sampled
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
@@ -30,7 +31,7 @@ from tests.native.conftest import HEAD_TOKENS
 @pytest.fixture(scope="module")
 def pair(q41_bundle):
     manifest = read_manifest(q41_bundle)
-    target, draft = NativeBackend.open_models(q41_bundle, manifest, "cpu", 2)
+    target, draft = open_pair(NativeBackend, q41_bundle, manifest, "cpu", 2)
     yield target, draft
     draft.close()
     target.close()
@@ -40,7 +41,7 @@ def test_the_backend_drafts_natively_only_for_a_q41_draft(q41_bundle, grid_bundl
     target, draft = pair
     assert isinstance(draft, NativeBackend) and draft.target is target
     assert draft.takes_kv_from(target) and not draft.takes_kv_from(NativeBackend(q41_bundle, target.entry))
-    _, other = NativeBackend.open_models(grid_bundle, read_manifest(grid_bundle), "cpu", 2)  # an int4 (MatMulNBits) draft
+    _, other = open_pair(NativeBackend, grid_bundle, read_manifest(grid_bundle), "cpu", 2)  # an int4 (MatMulNBits) draft
     assert isinstance(other, OrtBackend)
 
 
@@ -79,7 +80,7 @@ def test_int8_products_match_numpy(pair):
                 codes = np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1)  # [N, nb, 32]
                 scaled = (d[..., None] * codes.astype(np.float32)).reshape(len(blocks), -1)
                 want = rounded @ scaled.T + sums @ m.T
-            got = draft.model.matmul(x, blocks, quant=True)
+            got = draft.model.matmul(x, q41_pairs(blocks) if blocks.dtype == BLOCK4 else blocks, "int8")
             assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
             fp32 = draft.model.matmul(x, blocks)  # and the rounding is there, at about 15 bits (2e-4 here)
             assert 1e-6 * np.abs(fp32).max() < np.abs(got - fp32).max() < 1e-3 * np.abs(fp32).max()
@@ -97,7 +98,7 @@ def test_draft_is_the_target_with_int8_activations_and_its_heads_rows(pair):
         exact = draft.forward(ids[:, 12:], np.array([12]))[0]  # positions 0..11: the target's KV
     finally:
         draft.model.quant = True
-    kept = draft.model.head_rows
+    kept = draft.model.draft.head_rows
     assert HEAD_TOKENS <= len(kept) < target.vocab_size and np.all(np.delete(exact, kept, axis=1) == HEAD_FILL)
     assert np.abs(exact[:, kept] - want[:, kept]).max() <= 1e-5 * np.abs(want).max()
     target.forward(ids[:, :12], np.array([0]))
@@ -112,7 +113,7 @@ def test_draft_scores_the_tokens_its_graph_scores(q41_bundle, pair):
     graph = OrtBackend(q41_bundle, draft.entry, 2).open()
     graph.reset(1)
     scored = graph.forward(np.array([[5, 17, 42]]), np.array([0]))[0] != HEAD_FILL
-    assert np.array_equal(np.flatnonzero(scored[0]), draft.model.head_rows)
+    assert np.array_equal(np.flatnonzero(scored[0]), draft.model.draft.head_rows)
 
 
 def test_draft_writes_kv_only_past_the_committed_positions(q41_bundle, pair):
@@ -164,4 +165,4 @@ def test_demo_runs_both_backends(q41_bundle, off_grid_bundle):
     assert "[onnxruntime] greedy" in done.stdout and "identical across drafters and backends" in done.stdout
     skipped = subprocess.run([*demo, str(off_grid_bundle)], capture_output=True, text=True, timeout=600)
     assert skipped.returncode == 0, skipped.stderr[-2000:]
-    assert "[native] skipped: " in skipped.stdout and "not on a Q4_1 grid" in skipped.stdout
+    assert "[native] skipped: " in skipped.stdout and "no native weights" in skipped.stdout

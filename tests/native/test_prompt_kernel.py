@@ -1,14 +1,13 @@
 """The target's kernel for a prompt's rows (a forward of several tokens with last_only, as the runtime feeds
-prompts): its products match numpy's, every row's result is the same however the prompt is chunked, and the prompt's
-KV stays near what the step kernel computes for the same positions. Verify passes and steps keep the step kernel
-(test_native_draft's greedy equality and its bitwise verify-equals-prefill test)."""
+prompts): its products match numpy's and equal the step kernel's bit for bit (the same summation order per output),
+so a prompt's KV is the same however it is chunked or fed, token by token included."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from specdec.native import build
-from specdec.native.weights import BLOCK4, BLOCK8
+from specdec.blocks import BLOCK4, BLOCK8
 from specdec.runtime.native_backend import NativeBackend
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
@@ -37,16 +36,15 @@ def _blocks(kind, n, nb, rng):
 
 @pytest.mark.parametrize("kind", ["q41", "q8"])
 def test_prompt_products_match_numpy(target, kind):
-    """Rows in tiles of 4 and a rest, columns in tiles of 3 within tasks of 24 and a rest, K one block or several."""
+    """Rows in tiles of 2 and a rest, columns in tiles of 3 within tasks of 24 and a rest, K one block or several."""
     rng = np.random.default_rng(3)
     for rows, columns, nb in ((1, 5, 1), (4, 24, 2), (5, 37, 3), (13, 50, 18), (9, 3, 48)):
         blocks, weights = _blocks(kind, columns, nb, rng)
         x = rng.normal(0, 2, (rows, nb * 32)).astype(np.float32)
         want = x.astype(np.float64) @ weights.reshape(columns, -1).T
-        got = target.model.matmul(x, blocks, prompt=True)
+        got = target.model.matmul(x, blocks, "prompt", threads=2)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
-        step = target.model.matmul(x, blocks)  # the step kernel: the same products, summed in another order
-        assert np.abs(got - step).max() <= 1e-5 * np.abs(want).max()
+        assert np.array_equal(got, target.model.matmul(x, blocks))  # the step kernel: the same sums, in the same order
 
 
 def test_chunking_never_changes_a_prompts_rows(target):
@@ -68,15 +66,17 @@ def test_chunking_never_changes_a_prompts_rows(target):
                           target.forward(one, np.array([22]), slots=np.array([1])))
 
 
-def test_prompt_kv_near_the_step_kernels(target):
-    """The same positions through the step kernel (every row scored): the KV differs only in its last bits."""
+def test_prompt_kv_equals_the_step_kernels(target):
+    """The same positions through the step kernel (every row scored), and one token at a time: the same KV."""
     ids = np.random.default_rng(5).integers(3, target.vocab_size, (1, 20))
-    target.reset(2)
+    target.reset(3)
     target.forward(ids, np.array([0]), last_only=True, slots=np.array([0]))
     target.forward(ids, np.array([0]), slots=np.array([1]))
+    for at in range(20):
+        target.forward(ids[:, at : at + 1], np.array([at]), slots=np.array([2]))
     for cache in (target.model.keys, target.model.values):
-        prompt, step = cache[:, 0, :, :20], cache[:, 1, :, :20]
-        assert np.abs(prompt - step).max() <= 1e-5 * np.abs(step).max()
+        assert np.array_equal(cache[:, 0, :, :20], cache[:, 1, :, :20])
+        assert np.array_equal(cache[:, 0, :, :20], cache[:, 2, :, :20])
 
 
 def test_tied_embedding_read_from_the_heads_blocks(target):
@@ -85,7 +85,7 @@ def test_tied_embedding_read_from_the_heads_blocks(target):
     import dataclasses
 
     from specdec.native.model import NativeModel
-    from specdec.native.weights import head_holds, q8_rows
+    from specdec.blocks import head_holds, q8_rows
 
     weights = target.model.weights
     head = weights.head
@@ -100,7 +100,8 @@ def test_tied_embedding_read_from_the_heads_blocks(target):
         model = NativeModel(dataclasses.replace(weights, embedding=embedding), target.model.dims, target.model.kernels,
                             target.max_seq_len)
         model.reset(1)
-        runs.append([model.forward(ids[:8], 0, 0, last_only=True), model.forward(ids[8:9], 8, 0),
-                     model.forward(ids[9:], 9, 0), model.keys[:, 0, :, :12].copy()])
+        one = np.array([0])
+        runs.append([model.forward(ids[None, :8], one, one, last_only=True), model.forward(ids[None, 8:9], one + 8, one),
+                     model.forward(ids[None, 9:], one + 9, one), model.keys[:, 0, :, :12].copy()])
     for ours, theirs in zip(*runs):
         assert np.array_equal(ours, theirs)

@@ -1,0 +1,185 @@
+"""The native engine's weight blocks, owned once (numpy only; the ground floor, beside manifest.py).
+
+This module mirrors specdec/native/specdec_native.h: the block structs as numpy dtypes, the block size, the ABI
+version that the kernels' loader checks against the library it opened, the fitters that put a float weight on a
+GGUF grid, and the native weights file that export writes and the engine memory-maps.
+
+A GGUF block holds 32 weights along K. Q4_1: w = d·q + m (q in 0..15, float scale d and minimum m). Q8_0: w = d·q
+(q in −127..127). A weight that lies on one of these grids (a GGUF's, dequantized on export) is stored as its blocks,
+so the kernels compute the exported graph's own function while reading 4.5 or 8.5 bits a weight.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ABI_VERSION = 2  # specdec_native.h's SPECDEC_ABI_VERSION: any change to a struct, an export or a status code
+BLOCK = 32  # weights per block along K
+BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1; qs[j] = q[j] | q[j + 16] << 4
+BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # blk8: Q8_0
+BLOCK4P = np.dtype([("h", "<f2", 4), ("qs", "u1", 32)])  # blk4p: two BLOCK4 of a column, fp16 d0 d1 m0 m1
+GRID_TOLERANCE = 1e-4  # max |w − dequant| / d of a weight the native engine takes: fp32 rounding, not a coarser grid
+DTYPES = {"blk4": BLOCK4, "blk8": BLOCK8, "blk4p": BLOCK4P, "f32": np.dtype("<f4"), "i64": np.dtype("<i8")}
+SIZES = {"blk4": 24, "blk8": 36, "blk4p": 40}  # the header's static_asserts, checked against the library at load
+MAGIC = b"SPECDEC-NATIVE\x00\x00"  # the weights file's first 16 bytes
+ALIGN = 64  # every tensor of the weights file starts at a multiple of this (cache lines, AVX loads)
+
+
+class GridError(ValueError):
+    """A weight is not on the grid a layout needs (or holds NaN or inf)."""
+
+
+# ---- fitters: a float weight onto a GGUF grid --------------------------------------------------------------------
+def q41_from_weight(weight: np.ndarray) -> dict:
+    """Quantize a [K, N] weight (K % 32 == 0) to Q4_1 codes. -> codes [nb, 32, N] uint8, scale, zp, residual and
+    minimum (m), each [nb, N], and grid_error (max |w − d·q − m| / d; inf where the weight is not finite)."""
+    k, n = weight.shape
+    blocks = weight.astype(np.float32).reshape(k // BLOCK, BLOCK, n)  # [nb, 32, N]
+    low, high = blocks.min(axis=1), blocks.max(axis=1)  # [nb, N]
+    scale = (high - low) / 15.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        codes = np.clip(np.rint((blocks - low[:, None]) / scale[:, None]), 0, 15)
+        error = np.abs(codes * scale[:, None] + low[:, None] - blocks).max(axis=1) / scale
+        zero_point = np.clip(np.rint(-low / scale), 0, 15)
+    residual = (low + zero_point * scale).astype(np.float32)  # (q − zp)·d + residual == d·q + m
+    return {"codes": np.nan_to_num(codes).astype(np.uint8), "scale": scale,
+            "zero_point": np.nan_to_num(zero_point).astype(np.uint8), "residual": residual,
+            "minimum": low.astype(np.float32), "grid_error": _worst(error)}
+
+
+def q8_0_from_weight(weight: np.ndarray) -> dict:
+    """Quantize an [N, K] weight (K % 32 == 0) on the GGUF Q8_0 grid: per 32-value block along K, w = d·q with
+    d = max |w| / 127 and q in −127..127, exact for weights dequantized from Q8_0 (the amax element is q = ±127).
+    -> codes [N, nb, 32] uint8 (q + 128), scale [N, nb], zero_point [N, nb] (128), grid_error (max |w − d·q| / d)."""
+    n, k = weight.shape
+    blocks = weight.astype(np.float32).reshape(n, k // BLOCK, BLOCK)  # [N, nb, 32]
+    scale = np.abs(blocks).max(axis=-1) / 127.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        codes = np.clip(np.rint(blocks / scale[..., None]), -127, 127)
+        error = np.abs(codes * scale[..., None] - blocks).max(axis=-1) / scale
+    return {"codes": (np.nan_to_num(codes) + 128).astype(np.uint8), "scale": scale,
+            "zero_point": np.full(scale.shape, 128, np.uint8), "grid_error": _worst(error)}
+
+
+def _worst(error: np.ndarray) -> float:
+    """The largest grid error, inf where any is NaN (a NaN weight is never on a grid)."""
+    return float("inf") if error.size and not np.isfinite(error).all() else float(error.max(initial=0.0))
+
+
+def q41_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
+    """weight [N, K] -> (blocks [N, K/32] of BLOCK4, max |w − d·q − m| / d)."""
+    q = q41_from_weight(weight.T)  # codes [nb, 32, N]; scale, minimum [nb, N]
+    codes = q["codes"].transpose(2, 0, 1)  # [N, nb, 32]
+    out = np.zeros(codes.shape[:2], BLOCK4)
+    out["d"], out["m"] = q["scale"].T, q["minimum"].T
+    out["qs"] = codes[..., :16] | (codes[..., 16:] << 4)
+    return out, q["grid_error"]
+
+
+def q8_blocks(weight: np.ndarray) -> tuple[np.ndarray, float]:
+    """weight [N, K] -> (blocks [N, K/32] of BLOCK8, max |w − d·q| / d)."""
+    q = q8_0_from_weight(weight)  # codes [N, nb, 32] as q + 128; scale [N, nb]
+    out = np.zeros(q["scale"].shape, BLOCK8)
+    out["d"], out["qs"] = q["scale"], (q["codes"].astype(np.int16) - 128).astype(np.int8)
+    return out, q["grid_error"]
+
+
+def on_grid(name: str, weight: np.ndarray, fit) -> np.ndarray:
+    """The blocks of `weight` [N, K] by `fit` (q41_blocks, q8_blocks); GridError where it is off the grid."""
+    if weight.ndim != 2 or weight.shape[1] % BLOCK:
+        raise GridError(f"{name} has shape {list(weight.shape)}; the native kernels need K % {BLOCK} == 0")
+    blocks, error = fit(np.ascontiguousarray(weight, dtype=np.float32))
+    if not error <= GRID_TOLERANCE:  # NaN and inf fail too
+        grid = "Q4_1" if fit is q41_blocks else "Q8_0"
+        raise GridError(f"{name} is not on a {grid} grid (max error {error:.3g} of a step)")
+    return blocks
+
+
+def q41_pairs(blocks: np.ndarray) -> np.ndarray:
+    """blocks [N, nb] of BLOCK4 -> [N, ceil(nb / 2)] of BLOCK4P: each two blocks' d0, d1, m0, m1 in fp16 (a GGUF's
+    own precision; elsewhere the draft's scales round to 11 bits) and their codes q0[j] | q1[j] << 4. An odd nb ends
+    in a pair whose second block is 0."""
+    if blocks.shape[1] % 2:
+        blocks = np.concatenate([blocks, np.zeros((len(blocks), 1), BLOCK4)], axis=1)
+    codes = np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1)  # [N, nb, 32]
+    out = np.empty((len(blocks), blocks.shape[1] // 2), BLOCK4P)
+    out["h"] = np.stack([blocks["d"][:, 0::2], blocks["d"][:, 1::2], blocks["m"][:, 0::2], blocks["m"][:, 1::2]], -1)
+    out["qs"] = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return out
+
+
+def q8_rows(blocks: np.ndarray) -> np.ndarray:
+    """blocks [N, nb] of BLOCK8 -> their values [N, nb * 32] float32, d * q as the kernels compute it."""
+    return (blocks["d"][..., None] * blocks["qs"].astype(np.float32)).reshape(len(blocks), -1)
+
+
+def head_holds(head: np.ndarray, embedding: np.ndarray, rows: int = 4096) -> bool:
+    """Whether the head's Q8_0 blocks [V, H / 32] give the embedding [V, H] exactly (d * q in float32, as the
+    kernels compute it): tied weights on the grid, so the kernels read the embedding's rows from the head and no
+    float32 copy is stored. Compared a few thousand rows at a time."""
+    if embedding.shape != (head.shape[0], head.shape[1] * BLOCK):
+        return False
+    for start in range(0, len(head), rows):
+        if not np.array_equal(q8_rows(head[start : start + rows]), embedding[start : start + rows]):
+            return False
+    return True
+
+
+# ---- the native weights file -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lies in a native weights file."""
+
+    kind: str  # a key of DTYPES
+    shape: tuple
+    offset: int  # bytes from the file's start, a multiple of ALIGN
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * DTYPES[self.kind].itemsize
+
+
+def _kind_of(array: np.ndarray) -> str:
+    for kind, dtype in DTYPES.items():
+        if array.dtype == dtype:
+            return kind
+    raise TypeError(f"no native kind for dtype {array.dtype}")
+
+
+def write_tensors(path: Path, tensors: dict) -> dict:
+    """Write `tensors` (name -> array of a DTYPES kind) to `path`, each aligned; -> {name: TensorEntry}."""
+    index, offset = {}, len(MAGIC) + 16
+    with open(path, "wb") as handle:
+        handle.write(MAGIC + np.array([ABI_VERSION, 0, 0, 0], "<u4").tobytes())
+        for name, array in tensors.items():
+            offset = -(-offset // ALIGN) * ALIGN
+            handle.write(b"\0" * (offset - handle.tell()))
+            data = np.ascontiguousarray(array)
+            index[name] = TensorEntry(_kind_of(data), tuple(int(n) for n in data.shape), offset)
+            handle.write(data.tobytes())
+            offset += data.nbytes
+    return index
+
+
+def read_tensors(path: Path, index: dict) -> dict:
+    """Memory-map every tensor of `index` ({name: TensorEntry}) from `path` (read only). ValueError where the file is
+    not a native weights file of this ABI, or too short for the index."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        head = handle.read(len(MAGIC) + 4)
+    if head[: len(MAGIC)] != MAGIC:
+        raise ValueError(f"{path} is not a native weights file (no magic)")
+    abi = int(np.frombuffer(head[len(MAGIC) :], "<u4")[0]) if len(head) == len(MAGIC) + 4 else -1
+    if abi != ABI_VERSION:
+        raise ValueError(f"{path} holds native weights of ABI {abi}, this specdec reads ABI {ABI_VERSION}")
+    end = max((entry.offset + entry.nbytes for entry in index.values()), default=0)
+    if end > size:
+        raise ValueError(f"{path} has {size} bytes; its index needs {end}")
+    whole = np.memmap(path, dtype=np.uint8, mode="r")
+    return {name: whole[entry.offset : entry.offset + entry.nbytes].view(DTYPES[entry.kind]).reshape(entry.shape)
+            for name, entry in index.items()}

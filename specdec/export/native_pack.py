@@ -1,0 +1,148 @@
+"""The native engine's weights, written into a bundle (specdec.blocks): read once from the exported gqa graph, fitted
+onto the GGUF grids and checked there, so that the runtime only memory-maps them.
+
+The reader accepts the LLaMA layout our gqa export writes and nothing else: per layer a (Skip)SimplifiedLayerNorm,
+one q/k/v MatMul into GroupQueryAttention (rotary inside, not interleaved), the o MatMul, a SkipSimplifiedLayerNorm,
+one gate/up MatMul split in halves, SiLU(gate)·up, the down MatMul; a final norm and a bias-free LM head. Every
+linear weight must lie on a Q4_1 grid and the head on a Q8_0 grid (a GGUF's, exported): then the kernels compute
+the graph's own function. A graph outside the layout or off the grids gets no native weights (NativeSkipped).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specdec.blocks import ABI_VERSION, GridError, head_holds, on_grid, q41_blocks, q41_pairs, q8_blocks, write_tensors
+from specdec.errors import missing_dependency
+from specdec.manifest import ModelDims, NativeRecord
+
+ALLOWED_OPS = {"Shape", "Squeeze", "Gather", "Add", "Sub", "Cast", "ReduceMax", "SimplifiedLayerNormalization",
+               "SkipSimplifiedLayerNormalization", "MatMul", "GroupQueryAttention", "Split", "Sigmoid", "Mul",
+               "Reshape", "Gemm", "Concat"}
+TARGET_FILE, DRAFT_FILE = "native.bin", "native.bin"  # in the model's folder
+
+
+class NativeSkipped(Exception):
+    """Why a model gets no native weights (a message for the log and the manifest's reader, not an error)."""
+
+
+def _onnx():
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError as exc:
+        raise missing_dependency("onnx", "export") from exc
+    return onnx, numpy_helper
+
+
+def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:
+    """The graph's nodes by role, after checking that it has the layout of the module docstring."""
+    nodes = list(graph.node)
+    stray = sorted({node.op_type for node in nodes} - ALLOWED_OPS)
+    biased = [node.name for node in nodes if node.op_type == "Add" and any(i in inits for i in node.input)]
+    if stray or biased:
+        raise NativeSkipped(f"{path.name} holds {', '.join(stray + biased)}, which the native engine does not run")
+    parts = {"norms": [n for n in nodes if n.op_type.endswith("SimplifiedLayerNormalization")],
+             "matmuls": [n for n in nodes if n.op_type == "MatMul" and n.input[1] in inits],
+             "attention": [n for n in nodes if n.op_type == "GroupQueryAttention"],
+             "heads": [n for n in nodes if n.op_type == "Gemm" and n.input[1] in inits],
+             "embeddings": [n for n in nodes
+                            if n.op_type == "Gather" and n.input[1] == "input_ids" and n.input[0] in inits]}
+    layers = dims.num_layers
+    expected = {"norms": 2 * layers + 1, "matmuls": 4 * layers, "attention": layers, "heads": 1, "embeddings": 1}
+    counts = {role: len(found) for role, found in parts.items()}
+    if counts != expected:
+        raise NativeSkipped(f"{path.name} is not a LLaMA-layout gqa graph of {layers} layers: it has {counts}")
+    return parts
+
+
+def _attributes(node, onnx) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _check_attention(attrs: dict, node, dims: ModelDims) -> None:
+    seen = (attrs.get("num_heads"), attrs.get("kv_num_heads"), attrs.get("do_rotary"),
+            attrs.get("rotary_interleaved", 0), attrs.get("softcap", 0.0), attrs.get("local_window_size", -1),
+            len(node.input) >= 9)  # ... and its rotary tables cos_cache, sin_cache
+    if seen != (dims.num_heads, dims.num_kv_heads, 1, 0, 0.0, -1, True):
+        raise NativeSkipped(f"the attention has attributes {attrs}, which the native engine does not run")
+
+
+def _array(init, folder: Path, numpy_helper) -> np.ndarray:
+    """An initializer's values; one held in external data is read from its file, and the proto keeps no copy."""
+    values = numpy_helper.to_array(init, str(folder))
+    if init.data_location == init.EXTERNAL:
+        init.ClearField("raw_data")
+    return values
+
+
+def _fitted(name: str, weight: np.ndarray, fit) -> np.ndarray:
+    try:
+        return on_grid(name, weight, fit)
+    except GridError as exc:
+        raise NativeSkipped(str(exc)) from exc
+
+
+def native_tensors(path: Path, dims: ModelDims) -> tuple[dict, float, float]:
+    """(the "q41" tensors of specdec.native.weights, epsilon, scale) of the gqa graph at `path`; NativeSkipped where
+    the graph is outside the layout or its weights are off the grids."""
+    onnx, numpy_helper = _onnx()
+    model = onnx.load(str(path), load_external_data=False)  # each weight is read when it is converted: less memory
+    inits = {init.name: init for init in model.graph.initializer}
+    array = lambda name: _array(inits[name], path.parent, numpy_helper)  # noqa: E731
+    parts = _parts(model.graph, inits, dims, path)
+    norms, matmuls, attention, head = parts["norms"], parts["matmuls"], parts["attention"][0], parts["heads"][0]
+    attrs = _attributes(attention, onnx)
+    _check_attention(attrs, attention, dims)
+    if _attributes(head, onnx).get("transB") != 1 or len(head.input) > 2:
+        raise NativeSkipped(f"{path.name}'s LM head is not a bias-free Gemm with transB = 1")
+    if inits[matmuls[0].input[1]].dims[1] != (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim:
+        raise NativeSkipped(f"{path.name}'s first weight is not packed q/k/v")
+
+    def gamma(node):
+        return array(node.input[1] if node.op_type == "SimplifiedLayerNormalization" else node.input[2])
+
+    tensors = {}
+    for i in range(dims.num_layers):
+        tensors[f"layers.{i}.input_norm"], tensors[f"layers.{i}.post_norm"] = gamma(norms[2 * i]), gamma(norms[2 * i + 1])
+        for name, node in zip(("qkv", "o", "gate_up", "down"), matmuls[4 * i : 4 * i + 4]):
+            tensors[f"layers.{i}.{name}"] = _fitted(node.name, array(node.input[1]).T, q41_blocks)  # B: [K, N]
+    tensors["final_norm"] = gamma(norms[-1])
+    tensors["head"] = _fitted(head.name, array(head.input[1]), q8_blocks)
+    embedding = array(parts["embeddings"][0].input[0]).astype(np.float32)
+    if not np.isfinite(embedding).all():
+        raise NativeSkipped("the embedding holds NaN or inf")
+    if not head_holds(tensors["head"], embedding):
+        tensors["embedding"] = embedding
+    tensors["cos"] = array(attention.input[7]).astype(np.float32)
+    tensors["sin"] = array(attention.input[8]).astype(np.float32)
+    for name in ("final_norm", "cos", "sin", *(n for n in tensors if n.endswith("norm"))):
+        tensors[name] = np.ascontiguousarray(tensors[name], dtype=np.float32)
+    epsilon = float(_attributes(norms[0], onnx).get("epsilon", 1e-5))
+    return tensors, epsilon, float(attrs.get("scale") or dims.head_dim ** -0.5)
+
+
+def _record(layout: str, root: Path, rel: str, tensors: dict, **scalars) -> NativeRecord:
+    index = write_tensors(root / rel, tensors)
+    return NativeRecord(layout=layout, abi=ABI_VERSION, path=rel, tensors={
+        name: {"kind": entry.kind, "shape": list(entry.shape), "offset": entry.offset} for name, entry in index.items()},
+        **scalars)
+
+
+def write_target(root: Path, role: str, dims: ModelDims) -> NativeRecord:
+    """Write root/role/native.bin from root/role/model.onnx; NativeSkipped where the graph cannot have one."""
+    tensors, epsilon, scale = native_tensors(root / role / "model.onnx", dims)
+    return _record("q41", root, f"{role}/{TARGET_FILE}", tensors, epsilon=epsilon, scale=scale)
+
+
+def write_draft(root: Path, role: str, target: dict, keep: np.ndarray | None, fill: float) -> NativeRecord:
+    """Write root/role/native.bin for an int4-q41 draft of the target whose "q41" tensors are `target`: its linear
+    weights in pairs of blocks, its head's rows `keep` (sorted token ids; None: every row)."""
+    tensors = {f"{name}_p": q41_pairs(np.asarray(blocks)) for name, blocks in target.items()
+               if name.startswith("layers.") and name.rsplit(".", 1)[1] in ("qkv", "o", "gate_up", "down")}
+    head = np.asarray(target["head"])
+    tensors["head"] = head if keep is None else np.ascontiguousarray(head[keep])
+    if keep is not None:
+        tensors["head_rows"] = np.asarray(keep, dtype=np.int64)
+    return _record("q41-draft", root, f"{role}/{DRAFT_FILE}", tensors, fill=fill)

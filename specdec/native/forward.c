@@ -1,0 +1,280 @@
+// The native engine's exported functions (specdec_native.h): the forward pass of B rows, and the products and the
+// attention alone for tests and benchmarks. Every export checks its arguments and returns a status code before it
+// touches memory; scratch comes from the caller (sized by the *_scratch_bytes exports), so a forward allocates
+// nothing.
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define MAX_DIM (1 << 20)   // any model dimension above this is refused (and keeps every product within size_t)
+#define MAX_ROWS (1 << 16)  // rows (B * T) one call may take
+
+int specdec_abi_version(void) { return SPECDEC_ABI_VERSION; }
+
+long specdec_layout_size(int which) {
+    const long sizes[] = {sizeof(blk4), sizeof(blk8), sizeof(blk4p), sizeof(blkq), sizeof(blkqp), sizeof(model_t)};
+    return which >= 0 && which < (int)(sizeof(sizes) / sizeof(sizes[0])) ? sizes[which] : -1;
+}
+
+static int out_of(long value, long low, long high) { return value < low || value > high; }
+
+static int check_layers(const model_t *m, int quant) {
+    if (!m->in_norm || !m->post_norm || !m->final_norm || !m->head || !m->cos || !m->sin) return SPECDEC_E_NULL;
+    if (!m->embedding && !m->embedding_rows) return SPECDEC_E_NULL;
+    const void *const *tables[4] = {(const void *const *)m->qkv, (const void *const *)m->o,
+                                    (const void *const *)m->gate_up, (const void *const *)m->down};
+    if (quant) {
+        tables[0] = (const void *const *)m->qkv_p, tables[1] = (const void *const *)m->o_p;
+        tables[2] = (const void *const *)m->gate_up_p, tables[3] = (const void *const *)m->down_p;
+    }
+    for (int t = 0; t < 4; t++)
+        if (!tables[t]) return SPECDEC_E_NULL;
+    for (int l = 0; l < m->L; l++) {
+        if (!m->in_norm[l] || !m->post_norm[l]) return SPECDEC_E_NULL;
+        for (int t = 0; t < 4; t++)
+            if (!tables[t][l]) return SPECDEC_E_NULL;
+    }
+    return SPECDEC_OK;
+}
+
+static int check_model(const model_t *m, int quant) {
+    if (!m) return SPECDEC_E_NULL;
+    if (out_of(m->L, 1, 4096) || out_of(m->H, 32, MAX_DIM) || m->H % 32 || out_of(m->Hkv, 1, 4096) ||
+        out_of(m->Hq, m->Hkv, 4096) || m->Hq % m->Hkv || out_of(m->D, 2, 4096) || m->D % 2 ||
+        (m->Hq * m->D) % 32 || out_of((long)m->Hq * m->D, 32, MAX_DIM) ||
+        out_of((long)(m->Hq + 2 * m->Hkv) * m->D, 1, MAX_DIM) || out_of(m->I, 32, MAX_DIM) || m->I % 32 ||
+        out_of(m->V, 1, 1L << 24) || out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
+        !(m->eps >= 0.f) || !isfinite(m->scale))
+        return SPECDEC_E_SHAPE;
+    return check_layers(m, quant);
+}
+
+// ---- scratch ----
+typedef struct { size_t x, xn, tmp, q, att, gu, act, rounded, decoded, attn, ptrs, end; } layout_t;
+
+static int widest_input(const model_t *m) {
+    int k = m->H;
+    if (m->Hq * m->D > k) k = m->Hq * m->D;
+    return m->I > k ? m->I : k;
+}
+
+static layout_t layout_of(const model_t *m, int B, int T, int S, int threads) {
+    const size_t M = (size_t)B * T, f = sizeof(float), qkv = (size_t)(m->Hq + 2 * m->Hkv) * m->D;
+    size_t wide = (size_t)m->H, at = 0;
+    if (qkv > wide) wide = qkv;
+    if ((size_t)m->Hq * m->D > wide) wide = (size_t)m->Hq * m->D;
+    if ((size_t)m->I > wide) wide = (size_t)m->I;
+    const size_t sizes[] = {
+        f * M * m->H, f * M * m->H, f * M * wide, f * M * m->Hq * m->D, f * M * m->Hq * m->D, f * M * 2 * m->I,
+        f * M * m->I, linear_rounded_bytes((int)M, widest_input(m)),
+        f * (size_t)threads * linear_decoded_floats(widest_input(m)),
+        attention_scratch_bytes(B, T, m->Hq, m->Hkv, m->D, S), 2 * sizeof(float *) * (size_t)B};
+    size_t offsets[sizeof(sizes) / sizeof(sizes[0]) + 1];
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        offsets[i] = at;
+        at += ALIGNED(sizes[i]);
+    }
+    const layout_t l = {offsets[0], offsets[1], offsets[2], offsets[3], offsets[4], offsets[5], offsets[6],
+                        offsets[7], offsets[8], offsets[9], offsets[10], at + 64};  // + 64: the caller's buffer may start anywhere
+    return l;
+}
+
+static int check_call(const model_t *m, int B, int T, int S, int threads) {
+    if (out_of(B, 1, MAX_ROWS) || out_of(T, 1, MAX_ROWS) || (long)B * T > MAX_ROWS || out_of(S, 1, 1L << 24))
+        return SPECDEC_E_SHAPE;
+    if (out_of(threads, 1, SPECDEC_MAX_THREADS)) return SPECDEC_E_THREADS;
+    return check_model(m, 0) == SPECDEC_E_SHAPE ? SPECDEC_E_SHAPE : SPECDEC_OK;
+}
+
+long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads) {
+    if (!m || check_call(m, B, T, S, threads)) return -1;
+    return (long)layout_of(m, B, T, S, threads).end;
+}
+
+// ---- the forward pass ----
+static void rmsnorm(const float *x, const float *gamma, float eps, int H, float *out) {
+    float s = 0.f;
+    for (int i = 0; i < H; i++) s += x[i] * x[i];
+    const float r = 1.f / sqrtf(s / H + eps);
+    for (int i = 0; i < H; i++) out[i] = x[i] * r * gamma[i];
+}
+
+static void rotate(const float *x, const float *cs, const float *sn, int D, float *out) {
+    const int half = D / 2;
+    for (int i = 0; i < half; i++) {
+        const float x1 = x[i], x2 = x[i + half];
+        out[i] = x1 * cs[i] - x2 * sn[i];
+        out[i + half] = x2 * cs[i] + x1 * sn[i];
+    }
+}
+
+static void silu_times(const float *g, const float *u, int I, float *y) {  // SiLU(gate) * up
+    int i = 0;
+    for (; i + 8 <= I; i += 8) {
+        const __m256 gi = _mm256_loadu_ps(g + i), ex = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gi));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(gi, _mm256_add_ps(_mm256_set1_ps(1.f), ex)),
+                                              _mm256_loadu_ps(u + i)));
+    }
+    for (; i < I; i++) y[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+
+typedef struct {
+    const model_t *m;
+    char *base;  // the scratch, aligned
+    layout_t at;
+    int B, T, S, threads, kernel, quant;
+    const int32_t *pos;
+    float *const *keys, *const *values;
+    long stride;
+} pass_t;
+
+#define BUF(p, field) ((float *)((p)->base + (p)->at.field))
+#define WEIGHT(p, name, l) ((p)->quant ? (const void *)(p)->m->name##_p[l] : (const void *)(p)->m->name[l])
+
+static void dense(const pass_t *p, const float *x, int K, const void *w, float *y, int N) {
+    linear(p->threads, p->kernel, p->quant ? W_Q4P : W_Q4, x, p->B * p->T, K, w, y, N, BUF(p, decoded),
+           p->base + p->at.rounded);
+}
+
+// q/k/v of every row rotated: q into the q buffer, k and v into each row's KV of layer l at its positions
+static void place_qkv(const pass_t *p, int l, const float *qkv) {
+    const model_t *m = p->m;
+    const int D = m->D, Hq = m->Hq, Hkv = m->Hkv, QKV = (Hq + 2 * Hkv) * D, half = D / 2;
+    for (int b = 0; b < p->B; b++) {
+        float *k = p->keys[b] + (size_t)l * p->stride, *v = p->values[b] + (size_t)l * p->stride;
+        for (int t = 0; t < p->T; t++) {
+            const size_t row = (size_t)b * p->T + t;
+            const int at = p->pos[b] + t;
+            const float *in = qkv + row * QKV, *cs = m->cos + (size_t)at * half, *sn = m->sin + (size_t)at * half;
+            for (int h = 0; h < Hq; h++) rotate(in + h * D, cs, sn, D, BUF(p, q) + (row * Hq + h) * D);
+            for (int h = 0; h < Hkv; h++) {
+                rotate(in + (Hq + h) * D, cs, sn, D, k + ((size_t)h * p->S + at) * D);
+                memcpy(v + ((size_t)h * p->S + at) * D, in + (Hq + Hkv + h) * D, sizeof(float) * D);
+            }
+        }
+    }
+}
+
+static void layer(const pass_t *p, int l) {
+    const model_t *m = p->m;
+    const int H = m->H, I = m->I, M = p->B * p->T, QD = m->Hq * m->D;
+    float *x = BUF(p, x), *xn = BUF(p, xn), *tmp = BUF(p, tmp), *gu = BUF(p, gu), *act = BUF(p, act);
+    for (int r = 0; r < M; r++) rmsnorm(x + (size_t)r * H, m->in_norm[l], m->eps, H, xn + (size_t)r * H);
+    dense(p, xn, H, WEIGHT(p, qkv, l), tmp, (m->Hq + 2 * m->Hkv) * m->D);
+    place_qkv(p, l, tmp);
+    const float **rows = (const float **)(p->base + p->at.ptrs);  // each row's keys, then values, of layer l
+    for (int b = 0; b < p->B; b++) {
+        rows[b] = p->keys[b] + (size_t)l * p->stride;
+        rows[p->B + b] = p->values[b] + (size_t)l * p->stride;
+    }
+    const attention_t a = {p->B, p->T, m->Hq, m->Hkv, m->D, p->S, m->scale, p->pos, BUF(p, q), rows, rows + p->B,
+                           BUF(p, att)};
+    attention(p->threads, &a, p->base + p->at.attn);
+    dense(p, BUF(p, att), QD, WEIGHT(p, o, l), tmp, H);
+    for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
+    for (int r = 0; r < M; r++) rmsnorm(x + (size_t)r * H, m->post_norm[l], m->eps, H, xn + (size_t)r * H);
+    dense(p, xn, H, WEIGHT(p, gate_up, l), gu, 2 * I);
+    for (int r = 0; r < M; r++) silu_times(gu + (size_t)r * 2 * I, gu + (size_t)r * 2 * I + I, I, act + (size_t)r * I);
+    dense(p, act, I, WEIGHT(p, down, l), tmp, H);
+    for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
+}
+
+// the embedding's rows of every token into x
+static void embed(const pass_t *p, const int64_t *tokens) {
+    const model_t *m = p->m;
+    const int H = m->H;
+    for (size_t r = 0; r < (size_t)p->B * p->T; r++) {
+        float *x = BUF(p, x) + r * H;
+        if (m->embedding) memcpy(x, m->embedding + (size_t)tokens[r] * H, sizeof(float) * H);
+        else decode8_row(m->embedding_rows + (size_t)tokens[r] * (H / 32), H / 32, x);  // d * q
+    }
+}
+
+// the final norm of the rows the head scores (each row's last with last_only), then the head's V columns
+static void score(const pass_t *p, int last_only, float *logits) {
+    const model_t *m = p->m;
+    const int H = m->H, rows = last_only ? p->B : p->B * p->T;
+    for (int r = 0; r < rows; r++) {
+        const size_t from = last_only ? (size_t)r * p->T + p->T - 1 : (size_t)r;
+        rmsnorm(BUF(p, x) + from * H, m->final_norm, m->eps, H, BUF(p, xn) + (size_t)r * H);
+    }
+    linear(p->threads, p->quant ? K_INT8 : K_STEP, W_Q8, BUF(p, xn), rows, H, m->head, logits, m->V, BUF(p, decoded),
+           p->base + p->at.rounded);
+}
+
+static int check_rows(const model_t *m, const int64_t *tokens, int B, int T, const int32_t *pos,
+                      float *const *keys, float *const *values, long stride, int S) {
+    if (stride < (long)m->Hkv * S * m->D) return SPECDEC_E_SHAPE;  // layers of one row must not overlap
+    for (int b = 0; b < B; b++) {
+        if (!keys[b] || !values[b]) return SPECDEC_E_NULL;
+        if (pos[b] < 0 || pos[b] > S - T || pos[b] > m->positions - T) return SPECDEC_E_POSITION;
+    }
+    for (size_t i = 0; i < (size_t)B * T; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->vocab) return SPECDEC_E_TOKEN;
+    return SPECDEC_OK;
+}
+
+int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
+                    const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
+                    int last_only, int quant, int threads, float *logits) {
+    int status = check_model(m, quant != 0);
+    if (status) return status;
+    if (!scratch || !tokens || !pos || !keys || !values || !logits) return SPECDEC_E_NULL;
+    if ((status = check_call(m, B, T, S, threads))) return status;
+    if ((status = check_rows(m, tokens, B, T, pos, keys, values, layer_stride, S))) return status;
+    const layout_t at = layout_of(m, B, T, S, threads);
+    if (scratch_bytes < at.end) return SPECDEC_E_SCRATCH;
+    const int kernel = quant ? K_INT8 : last_only && T > 1 ? K_PROMPT : K_STEP;  // a prompt's rows: its own kernel
+    const pass_t p = {m, (char *)ALIGNED((uintptr_t)scratch), at, B, T, S, threads, kernel, quant != 0, pos, keys,
+                      values, layer_stride};
+    embed(&p, tokens);
+    for (int l = 0; l < m->L; l++) layer(&p, l);
+    score(&p, last_only, logits);
+    return SPECDEC_OK;
+}
+
+// ---- the products and the attention alone ----
+long specdec_matmul_scratch_bytes(int M, int K, int kernel, int threads) {
+    if (out_of(M, 1, MAX_ROWS) || out_of(K, 32, MAX_DIM) || K % 32 || out_of(threads, 1, SPECDEC_MAX_THREADS))
+        return -1;
+    if (kernel == K_PROMPT) return (long)(sizeof(float) * threads * linear_decoded_floats(K) + 64);
+    return kernel == K_INT8 ? (long)(linear_rounded_bytes(M, K) + 64) : 64;
+}
+
+int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int kind, int kernel, float *y, int N,
+                   void *scratch, size_t scratch_bytes, int threads) {
+    if (!x || !w || !y || !scratch) return SPECDEC_E_NULL;
+    if (out_of(threads, 1, SPECDEC_MAX_THREADS)) return SPECDEC_E_THREADS;
+    const int kinds = kernel == K_INT8 ? kind == W_Q4P || kind == W_Q8 : kernel >= K_STEP && kernel <= K_PROMPT &&
+                                                                            (kind == W_Q4 || kind == W_Q8);
+    const long need = specdec_matmul_scratch_bytes(M, K, kernel, threads);
+    if (!kinds || need < 0 || out_of(N, 1, MAX_DIM) || wblocks != linear_blocks_per_column(K, kind))
+        return SPECDEC_E_SHAPE;
+    if (scratch_bytes < (size_t)need) return SPECDEC_E_SCRATCH;
+    char *base = (char *)ALIGNED((uintptr_t)scratch);
+    linear(threads, kernel, kind, x, M, K, w, y, N, (float *)base, base);
+    return SPECDEC_OK;
+}
+
+long specdec_attention_scratch_bytes(int T, int Hq, int Hkv, int D, int S, int threads) {
+    if (out_of(T, 1, MAX_ROWS) || out_of(Hkv, 1, 4096) || out_of(Hq, Hkv, 4096) || Hq % Hkv || out_of(D, 1, 4096) ||
+        out_of(S, 1, 1L << 24) || out_of(threads, 1, SPECDEC_MAX_THREADS))
+        return -1;
+    return (long)(attention_scratch_bytes(1, T, Hq, Hkv, D, S) + 64);
+}
+
+int specdec_attention(const float *q, int T, int Hq, int Hkv, int D, const float *keys, const float *values, int S,
+                      int pos, float scale, float *out, void *scratch, size_t scratch_bytes, int threads) {
+    if (!q || !keys || !values || !out || !scratch) return SPECDEC_E_NULL;
+    const long need = specdec_attention_scratch_bytes(T, Hq, Hkv, D, S, threads);
+    if (out_of(threads, 1, SPECDEC_MAX_THREADS)) return SPECDEC_E_THREADS;
+    if (need < 0) return SPECDEC_E_SHAPE;
+    if (pos < 0 || pos > S - T) return SPECDEC_E_POSITION;
+    if (scratch_bytes < (size_t)need) return SPECDEC_E_SCRATCH;
+    const int32_t at = pos;
+    const attention_t a = {1, T, Hq, Hkv, D, S, scale, &at, q, &keys, &values, out};
+    attention(threads, &a, (char *)ALIGNED((uintptr_t)scratch));
+    return SPECDEC_OK;
+}

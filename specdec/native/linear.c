@@ -1,0 +1,298 @@
+// The native engine's products: Q4_1 / Q8_0 weights times fp32 activations (the target), or paired Q4_1 / Q8_0
+// weights times activations rounded to two int8 parts (the draft); AVX2 + FMA + F16C. A loop's tasks are groups of
+// output columns, each over every row, so a weight is read from memory once for all the rows of a call.
+//
+// Summation order: every output is the sum over its blocks, elements 0-7 and 16-23 of each block in one chain and
+// 8-15 and 24-31 in another, then the two chains added; the same for every row, whatever the number of rows, the
+// tile a row falls in, the thread count or the kernel (a prompt's decodes its weights first and tiles rows and
+// columns differently, in the same order per output). So a row's result depends only on its own activations.
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "internal.h"
+#include "pool.h"
+
+#define MAXR 6      /* rows per read of the weights (the step kernel) */
+#define COLUMNS 16  /* output columns per task of the step kernel */
+#define PR 2  /* a prompt tile's rows: 2 x 3 outputs of two chains each, 3 weights and 1 activation in 16 registers */
+#define PC 3  /* ... and columns */
+#define PREFILL_COLUMNS 24  /* columns per task of a prompt: their decoded weights stay in L2 while the rows pass */
+#ifndef PREFETCH
+#define PREFETCH 2048  /* bytes ahead (benchmarks/kernels_ab.py measures other distances) */
+#endif
+#define S8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define FETCH(p) _mm_prefetch((const char *)(p) + PREFETCH, _MM_HINT_T0)
+
+// R rows (1..MAXR) of fp32 activations at x (row stride K) times columns n0..n1 of w -> y (row stride N).
+// Two accumulators per row keep the FMA chains short.
+static inline __attribute__((always_inline)) void rows_times(const int R, const float *x, int K, __m256 w0, __m256 w1,
+                                                             __m256 w2, __m256 w3, __m256 acc[][2]) {
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * K;
+        acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), acc[r][1]);
+        acc[r][0] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xr + 16), acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xr + 24), acc[r][1]);
+    }
+}
+// A Q4_1 block's 32 weights as four vectors of 8 (q[0..7], q[8..15], q[16..23], q[24..31]): each half of qs
+// zero-extended to 8 lanes straight from memory, then its low and high nibbles (6 integer operations a block;
+// benchmarks/kernels_ab.py compares decodes)
+#define Z8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define Q4_DECODE(blk, mask, w0, w1, w2, w3) \
+    const __m256i lo8_ = Z8((blk).qs), hi8_ = Z8((blk).qs + 8); \
+    const __m256 d_ = _mm256_broadcast_ss(&(blk).d), m_ = _mm256_broadcast_ss(&(blk).m); \
+    const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(lo8_, mask)), d_, m_); \
+    const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi8_, mask)), d_, m_); \
+    const __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(lo8_, 4)), d_, m_); \
+    const __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hi8_, 4)), d_, m_)
+static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, int K, const blk4 *w, float *y,
+                                                          int N, int n0, int n1) {
+    const int nb = K / 32; const __m256i mask = _mm256_set1_epi32(0x0F);
+    for (int n = n0; n < n1; n++) {
+        const blk4 *c = w + (size_t)n * nb;
+        __m256 acc[MAXR][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            FETCH(c + b);
+            Q4_DECODE(c[b], mask, w0, w1, w2, w3);
+            rows_times(R, x + b * 32, K, w0, w1, w2, w3, acc);
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    }
+}
+static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w, float *y,
+                                                          int N, int n0, int n1) {
+    const int nb = K / 32;
+    for (int n = n0; n < n1; n++) {
+        const blk8 *c = w + (size_t)n * nb;
+        __m256 acc[MAXR][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            FETCH(c + b);
+            const __m256 d = _mm256_broadcast_ss(&c[b].d);
+            rows_times(R, x + b * 32, K, _mm256_mul_ps(S8(c[b].qs), d), _mm256_mul_ps(S8(c[b].qs + 8), d),
+                       _mm256_mul_ps(S8(c[b].qs + 16), d), _mm256_mul_ps(S8(c[b].qs + 24), d), acc);
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    }
+}
+static inline void decode4(const blk4 *c, int nb, float *out) {
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    for (int b = 0; b < nb; b++, out += 32) {
+        FETCH(c + b);
+        Q4_DECODE(c[b], mask, w0, w1, w2, w3);
+        _mm256_store_ps(out, w0); _mm256_store_ps(out + 8, w1); _mm256_store_ps(out + 16, w2);
+        _mm256_store_ps(out + 24, w3);
+    }
+}
+// (also a tied embedding's row, at any alignment)
+void decode8_row(const blk8 *c, int nb, float *out) {
+    for (int b = 0; b < nb; b++, out += 32) {
+        FETCH(c + b);
+        const __m256 d = _mm256_broadcast_ss(&c[b].d);
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(S8(c[b].qs + 8 * j), d));
+    }
+}
+// R rows of x (stride K) times C decoded columns at w (stride K) -> y[r * N + c], in the step kernel's order: two
+// chains per output, elements k..k+7 into the first and k+8..k+15 into the second for k = 0, 16, 32, ...
+static inline __attribute__((always_inline)) void prefill_tile(const int R, const int C, const float *x, int K,
+                                                               const float *w, float *y, int N) {
+    __m256 acc[PR][PC][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        for (int half = 0; half < 2; half++) {
+            __m256 wv[PC];
+            for (int c = 0; c < C; c++) wv[c] = _mm256_load_ps(w + (size_t)c * K + k + 8 * half);
+            for (int r = 0; r < R; r++) {
+                const __m256 xv = _mm256_loadu_ps(x + (size_t)r * K + k + 8 * half);
+                for (int c = 0; c < C; c++) acc[r][c][half] = _mm256_fmadd_ps(wv[c], xv, acc[r][c][half]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[(size_t)r * N + c] = hsum(_mm256_add_ps(acc[r][c][0], acc[r][c][1]));
+}
+#define EACH_RC(R, C, CALL) switch ((R) * 4 + (C)) { \
+    case 5: CALL(1, 1); break; case 6: CALL(1, 2); break; case 7: CALL(1, 3); break; \
+    case 9: CALL(2, 1); break; case 10: CALL(2, 2); break; default: CALL(2, 3); }
+// x [M, K] -> a [M, K / 32]: per block of 32, x ~ d * (128 * qs + lo): qs = round(x / step) (|qs| <= 127, step =
+// max |x| / 127), lo the remainder in 1/128ths of a step (|lo| <= 64), d = step / 128; s the exact block sum
+static inline void quantize_block(const float *xb, float *d, float *s, int8_t *qs, int8_t *lo) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), fine = _mm256_set1_ps(128.f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256 v[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16),
+                         _mm256_loadu_ps(xb + 24)};
+    const __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                     _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    t = _mm_max_ps(t, _mm_movehl_ps(t, t)); t = _mm_max_ss(t, _mm_movehdup_ps(t));
+    const float amax = _mm_cvtss_f32(t);
+    *d = amax / (127.f * 128.f);
+    *s = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+    const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    __m256i code[4], rest[4];
+    for (int k = 0; k < 4; k++) {
+        const __m256 steps = _mm256_mul_ps(v[k], inv);
+        code[k] = _mm256_cvtps_epi32(steps);  // to nearest
+        rest[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(steps, _mm256_cvtepi32_ps(code[k])), fine));
+    }
+    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(code[0], code[1]), _mm256_packs_epi32(code[2], code[3]));
+    _mm256_storeu_si256((__m256i *)qs, _mm256_permutevar8x32_epi32(packed, order));
+    packed = _mm256_packs_epi16(_mm256_packs_epi32(rest[0], rest[1]), _mm256_packs_epi32(rest[2], rest[3]));
+    _mm256_storeu_si256((__m256i *)lo, _mm256_permutevar8x32_epi32(packed, order));
+}
+static void quantize_rows(const float *x, int M, int K, blkq *a) {
+    for (int i = 0; i < M * (K / 32); i++) quantize_block(x + (size_t)i * 32, &a[i].d, &a[i].s, a[i].qs, a[i].lo);
+}
+// ... in pairs of blocks (blkqp), [M, (K / 32 + 1) / 2]
+static void quantize_pairs(const float *x, int M, int K, blkqp *a) {
+    const int nb = K / 32, np = (nb + 1) / 2;
+    for (int r = 0; r < M; r++)
+        for (int b = 0; b < nb; b++) {
+            blkqp *p = a + (size_t)r * np + b / 2; const int h = b % 2;
+            quantize_block(x + (size_t)r * K + (size_t)b * 32, &p->sc[h], &p->sc[2 + h], p->qs[h], p->lo[h]);
+        }
+    if (nb % 2)
+        for (int r = 0; r < M; r++) {
+            blkqp *p = a + (size_t)r * np + np - 1;
+            p->sc[1] = p->sc[3] = 0.f; memset(p->qs[1], 0, 32); memset(p->lo[1], 0, 32);
+        }
+}
+// The integer products of a block: 128 * (u . qs) + u . lo for unsigned u (maddubs' pairs stay within int16: u <= 128,
+// |qs| <= 127), 8 int32 lanes of 4 products each
+static inline __attribute__((always_inline)) __m256i products(__m256i u, __m256i qs, __m256i lo) {
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, qs), _mm256_set1_epi16(128)),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, lo), _mm256_set1_epi16(1)));
+}
+// two blocks per step (blk4p x blkqp): one load of 64 codes, one conversion of both scales and minimums, both
+// blocks' scales times the activations' in one multiply, the minimums' terms summed in lanes 2 and 3
+static inline __attribute__((always_inline)) void q4p_cols(const int R, const blkqp *a, int np, const blk4p *w,
+                                                           float *y, int N, int n0, int n1) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    for (int n = n0; n < n1; n++) {
+        const blk4p *c = w + (size_t)n * np;
+        __m256 acc[MAXR][2]; __m128 terms[MAXR];
+        for (int r = 0; r < R; r++) { acc[r][0] = acc[r][1] = _mm256_setzero_ps(); terms[r] = _mm_setzero_ps(); }
+        for (int p = 0; p < np; p++) {
+            FETCH(c + p);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)c[p].qs);
+            const __m256i q0 = _mm256_and_si256(v, mask), q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)c[p].h));  // d0 d1 m0 m1
+            for (int r = 0; r < R; r++) {
+                const blkqp *ab = a + (size_t)r * np + p;
+                // the weights' by the activations': d0 d0', d1 d1', m0 s0, m1 s1
+                const __m128 sc = _mm_mul_ps(h, _mm_loadu_ps(ab->sc));
+                const __m256i p0 = products(q0, _mm256_loadu_si256((const __m256i *)ab->qs[0]),
+                                            _mm256_loadu_si256((const __m256i *)ab->lo[0]));
+                const __m256i p1 = products(q1, _mm256_loadu_si256((const __m256i *)ab->qs[1]),
+                                            _mm256_loadu_si256((const __m256i *)ab->lo[1]));
+                acc[r][0] = _mm256_fmadd_ps(_mm256_broadcastss_ps(sc), _mm256_cvtepi32_ps(p0), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(sc)), _mm256_cvtepi32_ps(p1),
+                                            acc[r][1]);
+                terms[r] = _mm_add_ps(terms[r], sc);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const __m128 t = _mm_add_ss(_mm_movehl_ps(terms[r], terms[r]), _mm_shuffle_ps(terms[r], terms[r], 3));
+            y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + _mm_cvtss_f32(t);
+        }
+    }
+}
+static inline __attribute__((always_inline)) void q8q_cols(const int R, const blkq *a, int nb, const blk8 *w, float *y,
+                                                           int N, int n0, int n1) {
+    for (int n = n0; n < n1; n++) {
+        const blk8 *c = w + (size_t)n * nb;
+        __m256 acc[MAXR];
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            FETCH(c + b);
+            const __m256i q = _mm256_loadu_si256((const __m256i *)c[b].qs), size = _mm256_sign_epi8(q, q);
+            for (int r = 0; r < R; r++) {
+                const blkq *ab = a + (size_t)r * nb + b;  // |q| times the activations with q's sign
+                const __m256i p = products(size, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ab->qs), q),
+                                           _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ab->lo), q));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(c[b].d * ab->d), _mm256_cvtepi32_ps(p), acc[r]);
+            }
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(acc[r]);
+    }
+}
+
+
+// ---- the loops ----
+typedef struct {
+    int kernel, kind, M, K, N;
+    const void *x;  // fp32 rows, or their int8 blocks (K_INT8)
+    const void *w;
+    float *y, *decoded;
+} linear_job;
+
+#define EACH_R(R, CALL) switch (R) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
+                                     case 4: CALL(4); break; case 5: CALL(5); break; default: CALL(6); }
+
+// columns [n0, n1) of every row, MAXR rows at a time: the columns' weights come from memory once, then from cache
+static void step_task(void *ctx, int task, int worker) {
+    const linear_job *j = ctx;
+    const int K = j->K, N = j->N, nb = K / 32, np = (nb + 1) / 2, n0 = task * COLUMNS;
+    const int n1 = n0 + COLUMNS < N ? n0 + COLUMNS : N;
+    (void)worker;
+    for (int m0 = 0; m0 < j->M; m0 += MAXR) {
+        const int R = j->M - m0 < MAXR ? j->M - m0 : MAXR;
+        const float *xf = (const float *)j->x + (size_t)m0 * K;
+        const blkq *xq = (const blkq *)j->x + (size_t)m0 * nb;
+        const blkqp *xp = (const blkqp *)j->x + (size_t)m0 * np;
+        float *yr = j->y + (size_t)m0 * N;
+        #define Q4F(r) q4_cols(r, xf, K, j->w, yr, N, n0, n1)
+        #define Q8F(r) q8_cols(r, xf, K, j->w, yr, N, n0, n1)
+        #define Q8I(r) q8q_cols(r, xq, nb, j->w, yr, N, n0, n1)
+        #define Q4P(r) q4p_cols(r, xp, np, j->w, yr, N, n0, n1)
+        if (j->kernel == K_INT8) {
+            if (j->kind == W_Q4P) EACH_R(R, Q4P) else EACH_R(R, Q8I)
+        } else if (j->kind == W_Q4) {
+            EACH_R(R, Q4F)
+        } else {
+            EACH_R(R, Q8F)
+        }
+    }
+}
+
+// a prompt's rows: the task's columns decoded to fp32 once (into its worker's buffer), then tiles of PR x PC
+static void prompt_task(void *ctx, int task, int worker) {
+    const linear_job *j = ctx;
+    const int K = j->K, N = j->N, nb = K / 32, n0 = task * PREFILL_COLUMNS;
+    const int n1 = n0 + PREFILL_COLUMNS < N ? n0 + PREFILL_COLUMNS : N;
+    float *buf = j->decoded + (size_t)worker * linear_decoded_floats(K);
+    for (int n = n0; n < n1; n++) {
+        if (j->kind == W_Q4) decode4((const blk4 *)j->w + (size_t)n * nb, nb, buf + (size_t)(n - n0) * K);
+        else decode8_row((const blk8 *)j->w + (size_t)n * nb, nb, buf + (size_t)(n - n0) * K);
+    }
+    for (int r0 = 0; r0 < j->M; r0 += PR) {
+        const int R = j->M - r0 < PR ? j->M - r0 : PR;
+        for (int n = n0; n < n1; n += PC) {
+            const int C = n1 - n < PC ? n1 - n : PC;
+            const float *xr = (const float *)j->x + (size_t)r0 * K, *wc = buf + (size_t)(n - n0) * K;
+            float *yr = j->y + (size_t)r0 * N + n;
+            #define TILE(r, c) prefill_tile(r, c, xr, K, wc, yr, N)
+            EACH_RC(R, C, TILE)
+        }
+    }
+}
+
+size_t linear_decoded_floats(int K) { return ALIGNED(sizeof(float) * PREFILL_COLUMNS * (size_t)K) / sizeof(float); }
+size_t linear_rounded_bytes(int M, int K) { return ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / 32 + 1)); }
+int linear_blocks_per_column(int K, int kind) { return kind == W_Q4P ? (K / 32 + 1) / 2 : K / 32; }
+
+void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N,
+            float *decoded, void *rounded) {
+    linear_job j = {kernel, kind, M, K, N, x, w, y, decoded};
+    if (kernel == K_INT8) {
+        if (kind == W_Q4P) quantize_pairs(x, M, K, rounded);
+        else quantize_rows(x, M, K, rounded);
+        j.x = rounded;
+    }
+    if (kernel == K_PROMPT) pool_run(threads, prompt_task, &j, (N + PREFILL_COLUMNS - 1) / PREFILL_COLUMNS);
+    else pool_run(threads, step_task, &j, (N + COLUMNS - 1) / COLUMNS);
+}

@@ -1,0 +1,89 @@
+// specdec's native engine: the block layouts, the model descriptor and the exported functions, defined once.
+// specdec/blocks.py mirrors the blocks (numpy dtypes) and specdec/native/model.py the model descriptor (ctypes); the
+// loader (specdec/native/build.py) checks SPECDEC_ABI_VERSION and every size below against the library it opened, so
+// bump the version with any change to a struct, an export's signature or a status code.
+#ifndef SPECDEC_NATIVE_H
+#define SPECDEC_NATIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SPECDEC_ABI_VERSION 2
+#define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
+#define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
+
+// Q4_1: w = d * q + m; qs[j] holds q[j] in its low nibble and q[j + 16] in its high one
+typedef struct { float d, m; uint8_t qs[SPECDEC_BLOCK / 2]; } blk4;
+// Q8_0: w = d * q
+typedef struct { float d; int8_t qs[SPECDEC_BLOCK]; } blk8;
+// Two Q4_1 blocks of a column (the draft's copy): fp16 d0, d1, m0, m1 (a GGUF's own precision), then
+// qs[j] = q0[j] | q1[j] << 4. 40 bytes per 64 weights where two blk4 take 48. An odd count ends in a zero block.
+typedef struct { uint16_t h[4]; uint8_t qs[SPECDEC_BLOCK]; } blk4p;
+// A block of activations rounded to two int8 parts (the draft): x ~ d * (128 * qs + lo), s the exact block sum
+typedef struct { float d, s; int8_t qs[SPECDEC_BLOCK], lo[SPECDEC_BLOCK]; } blkq;
+// ... two of them, for blk4p: sc = {d0, d1, s0, s1}
+typedef struct { float sc[4]; int8_t qs[2][SPECDEC_BLOCK], lo[2][SPECDEC_BLOCK]; } blkqp;
+
+_Static_assert(sizeof(blk4) == 24, "blk4 is 24 bytes");
+_Static_assert(sizeof(blk8) == 36, "blk8 is 36 bytes");
+_Static_assert(sizeof(blk4p) == 40, "blk4p is 40 bytes");
+_Static_assert(sizeof(blkq) == 72, "blkq is 72 bytes");
+_Static_assert(sizeof(blkqp) == 2 * sizeof(blkq), "blkqp is two blkq");
+
+// A LLaMA-layout model: per layer RMSNorm, packed q/k/v, rotate-half rotary, causal GQA over static KV, o, RMSNorm,
+// packed gate/up, SiLU(gate) * up, down; a final RMSNorm and the head's V rows.
+typedef struct {
+    int32_t L, H, Hq, Hkv, D, I, V;  // layers, hidden, query heads, KV heads, head size, MLP width, head rows
+    int32_t vocab;                   // embedding rows: every token id must be below this
+    int32_t positions;               // rows of the rotary tables: every position must be below this
+    float eps, scale;                // RMSNorm epsilon, attention scores' scale
+    const float *embedding;                          // [vocab, H]; NULL where embedding_rows holds it
+    const float *const *in_norm, *const *post_norm;  // [L] of [H]
+    const blk4 *const *qkv, *const *o, *const *gate_up, *const *down;  // [L] of [N, K / 32]
+    const blk4p *const *qkv_p, *const *o_p, *const *gate_up_p, *const *down_p;  // [L] of [N, (K / 32 + 1) / 2]: the
+                                                                                  // draft's (quant); else NULL
+    const float *final_norm;  // [H]
+    const blk8 *head;         // [V, H / 32]
+    const float *cos, *sin;   // [positions, D / 2]
+    const blk8 *embedding_rows;  // [vocab, H / 32]: row t of the embedding is d * q of these (tied weights), or NULL
+} model_t;
+
+// Status codes: 0, or what was wrong with the arguments. Nothing is written where a call fails its checks.
+enum {
+    SPECDEC_OK = 0,
+    SPECDEC_E_NULL = 1,      // a pointer the call needs is NULL
+    SPECDEC_E_SHAPE = 2,     // a count or size is out of range (rows, tokens, K % 32, the model's dims)
+    SPECDEC_E_TOKEN = 3,     // a token id outside 0..vocab - 1
+    SPECDEC_E_POSITION = 4,  // pos < 0, pos + T > S, or past the rotary tables
+    SPECDEC_E_SCRATCH = 5,   // the scratch is smaller than specdec_scratch_bytes asks
+    SPECDEC_E_THREADS = 6,   // threads outside 1..SPECDEC_MAX_THREADS
+};
+
+int specdec_abi_version(void);
+// sizeof of 0: blk4, 1: blk8, 2: blk4p, 3: blkq, 4: blkqp, 5: model_t; -1 for any other
+long specdec_layout_size(int which);
+
+// Bytes of scratch a forward of B rows of T tokens with the given threads needs (quant: the draft's int8 path),
+// or -1 for arguments a forward would refuse.
+long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads);
+
+// B rows of T tokens each; row b at positions pos[b].. of its own KV (keys[b], values[b]: [L][Hkv, S, D], layer l at
+// + l * layer_stride floats) -> logits [B][T or 1 (last_only)][V]. K/V land at [pos[b], pos[b] + T).
+int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
+                    const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
+                    int last_only, int quant, int threads, float *logits);
+
+// The products alone, for tests and benchmarks: x [M, K] fp32 -> y [M, N] through blocks [N, wblocks] of kind 0:
+// Q4_1, 1: Q8_0 or 2: paired Q4_1 (int8 activations only); kernel 0: the step kernel, 1: a prompt's (fp32), 2: int8
+// activations. wblocks must be what K needs (K / 32, or (K / 32 + 1) / 2 for paired blocks).
+long specdec_matmul_scratch_bytes(int M, int K, int kernel, int threads);
+int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int kind, int kernel, float *y, int N,
+                   void *scratch, size_t scratch_bytes, int threads);
+
+// The attention alone (tests check it against numpy): q [T, Hq, D] at positions pos..pos+T-1 over keys, values
+// [Hkv, S, D] (holding positions 0..pos+T-1) -> out [T, Hq, D].
+long specdec_attention_scratch_bytes(int T, int Hq, int Hkv, int D, int S, int threads);
+int specdec_attention(const float *q, int T, int Hq, int Hkv, int D, const float *keys, const float *values, int S,
+                      int pos, float scale, float *out, void *scratch, size_t scratch_bytes, int threads);
+
+#endif
