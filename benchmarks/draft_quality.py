@@ -247,7 +247,8 @@ def main(argv=None) -> int:
             if generator.draft is not None:
                 rows.append(agreement_row(name, generator, agreement(generator, seqs, args.kv), args.kv))
             if args.confidence and generator.draft is not None:
-                texts.append(f"**{name}**: stopping the draft at an unsure token\n\n" + confidence_text(generator, seqs, args))
+                texts.append(f"**{name}**: stopping the draft at an unsure token\n\n"
+                             + confidence_text(generator, seqs, args))
             if args.layer_skip:
                 texts.append(f"**{name}**: a layer-skipping self-draft\n\n" + layer_skip_text(generator, seqs))
         run = record.run_record(EXPERIMENT, settings, args.threads, __file__, argv, kv=args.kv,

@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--rows", type=int, default=1, help="M: rows of scores per call")
     parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--out", default=None, help="output folder (default: benchmarks/results/head-scatter/<date>-<commit>/)")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: benchmarks/results/head-scatter/<date>-<commit>/)")
     args = parser.parse_args(argv)
     import onnxruntime as ort
 
@@ -86,7 +87,8 @@ def main(argv=None) -> int:
     for name, call in calls.items():
         if not np.array_equal(call(), want):
             raise SystemExit(f"{name} differs from the numpy form")
-    settings = {name: {"session options": "the runtime's (specdec.runtime.backend.session_options)"} for name in sessions}
+    runtime = "the runtime's (specdec.runtime.backend.session_options)"
+    settings = {name: {"session options": runtime} for name in sessions}
     run = record.run_record(EXPERIMENT, settings, None, __file__, argv, kept=args.kept, vocab=args.vocab,
                             rows=args.rows)
     spreads = {name: timer.summarize(v) for name, v in timer.interleave(calls, rounds=args.repeats).items()}

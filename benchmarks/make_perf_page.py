@@ -128,7 +128,8 @@ def serve_section(run: Path) -> str:
              num(r["mean_gamma"], "{:.2f}"), num(r["rss_mb"], "{:.0f}"), r.get("spells_tokens_per_s", "")]
             for r in rows_of(run / "summary.csv")]
     same = record.get("result", record).get("identical_greedy_outputs")
-    exact = f"Greedy outputs identical across modes and concurrencies: {same[0]} of {same[1]} prompts.\n\n" if same else ""
+    exact = (f"Greedy outputs identical across modes and concurrencies: {same[0]} of {same[1]} prompts.\n\n"
+             if same else "")
     return ("## Serving under load\n\n"
             "One `specdec serve` process per speculation mode; for each concurrency C, the modes take turns in "
             "interleaved spells of closed-loop clients sending streamed greedy chat requests. Tokens/s is completion "

@@ -116,7 +116,8 @@ def checks(rows: list, turns: list, greedy: bool) -> list:
     if greedy:
         plain = {(r["repeat"], r["prompt_id"]): r["token_ids"] for r in rows if r["turn"] == "target-only"}
         if plain:
-            bad = {r["turn"] for r in rows if plain.get((r["repeat"], r["prompt_id"]), r["token_ids"]) != r["token_ids"]}
+            bad = {r["turn"] for r in rows
+                   if plain.get((r["repeat"], r["prompt_id"]), r["token_ids"]) != r["token_ids"]}
             failed += [f"{name}: greedy output differs from target-only" for name in sorted(bad)]
     else:
         gumbel = [t for t in turns if t.coupling == "gumbel"]

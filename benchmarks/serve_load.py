@@ -44,7 +44,8 @@ EXPERIMENT = "serve-load"
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", default="bundles/smollm2-b8-q41")
-    parser.add_argument("--out", default=None, help="output folder (default: benchmarks/results/serve-load/<date>-<commit>/)")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: benchmarks/results/serve-load/<date>-<commit>/)")
     parser.add_argument("--backend", default="onnxruntime", help="the servers' --backend (onnxruntime, native, auto)")
     parser.add_argument("--threads", type=int, default=None, help="the servers' --threads (default: theirs)")
     parser.add_argument("--requests", type=int, default=50, help="requests per (mode, concurrency)")
@@ -86,7 +87,8 @@ class Server:
     def start(self) -> "Server":
         command = [sys.executable, "-m", "specdec.cli", "serve", self.args.bundle, "--port", str(self.port),
                    "--max-batch", str(self.args.max_batch), "--max-queue", "256", "--speculation", MODES[self.mode],
-                   "--backend", self.args.backend, "--no-verify"] + (["--gamma", str(self.args.gamma)] if self.args.gamma else [])
+                   "--backend", self.args.backend, "--no-verify"]
+        command += ["--gamma", str(self.args.gamma)] if self.args.gamma else []
         command += ["--threads", str(self.args.threads)] if self.args.threads else []
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 300

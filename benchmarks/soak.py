@@ -89,7 +89,8 @@ def main(argv=None) -> int:
               "samples": [{"kind": k, "after": n, "rss_mib": round(r, 1)} for k, n, r in samples]}
     folder = record.run_dir(EXPERIMENT, run, args.out)
     text = tables.markdown(["after", "requests", "RSS MiB"], [[k, n, f"{r:.1f}"] for k, n, r in samples])
-    tables.write_text(folder / "soak.md", f"Growth after warm-up: {result['growth_after_warmup_pct']:+.2f} %\n\n" + text)
+    growth = f"Growth after warm-up: {result['growth_after_warmup_pct']:+.2f} %\n\n"
+    tables.write_text(folder / "soak.md", growth + text)
     record.write_record(folder, run, result=result)
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
     print(f"written: {folder}")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 import threading
 import time
 from pathlib import Path

@@ -102,7 +102,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--cache-len", type=int, default=64)
-    parser.add_argument("--out", default=None, help="output folder (default: benchmarks/results/threads/<date>-<commit>/)")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: benchmarks/results/threads/<date>-<commit>/)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

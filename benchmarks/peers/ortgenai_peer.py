@@ -107,10 +107,12 @@ def worker(models: str, gamma: int) -> int:
         mode = by_name[ask["mode"]]
         named = PeerMode(ask["mode"], mode.drafter, mode.gamma, mode.note, mode.run)
         try:
-            answer = record(SYSTEM, named, ask["prompt"], ask["repeat"], ask["ids"], mode.run(ask["ids"], ask["new_tokens"]))
+            result = mode.run(ask["ids"], ask["new_tokens"])
+            answer = record(SYSTEM, named, ask["prompt"], ask["repeat"], ask["ids"], result)
         except Exception as exc:  # reported in the table as a failed request, never dropped
             answer = dict(system=SYSTEM, mode=named.name, drafter=named.drafter, gamma=named.gamma, status="failed",
-                          note=f"{named.note}; failed: {type(exc).__name__}: {exc}"[:400], prompt_id=ask["prompt"]["id"],
+                          note=f"{named.note}; failed: {type(exc).__name__}: {exc}"[:400],
+                          prompt_id=ask["prompt"]["id"],
                           cls=ask["prompt"]["class"], repeat=ask["repeat"])
         print(json.dumps(answer), flush=True)
     return 0

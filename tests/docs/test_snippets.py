@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [p for p in (ROOT / "README.md", ROOT / "CONTRIBUTING.md") if p.is_file()] + sorted((ROOT / "docs").rglob("*.md"))
+PAGES = [p for p in (ROOT / "README.md", ROOT / "CONTRIBUTING.md") if p.is_file()]
+PAGES += sorted((ROOT / "docs").rglob("*.md"))
 MARK = re.compile(r"^<!-- runnable(?:: (?P<kind>server))? -->\n```(?P<lang>\w*)\n(?P<code>.*?)^```", re.M | re.S)
 
 
