@@ -93,7 +93,7 @@ def check_bundle(root: Path, new_tokens: int, repeats: int) -> dict:
     ort = _ort_generator(root, manifest)
     trt = _generator(root, manifest, graphs=True)
     codec = trt.codec
-    report = {"bundle": str(root), "engines": {r: [e["path"] for e in m.engines] for r, m in manifest.models.items()}}
+    report = {"bundle": str(root), "engines": {r: [e.path for e in m.engines] for r, m in manifest.models.items()}}
     report["logits_max_rel_gap"] = max(
         logits_gap(trt.target.backend, ort.target.backend, codec.encode(p), 8) for p in PROMPTS)
     plain_trt, plain_ort = _outputs(trt, "none", new_tokens), _outputs(ort, "none", new_tokens)

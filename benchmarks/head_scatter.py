@@ -8,19 +8,20 @@ runtime's session options: the bundle's own form (specdec.calibration.q41.scatte
 GatherElements with int32 indices expanded to [M, V]), Pad + Gather along axis 1 (the form before it),
 ScatterElements into a filled [M, V], and numpy fancy indexing outside the graph for scale. Every form is checked
 equal to the numpy form.
-Prints a markdown table of microseconds per call (min, median). Not a test: the machine is shared.
+Writes scatter.md (microseconds per call, min and median) and record.json. Not a test: the machine is shared.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from specdec.calibration.q41 import HEAD_FILL as FILL, scatter_back
+from harness import record, tables, timer
 from specdec.runtime.backend import session_options
+
+EXPERIMENT = "head-scatter"
 
 
 
@@ -58,13 +59,15 @@ def forms(keep: np.ndarray, vocab: int) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kept", type=int, default=24579)
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--rows", type=int, default=1, help="M: rows of scores per call")
     parser.add_argument("--repeats", type=int, default=200)
-    args = parser.parse_args()
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: benchmarks/results/head-scatter/<date>-<commit>/)")
+    args = parser.parse_args(argv)
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
@@ -84,17 +87,21 @@ def main() -> None:
     for name, call in calls.items():
         if not np.array_equal(call(), want):
             raise SystemExit(f"{name} differs from the numpy form")
-    samples = {name: [] for name in calls}
-    for _ in range(args.repeats):
-        for name, call in calls.items():
-            started = time.perf_counter()
-            call()
-            samples[name].append((time.perf_counter() - started) * 1e6)
-    print(f"{args.kept} of {args.vocab} tokens, {args.rows} row(s), {args.repeats} interleaved calls each\n")
-    print("| form | µs per call, min | median |\n|---|---|---|")
-    for name, times in samples.items():
-        print(f"| {name} | {min(times):.0f} | {statistics.median(times):.0f} |")
+    runtime = "the runtime's (specdec.runtime.backend.session_options)"
+    settings = {name: {"session options": runtime} for name in sessions}
+    run = record.run_record(EXPERIMENT, settings, None, __file__, argv, kept=args.kept, vocab=args.vocab,
+                            rows=args.rows)
+    spreads = {name: timer.summarize(v) for name, v in timer.interleave(calls, rounds=args.repeats).items()}
+    rows = [[name, f"{s.min * 1e6:.0f}", f"{s.median * 1e6:.0f}"] for name, s in spreads.items()]
+    text = (f"{args.kept} of {args.vocab} tokens, {args.rows} row(s), {args.repeats} interleaved calls each\n\n"
+            + tables.markdown(["form", "µs per call, min", "median"], rows))
+    folder = record.run_dir(EXPERIMENT, run, args.out)
+    tables.write_text(folder / "scatter.md", text)
+    record.write_record(folder, run)
+    print(text)
+    print(f"written: {folder}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -9,10 +9,12 @@ Per (mode, C): p50/p90 TTFT (request sent -> first content), p50/p90 TPOT ((last
 (tokens - 1)), aggregate tokens/s (completion tokens / wall time of the phase), errors, the rounds' γ as the
 server counted them, and the server's RSS. Greedy outputs are compared across modes and concurrency levels.
 
-    python benchmarks/serve_load.py --bundle bundles/smollm2-b8-q41 --out benchmarks/results/serve
+    specdec-export --out bundles/smollm2-b8 --max-batch 8
+    specdec calibrate quantize bundles/smollm2-b8 --method int4-q41 --head-tokens 24576 --out bundles/smollm2-b8-q41
+    python benchmarks/serve_load.py --bundle bundles/smollm2-b8-q41 --requests 60 --repeats 3
 
-Results: requests.csv, summary.csv, summary.md, run.json and throughput.png under --out. Not a test: it asserts
-nothing about timings.
+Results: summary.md, summary.csv (the plot and the docs read it), requests.csv, throughput.png and record.json, under
+benchmarks/results/serve-load/<date>-<commit>/ or --out. Not a test: it asserts nothing about timings.
 """
 from __future__ import annotations
 
@@ -20,8 +22,6 @@ import argparse
 import asyncio
 import csv
 import json
-import os
-import platform
 import re
 import socket
 import subprocess
@@ -34,14 +34,20 @@ import httpx
 import numpy as np
 import psutil
 
+from harness import record
+
 MODES = {"plain": "off", "fixed": "fixed", "adaptive": "adaptive"}
 ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENT = "serve-load"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", default="bundles/smollm2-b8-q41")
-    parser.add_argument("--out", default="benchmarks/results/serve")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: benchmarks/results/serve-load/<date>-<commit>/)")
+    parser.add_argument("--backend", default="onnxruntime", help="the servers' --backend (onnxruntime, native, auto)")
+    parser.add_argument("--threads", type=int, default=None, help="the servers' --threads (default: theirs)")
     parser.add_argument("--requests", type=int, default=50, help="requests per (mode, concurrency)")
     parser.add_argument("--concurrency", default="1,2,4,8")
     parser.add_argument("--repeats", type=int, default=3, help="spells per (mode, C), interleaved across modes")
@@ -81,7 +87,9 @@ class Server:
     def start(self) -> "Server":
         command = [sys.executable, "-m", "specdec.cli", "serve", self.args.bundle, "--port", str(self.port),
                    "--max-batch", str(self.args.max_batch), "--max-queue", "256", "--speculation", MODES[self.mode],
-                   "--no-verify"] + (["--gamma", str(self.args.gamma)] if self.args.gamma else [])
+                   "--backend", self.args.backend, "--no-verify"]
+        command += ["--gamma", str(self.args.gamma)] if self.args.gamma else []
+        command += ["--threads", str(self.args.threads)] if self.args.threads else []
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -275,10 +283,16 @@ def plot(summary: list, path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
+def server_settings(args) -> dict:
+    return {mode: {"speculation": MODES[mode], "backend": args.backend, "max_batch": args.max_batch, "gamma":
+                   args.gamma, "threads": args.threads, "requests": f"streamed greedy chat, drafter {args.drafter}, "
+                   f"max_tokens {args.max_tokens}"} for mode in args.modes.split(",")}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    run = record.run_record(EXPERIMENT, server_settings(args), args.threads, __file__, argv,
+                            concurrency=args.concurrency, repeats=args.repeats, requests=args.requests)
     prompts = load_prompts()
     servers = {}
     try:
@@ -286,23 +300,22 @@ def main(argv=None) -> int:
             servers[mode] = Server(mode, args).start()  # one at a time: each measures its costs on a quiet machine
         warm_up(servers, prompts, args)
         rss_start = {mode: s.rss[-1][1] / 2**20 if s.rss else float("nan") for mode, s in servers.items()}
-        started = time.time()
         requests, summary = run_all(servers, prompts, args)
         rss_end = {mode: s.rss[-1][1] / 2**20 if s.rss else float("nan") for mode, s in servers.items()}
     finally:
         for server in servers.values():
             server.stop()
     same, compared = identical_outputs(requests)
-    run = {"command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])), "started": started,
-           "args": vars(args), "python": platform.python_version(), "cpus": os.cpu_count(),
-           "identical_greedy_outputs": [same, compared], "rss_mb_after_warmup": rss_start, "rss_mb_end": rss_end}
-    (out / "run.json").write_text(json.dumps(run, indent=1), encoding="utf-8")
+    out = record.run_dir(EXPERIMENT, run, args.out)
     write_csv(out / "requests.csv", requests)
     write_csv(out / "summary.csv", summary)
     (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
     plot(summary, out / "throughput.png")
+    record.write_record(out, run, identical_greedy_outputs=[same, compared], rss_mb_after_warmup=rss_start,
+                        rss_mb_end=rss_end)
     print(markdown(summary))
     print(f"identical greedy outputs across modes and concurrency: {same}/{compared}; RSS MB {rss_start} -> {rss_end}")
+    print(f"written: {out}")
     return 0
 
 

@@ -1,12 +1,13 @@
 """Soak benchmark (not a test): many generations on one Generator, resident memory sampled as it goes.
 
-    python benchmarks/soak.py bundles/smollm2-q41 --requests 300 --out benchmarks/results/soak
+    python benchmarks/soak.py bundles/smollm2-q41 --requests 300
 
 Requests cycle through the committed prompt sets and through every drafter, greedy and seeded sampling, batch 1
 and 2, streamed and not. RSS (from /proc/self/statm) is read at the start, after the warm-up and every 25 requests
 to the end; growth after warm-up is the figure to watch (goal: under 2%). The warm-up gives both models every
 shape a request can bring: a prompt of a full prefill chunk (and more) with each drafter at γ_max, and a full batch,
 so that memory sized by the largest shapes is already counted in the warm-up figure; after it RSS must stay flat.
+Writes soak.md (RSS as it went) and record.json (the figures under "result").
 """
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ import os
 import time
 from pathlib import Path
 
+from harness import opening, record, tables
 from specdec.bench.prompts import read_prompts
-from specdec.runtime import GenerationConfig, load
+from specdec.runtime import GenerationConfig
+
+EXPERIMENT = "soak"
+HERE = Path(__file__).resolve().parent
 
 DRAFTERS = ("auto", "model", "prompt_lookup", "none")
 
@@ -53,34 +58,42 @@ def warm_up(gen, prompts: list) -> None:
     gen.generate(batch, GenerationConfig(max_new_tokens=16, drafter="auto", chat=True, gamma=defaults.gamma_max))
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--prompts", default="benchmarks/prompts")
-    parser.add_argument("--out", default="benchmarks/results/soak")
-    args = parser.parse_args()
+    parser.add_argument("--every", type=int, default=25, help="requests between two RSS samples")
+    parser.add_argument("--prompts", default=str(HERE / "prompts"))
+    opening.add_common(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     prompts = read_prompts(args.prompts)
     samples, started, produced = [("start", 0, rss_mib())], time.perf_counter(), 0
-    with load(args.bundle) as gen:
+    with opening.open_bundle(args.bundle, args.backend, args.threads) as gen:
+        run = record.run_record(EXPERIMENT, {"specdec": opening.describe(gen) | {"threads": args.threads}},
+                                args.threads, __file__, argv, requests=args.requests, new_tokens=args.new_tokens)
         warm_up(gen, prompts)
         samples.append(("warm", 0, rss_mib()))
         for index in range(args.requests):
             produced += request(gen, prompts, index, args.new_tokens)
-            if (index + 1) % 25 == 0 or index + 1 == args.requests:
+            if (index + 1) % args.every == 0 or index + 1 == args.requests:
                 samples.append(("run", index + 1, rss_mib()))
-    warm = next(rss for kind, _, rss in samples if kind == "warm")
-    end = samples[-1][2]
-    summary = {"bundle": args.bundle, "requests": args.requests, "new_tokens": args.new_tokens,
-               "seconds": round(time.perf_counter() - started, 1), "produced": produced,
-               "rss_start_mib": round(samples[0][2], 1), "rss_after_warmup_mib": round(warm, 1),
-               "rss_end_mib": round(end, 1), "growth_after_warmup_pct": round(100 * (end - warm) / warm, 2),
-               "samples": [{"kind": k, "after": n, "rss_mib": round(r, 1)} for k, n, r in samples]}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "soak.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps({k: v for k, v in summary.items() if k != "samples"}, indent=2))
+    warm, end = samples[1][2], samples[-1][2]
+    result = {"seconds": round(time.perf_counter() - started, 1), "produced_tokens": produced,
+              "rss_start_mib": round(samples[0][2], 1), "rss_after_warmup_mib": round(warm, 1),
+              "rss_end_mib": round(end, 1), "growth_after_warmup_pct": round(100 * (end - warm) / warm, 2),
+              "samples": [{"kind": k, "after": n, "rss_mib": round(r, 1)} for k, n, r in samples]}
+    folder = record.run_dir(EXPERIMENT, run, args.out)
+    text = tables.markdown(["after", "requests", "RSS MiB"], [[k, n, f"{r:.1f}"] for k, n, r in samples])
+    growth = f"Growth after warm-up: {result['growth_after_warmup_pct']:+.2f} %\n\n"
+    tables.write_text(folder / "soak.md", growth + text)
+    record.write_record(folder, run, result=result)
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
+    print(f"written: {folder}")
     return 0
 
 

@@ -1,15 +1,18 @@
-"""onnxruntime thread schemes for a draft and a target session sharing few cores (DESIGN §5).
+"""onnxruntime thread schemes for a draft and a target session sharing few cores: the evidence for the session options
+the runtime sets (specdec.runtime.backend.session_options).
 
-    python benchmarks/thread_schemes.py BUNDLE --rounds 3 [--out benchmarks/results/threads.md]
+    python benchmarks/thread_schemes.py bundles/smollm2-q41 --rounds 3
 
-Each scheme runs in its own process (a global thread pool is per process), the processes interleaved round by round.
+Each scheme runs in its own process (a global thread pool is per process), which opens the bundle through
+specdec.load on the onnxruntime backend with the scheme's session options; the processes take turns round by round,
+the order rotated per round.
 In each: plain decoding (16 target steps, T = 1) and speculative-shaped rounds (4 draft steps, then a T = 5 target
 verify), ms per target step / per round / per draft step. Schemes:
   nospin    per-session pools, session.intra_op.allow_spinning = 0
   spin      per-session pools, spinning on (onnxruntime's default)
   spinstop  per-session pools, spinning on, session.force_spinning_stop = 1 (spin only while a Run lasts)
   global    one global pool (set_global_thread_pool_sizes(cores, 1), use_per_session_threads = False)
-Prints (and writes) a markdown table of min / median; no assertions (not a test).
+Writes threads.md (min / median over the rounds) and record.json; no assertions (not a test).
 """
 from __future__ import annotations
 
@@ -21,6 +24,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from harness import opening, record, tables, timer
+
+EXPERIMENT = "threads"
 
 SCHEMES = ("nospin", "spin", "spinstop", "global")
 
@@ -47,21 +54,20 @@ def child(scheme: str, bundle: Path, cache_len: int = 64) -> dict:
     import numpy as np
     import onnxruntime as ort
 
-    from specdec.manifest import read_manifest
-    from specdec.runtime import backend as runtime_backend
-    from specdec.runtime.ort_backend import OrtBackend
+    from specdec.runtime import ort_backend
 
     if scheme == "global":
         ort.capi._pybind_state.set_global_thread_pool_sizes(len(os.sched_getaffinity(0)), 1)
-    runtime_backend.session_options = lambda threads=None: options_for(scheme)  # this child process only
-    manifest = read_manifest(bundle)
-    models = []
-    for entry in (manifest.target, manifest.draft):
-        backend = OrtBackend(bundle, entry).open()
+    # the scheme's options for every session this child process opens (where OrtBackend looks the function up)
+    ort_backend.session_options = lambda threads=None: options_for(scheme)
+    generator = opening.open_bundle(bundle, "onnxruntime")
+    models = opening.models(generator)
+    if "draft" not in models:
+        raise SystemExit(f"{bundle} has no draft model: the rounds need one")
+    target, draft = models["target"], models["draft"]
+    for backend in (target, draft):
         backend.reset(1)
         backend.forward(np.full((1, cache_len), 5, np.int64), np.array([0]), last_only=True)
-        models.append(backend)
-    target, draft = models
     one, five = np.array([[7]], np.int64), np.full((1, 5), 7, np.int64)
     started = time.perf_counter()
     for step in range(16):
@@ -75,6 +81,7 @@ def child(scheme: str, bundle: Path, cache_len: int = 64) -> dict:
         draft_s += time.perf_counter() - drafting
         target.forward(five, np.array([cache_len]))
     rounds = (time.perf_counter() - started) / 8
+    generator.close()
     return {"plain": plain * 1e3, "round": rounds * 1e3, "draft": draft_s / 32 * 1e3}
 
 
@@ -89,29 +96,41 @@ def table(samples: dict, bundle: Path, rounds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--schemes", default=",".join(SCHEMES))
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--cache-len", type=int, default=64)
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: benchmarks/results/threads/<date>-<commit>/)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.bundle)))
-        return
-    schemes = args.schemes.split(",")
+        print(json.dumps(child(args.child, args.bundle, args.cache_len)))
+        return 0
+    schemes = [s for s in args.schemes.split(",") if s]
+    if not schemes or any(s not in SCHEMES for s in schemes):
+        raise SystemExit(f"unknown scheme in {args.schemes!r}; choose from {', '.join(SCHEMES)}")
+    settings = {scheme: {"session options": scheme, "intra_op_num_threads": len(os.sched_getaffinity(0)),
+                         "inter_op_num_threads": 1} for scheme in schemes}
+    run = record.run_record(EXPERIMENT, settings, len(os.sched_getaffinity(0)), __file__, argv, rounds=args.rounds)
     samples = {scheme: [] for scheme in schemes}
-    for _ in range(args.rounds):
-        for scheme in schemes:
-            done = subprocess.run([sys.executable, __file__, str(args.bundle), "--child", scheme],
-                                  capture_output=True, text=True, check=True)
+    for index in range(args.rounds):
+        for scheme in timer.rotated(schemes, index):
+            done = subprocess.run([sys.executable, __file__, str(args.bundle), "--child", scheme, "--cache-len",
+                                   str(args.cache_len)], capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"scheme {scheme} failed:\n{done.stderr[-2000:]}")
             samples[scheme].append(json.loads(done.stdout.strip().splitlines()[-1]))
     text = table(samples, args.bundle, args.rounds)
+    folder = record.run_dir(EXPERIMENT, run, args.out)
+    tables.write_text(folder / "threads.md", text)
+    record.write_record(folder, run)
     print(text)
-    if args.out:
-        args.out.write_text(text)
+    print(f"written: {folder}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

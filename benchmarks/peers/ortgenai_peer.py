@@ -6,14 +6,19 @@ decoding (set_speculative_options(ngram_size=...)); its draft-model speculative 
 copy built by the same builder (a composite genai_config with model.draft); and plain decoding of the builder's
 INT4 graph (-p int4: another model, for its per-token cost). A mode the installed version refuses is recorded as
 failed with its error.
+
+    python benchmarks/peers/ortgenai_peer.py --bundle B --models benchmarks/.peers/models --prompts benchmarks/prompts \
+        --out peer.jsonl                      # the whole suite, JSONL records for `specdec bench --peers DIR`
+    python benchmarks/peers/ortgenai_peer.py --worker MODELS GAMMA   # lockstep.py's worker: one request per line
 """
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
-from peer_common import PeerMode, peer_main
+from peer_common import PeerMode, peer_main, record
 
 SYSTEM = "onnxruntime-genai"
 
@@ -88,5 +93,32 @@ def modes(args) -> list:
     return [plain, ngram, draft, int4]
 
 
+def worker(models: str, gamma: int) -> int:
+    """lockstep.py's peer: reads {"mode", "ids", "new_tokens", "prompt", "repeat"} lines, answers one record per line
+    (status "failed" with the error where a request fails). Plain and n-gram modes of the fp32 graph."""
+    import onnxruntime_genai as og
+
+    _, plain, ngram = fp32_modes(og, Path(models), gamma)
+    by_name = {"target-only": plain, "n-gram": ngram}
+    plain.run([1, 2, 3], 4)  # warm-up
+    print(json.dumps({"ready": True, "notes": {name: mode.note for name, mode in by_name.items()}}), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        mode = by_name[ask["mode"]]
+        named = PeerMode(ask["mode"], mode.drafter, mode.gamma, mode.note, mode.run)
+        try:
+            result = mode.run(ask["ids"], ask["new_tokens"])
+            answer = record(SYSTEM, named, ask["prompt"], ask["repeat"], ask["ids"], result)
+        except Exception as exc:  # reported in the table as a failed request, never dropped
+            answer = dict(system=SYSTEM, mode=named.name, drafter=named.drafter, gamma=named.gamma, status="failed",
+                          note=f"{named.note}; failed: {type(exc).__name__}: {exc}"[:400],
+                          prompt_id=ask["prompt"]["id"],
+                          cls=ask["prompt"]["class"], repeat=ask["repeat"])
+        print(json.dumps(answer), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        raise SystemExit(worker(sys.argv[2], int(sys.argv[3])))
     raise SystemExit(peer_main(SYSTEM, __doc__, modes))

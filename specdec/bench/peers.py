@@ -21,7 +21,8 @@ def peer_record_from_json(line: str, where: str) -> dict:
         raise ConfigError(f"{where}: not JSON ({exc})", "peer result files hold one JSON object per line") from exc
     missing = [k for k in REQUIRED if k not in record]
     if missing:
-        raise ConfigError(f"{where}: the record lacks {', '.join(missing)}", "rerun the peer with benchmarks/run_peers.py")
+        raise ConfigError(f"{where}: the record lacks {', '.join(missing)}",
+                          "rerun the peer's script (benchmarks/peers/*_peer.py) in its venv")
     return record
 
 
@@ -29,5 +30,6 @@ def read_peer_results(folder: Path) -> list:
     """Every record of every *.jsonl file in `folder`."""
     files = sorted(Path(folder).glob("*.jsonl"))
     if not files:
-        raise ConfigError(f"no peer results (*.jsonl) in {folder}", "run benchmarks/run_peers.py first")
+        raise ConfigError(f"no peer results (*.jsonl) in {folder}",
+                          "run a peer's script first (benchmarks/peers/*_peer.py --out DIR/NAME.jsonl, in its venv)")
     return read_jsonl(files, peer_record_from_json)

@@ -2,6 +2,7 @@
 is identical across specdec's modes, the pair table holds the specdec pairs (never timings)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,9 @@ def test_specdec_modes_in_turn(int4_bundle, tmp_path):
     assert f"| specdec model / specdec target-only | {prompts} |" in pairs
     assert f"| specdec auto / specdec target-only | {prompts} |" in pairs
     assert "onnxruntime-genai" not in pairs
+    record = json.loads((out / "record.json").read_text(encoding="utf-8"))
+    assert len(record["git"]["commit"]) == 40 and record["command"].startswith("python benchmarks/lockstep.py")
+    assert set(record["settings"]) == {"specdec"} and record["prompts"] == prompts
 
 
 def test_unknown_peer_mode_is_refused(tmp_path):

@@ -1,0 +1,50 @@
+"""Models are opened through `specdec.load` only: a benchmark then runs the backend, session options, threads and
+KV sharing a user gets. The peers are opened through their own APIs, in their own processes (benchmarks/peers/)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def open_bundle(bundle: str | Path, backend: str = "auto", threads: int | None = None, verify: bool = False):
+    """specdec.load(bundle, ...): a Generator. Hashes are skipped by default (the runs re-open bundles often)."""
+    from specdec.runtime import load
+
+    return load(bundle, backend=backend, threads=threads, verify=verify)
+
+
+def models(generator) -> dict:
+    """{"target": backend, "draft": backend} of an open generator (the draft only where the bundle has one): the
+    backends `load` opened, for timing single forwards."""
+    found = {"target": generator.target.backend}
+    if generator.draft is not None:
+        found["draft"] = generator.draft.backend
+    return found
+
+
+def describe(generator) -> dict:
+    """The settings a record needs of one specdec system: backend, why not native, γ, the models' precisions."""
+    manifest = generator.manifest
+    described = {"backend": generator.backend, "gamma": manifest.defaults.gamma,
+                 "gamma_max": manifest.defaults.gamma_max, "target": _entry(manifest.target)}
+    if manifest.draft is not None:
+        described["draft"] = _entry(manifest.draft)
+    if generator.backend_note:
+        described["backend_note"] = generator.backend_note
+    return described
+
+
+def _entry(entry) -> dict:
+    method = entry.calibration.method or entry.derived or "export"
+    return {"precision": entry.precision, "lowering": entry.lowering, "layers": entry.dims.num_layers,
+            "max_seq_len": entry.max_seq_len, "method": method}
+
+
+def add_common(parser: argparse.ArgumentParser, backend: bool = True) -> None:
+    """--out, --threads (and --backend) as every entry point spells them."""
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: benchmarks/results/<experiment>/<date>-<commit>/)")
+    parser.add_argument("--threads", type=int, default=None, help="threads per engine (default: the runtime's)")
+    if backend:
+        parser.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "native"),
+                            help="the backend specdec.load opens (default auto)")

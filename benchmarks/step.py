@@ -1,0 +1,300 @@
+"""What one forward pass costs: a decode step (T = 1), a verify pass (T = γ+1, every row scored) and a prompt chunk
+(its last row scored), at several cache lengths, for each model of each bundle on each backend, interleaved.
+
+    python benchmarks/step.py bundles/smollm2-q41                                 # target and draft, backend auto
+    python benchmarks/step.py bundles/smollm2-q41 --backends onnxruntime,native --roles target
+    python benchmarks/step.py OLD NEW --backends onnxruntime --rounds 8           # two exports of one model
+    python benchmarks/step.py bundles/smollm2-q41 --floor                         # against the bandwidth floor
+    python benchmarks/step.py bundles/smollm2-q41 --by-op --backends onnxruntime  # where a step spends its time
+
+Models are opened through specdec.load, so a call runs the backend, threads and session options a user gets. Every
+(model, case) takes its turn in each round, the order rotated per round, after a warm-up call of every shape.
+A case T@L is a forward of T tokens at cache length L; one that does not fit the bundle's S is left out.
+
+--floor adds the memory-bandwidth floor of a plain step: the bytes its kernels read (every weight of the target's
+ONNX graph but an embedding table, of which one row is read, plus the valid KV) over the read bandwidth of this
+machine, measured two ways in the same run (numpy XOR-reductions, one thread per core; onnxruntime's fp32 GEMV).
+Needs `onnx` (the [native] or [export] extra).
+--by-op adds onnxruntime's profiler view (onnxruntime backend only): per op type, the sum over nodes of each node's
+minimum over the calls, for T = 1 and the widest verify case. The profiler makes small kernels look dearer.
+
+Writes step.md (the tables), steps.csv and record.json. A benchmark, not a test: it asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from harness import opening, record, tables, timer
+
+EXPERIMENT = "step"
+DEFAULT_CASES = "1@64,1@512,1@1000,5@512,64@0"
+
+
+def parse_cases(text: str) -> list:
+    """'T@L,...' -> [(T, L)]."""
+    cases = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        tokens, _, cache = item.partition("@")
+        if not tokens.isdigit() or not cache.isdigit() or int(tokens) < 1:
+            raise SystemExit(f"case {item!r} is not T@L (tokens at cache length), e.g. 1@64")
+        cases.append((int(tokens), int(cache)))
+    return cases
+
+
+def label(case: tuple, gamma_max: int) -> str:
+    tokens, cache = case
+    kind = "decode" if tokens == 1 else "verify" if tokens <= gamma_max + 1 else "prefill"
+    return f"{kind} T={tokens} @{cache}"
+
+
+def call(backend, case: tuple, gamma_max: int):
+    """A callable running one forward of `case` on `backend` (slot 0)."""
+    tokens, cache = case
+    ids = np.full((1, tokens), 5, dtype=np.int64)  # [1, T]
+    cache_len = np.array([cache], dtype=np.int64)  # [1]
+    last_only = tokens > gamma_max + 1  # a prompt chunk scores its last row only, as the runtime feeds it
+    return lambda: backend.forward(ids, cache_len, last_only=last_only)
+
+
+def open_all(stack: contextlib.ExitStack, bundles: list, backends: list, roles: list, threads) -> tuple:
+    """({model label: backend}, {system label: settings}) over bundles × backends × roles."""
+    models, settings = {}, {}
+    names = [Path(b).name for b in bundles]
+    for bundle, name in zip(bundles, names):
+        name = name if names.count(name) == 1 else str(bundle)
+        for backend in backends:
+            generator = stack.enter_context(opening.open_bundle(bundle, backend, threads))
+            system = f"{name} ({generator.backend})"
+            settings[system] = opening.describe(generator) | {"threads": threads}
+            for role, model in opening.models(generator).items():
+                if role in roles:
+                    model.reset(1)
+                    models[f"{system} {role}"] = (model, generator.manifest)
+    return models, settings
+
+
+def measure(models: dict, cases: list, rounds: int) -> dict:
+    """{(model label, case): Spread} of interleaved calls."""
+    work = {}
+    for name, (model, manifest) in models.items():
+        gamma_max = manifest.defaults.gamma_max
+        for case in cases:
+            if case[0] + case[1] <= model.max_seq_len:
+                work[(name, case)] = call(model, case, gamma_max)
+    samples = timer.interleave(work, rounds=rounds, warmup=1)
+    return {key: timer.summarize(values) for key, values in samples.items()}
+
+
+def step_table(models: dict, cases: list, spreads: dict) -> str:
+    gamma_max = max(manifest.defaults.gamma_max for _, manifest in models.values())
+    header = ["model"] + [label(case, gamma_max) for case in cases]
+    rows = [[name] + [spreads[(name, case)].ms() if (name, case) in spreads else "–" for case in cases]
+            for name in models]
+    return tables.markdown(header, rows) + "\n(ms per call, min / median over the rounds)\n"
+
+
+def csv_rows(spreads: dict, models: dict) -> list:
+    rows = []
+    for (name, case), spread in spreads.items():
+        gamma_max = models[name][1].defaults.gamma_max
+        rows.append({"model": name, "case": label(case, gamma_max), "tokens": case[0], "cache_len": case[1],
+                     "calls": spread.n, "min_ms": round(spread.min * 1e3, 4),
+                     "median_ms": round(spread.median * 1e3, 4), "max_ms": round(spread.max * 1e3, 4)})
+    return rows
+
+
+# --- the bandwidth floor -------------------------------------------------------------------------------------------
+
+def numpy_read_gbs(gib: float, repeats: int) -> float:
+    """Best aggregate read bandwidth (GB/s) of one XOR-reducing thread per core over one large uint64 buffer (the
+    reduction is one cheap op per 8 bytes, so the loop waits on memory; numpy drops the GIL in it)."""
+    cores = len(os.sched_getaffinity(0))
+    data = np.ones(int(gib * 2**30) // 8, dtype=np.uint64)
+    parts = np.array_split(data, cores)
+    best = 0.0
+    for _ in range(repeats):
+        workers = [threading.Thread(target=np.bitwise_xor.reduce, args=(part,)) for part in parts]
+        started = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        best = max(best, data.nbytes / (time.perf_counter() - started) / 1e9)
+    return best
+
+
+def gemv_read_gbs(gib: float, repeats: int) -> float:
+    """Best bandwidth (GB/s) of onnxruntime's fp32 MatMul at M = 1 over a constant [K, N] weight of `gib` GiB, on
+    the runtime's own session options: the kernel that reads a plain fp32 step's weights."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specdec.runtime.backend import session_options
+
+    k = 1024
+    weight = np.random.default_rng(0).standard_normal((k, int(gib * 2**30) // 4 // k), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "gemv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, weight.shape[1]])],
+        [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    x = np.ones((1, k), np.float32)
+    run = lambda: session.run(None, {"x": x})  # noqa: E731
+    best = min(timer.interleave({"gemv": run}, rounds=repeats)["gemv"])
+    return weight.nbytes / best / 1e9
+
+
+def step_bytes(bundle: Path, entry, cache_len: int) -> tuple:
+    """(weight bytes a T = 1 step reads, KV bytes at `cache_len`) of a bundle model's ONNX graph."""
+    import onnx
+
+    model = onnx.load(str(Path(bundle) / entry.onnx_path), load_external_data=False)
+    sizes = {init.name: int(np.prod(init.dims)) * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+             for init in model.graph.initializer}
+    # a Gather reads one row per token: its table counts only where another kernel reads it whole (a tied head)
+    read = {name for node in model.graph.node if node.op_type != "Gather" for name in node.input if name in sizes}
+    dims = entry.dims
+    kv = 2 * dims.num_layers * dims.num_kv_heads * cache_len * dims.head_dim * np.dtype(np.float32).itemsize
+    return sum(sizes[name] for name in read), kv
+
+
+def floor_table(bundle: Path, manifest, cache_len: int, gib: float, repeats: int) -> tuple:
+    weights, kv = step_bytes(bundle, manifest.target, cache_len)
+    numpy_gbs, gemv_gbs = numpy_read_gbs(gib, repeats), gemv_read_gbs(gib, repeats)
+    total = weights + kv
+    rows = [["weight bytes a step reads (ONNX graph)", f"{weights / 1e6:.1f} MB"],
+            [f"KV bytes at cache length {cache_len}", f"{kv / 1e6:.1f} MB"],
+            ["read bandwidth, numpy XOR-reduce, one thread per core", f"{numpy_gbs:.1f} GB/s"],
+            ["read bandwidth, onnxruntime fp32 GEMV", f"{gemv_gbs:.1f} GB/s"],
+            ["floor at the numpy bandwidth", f"{total / numpy_gbs / 1e6:.2f} ms"],
+            ["floor at the GEMV bandwidth", f"{total / gemv_gbs / 1e6:.2f} ms"]]
+    text = f"Bandwidth floor of {Path(bundle).name}'s target step\n\n" + tables.markdown(["quantity", "value"], rows)
+    return text, {"weight_bytes": weights, "kv_bytes": kv, "numpy_gbs": round(numpy_gbs, 2),
+                  "gemv_gbs": round(gemv_gbs, 2)}
+
+
+# --- where the time goes, by op (onnxruntime) ----------------------------------------------------------------------
+
+def profiled(backend, prefix: str) -> None:
+    """Re-open an onnxruntime backend's session with the profiler on, on the same session options. This touches the
+    backend's session and driver: the profiler is a session option, which specdec.load does not expose."""
+    import onnxruntime as ort
+
+    from specdec.lowering import lowering_for
+    from specdec.runtime.backend import session_options
+
+    options = session_options(backend.threads)
+    options.enable_profiling = True
+    options.profile_file_prefix = prefix
+    entry = backend.entry
+    backend.session = ort.InferenceSession(str(backend.root / entry.onnx_path), options,
+                                           providers=["CPUExecutionProvider"])
+    backend.driver = lowering_for(entry.lowering).driver(backend.session, entry.dims, backend.max_seq_len,
+                                                         entry.kv_dtype)
+    backend.reset(1)
+
+
+def node_minima(events: list, widths: tuple) -> dict:
+    """{T: {op type: summed per-node minimum µs}} from a profile whose runs cycled through `widths`."""
+    import bisect
+    import collections
+
+    runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    times, ops = collections.defaultdict(list), {}
+    for event in events:
+        if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time"):
+            continue
+        run = bisect.bisect_right(runs, event["ts"]) - 1
+        node = event["name"][: -len("_kernel_time")]
+        times[(widths[run % len(widths)], node)].append(event["dur"])
+        ops[node] = event["args"].get("op_name", "?")
+    out = {width: collections.Counter() for width in widths}
+    for (width, node), durations in times.items():
+        out[width][ops[node]] += min(durations)
+    return out
+
+
+def by_op(name: str, backend, widths: tuple, cache_len: int, rounds: int, top: int) -> str:
+    import json
+    import tempfile
+
+    if backend.name != "onnxruntime":
+        return f"**{name}**: --by-op needs the onnxruntime backend (this model runs on {backend.name})\n"
+    with tempfile.TemporaryDirectory() as scratch:
+        profiled(backend, str(Path(scratch) / "profile"))
+        for _ in range(rounds):
+            for width in widths:
+                backend.forward(np.full((1, width), 7, np.int64), np.array([cache_len]))
+        events = json.loads(Path(backend.session.end_profiling()).read_text())
+    minima = node_minima(events, widths)
+    order = sorted({op for counter in minima.values() for op in counter}, key=lambda op: -minima[widths[-1]][op])
+    rows = [[op] + [f"{minima[w][op] / 1e3:.3f}" for w in widths] for op in order[:top]]
+    rows.append(["**all nodes**"] + [f"{sum(minima[w].values()) / 1e3:.3f}" for w in widths])
+    title = f"**{name}** at cache length {cache_len}: per-node minimum over {rounds} calls of each width, by op\n\n"
+    return title + tables.markdown(["op"] + [f"T = {w} ms" for w in widths], rows)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bundles", nargs="+")
+    parser.add_argument("--backends", default="auto", help="comma-separated: auto, onnxruntime, native")
+    parser.add_argument("--roles", default="target,draft")
+    parser.add_argument("--cases", default=DEFAULT_CASES, help="T@L items: T tokens at cache length L")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--floor", action="store_true", help="add the bandwidth floor of the first bundle's target")
+    parser.add_argument("--floor-gib", type=float, default=1.0)
+    parser.add_argument("--floor-cache-len", type=int, default=64)
+    parser.add_argument("--by-op", action="store_true", help="add onnxruntime's per-op profile")
+    parser.add_argument("--by-op-cache-len", type=int, default=200)
+    parser.add_argument("--top", type=int, default=12, help="op types shown by --by-op")
+    opening.add_common(parser, backend=False)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cases = parse_cases(args.cases)
+    backends = [b for b in (part.strip() for part in args.backends.split(",")) if b]
+    unknown = [b for b in backends if b not in ("auto", "onnxruntime", "native")]
+    if unknown or not backends:
+        raise SystemExit(f"unknown backend in {args.backends!r}; choose from auto, onnxruntime, native")
+    roles = [r.strip() for r in args.roles.split(",") if r.strip()]
+    with contextlib.ExitStack() as stack:
+        models, settings = open_all(stack, args.bundles, backends, roles, args.threads)
+        if not models:
+            raise SystemExit(f"no model with a role in {roles!r} in {args.bundles}")
+        run = record.run_record(EXPERIMENT, settings, args.threads, __file__, argv,
+                                cases=[list(c) for c in cases], rounds=args.rounds)
+        spreads = measure(models, cases, args.rounds)
+        text = step_table(models, cases, spreads)
+        finished = {}
+        if args.floor:
+            manifest = next(iter(models.values()))[1]
+            floor, finished["floor"] = floor_table(Path(args.bundles[0]), manifest, args.floor_cache_len,
+                                                   args.floor_gib, args.rounds)
+            text += "\n" + floor
+        if args.by_op:
+            for name, (model, manifest) in models.items():
+                widths = tuple(sorted({1} | {t for t, _ in cases if 1 < t <= manifest.defaults.gamma_max + 1}))
+                text += "\n" + by_op(name, model, widths, min(args.by_op_cache_len, model.max_seq_len - max(widths)),
+                                     args.rounds, args.top)
+    folder = record.run_dir(EXPERIMENT, run, args.out)
+    tables.write_text(folder / "step.md", text)
+    tables.write_csv(folder / "steps.csv", csv_rows(spreads, models))
+    record.write_record(folder, run, **finished)
+    print(text)
+    print(f"written: {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

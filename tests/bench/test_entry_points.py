@@ -1,0 +1,135 @@
+"""Every benchmark entry point in benchmarks/, run as a user runs it, on a tiny bundle for seconds: it exits 0 and
+writes its tables and a run record naming the commit and the command. Never timings (benchmarks are not tests).
+lockstep.py has its own file (test_lockstep.py); gpu_check.py runs on the TensorRT stand-in below."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def run_script(name: str, *args, timeout: int = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, str(BENCH / name), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def read_record(folder: Path, script: str) -> dict:
+    record = json.loads((folder / "record.json").read_text(encoding="utf-8"))
+    assert len(record["git"]["commit"]) == 40 and record["command"].startswith(f"python benchmarks/{script}")
+    assert record["machine"]["cpu"]["logical_cpus"] >= 1 and record["packages"]["numpy"]
+    assert record["settings"] and record["finished"]
+    return record
+
+
+def test_step(gqa_int4_bundle, tmp_path):
+    out = tmp_path / "step"
+    run_script("step.py", gqa_int4_bundle, "--cases", "1@16,4@16,32@0,90@40", "--rounds", "2", "--by-op",
+               "--floor", "--floor-gib", "0.01", "--backends", "onnxruntime", "--out", out)
+    text = (out / "step.md").read_text(encoding="utf-8")
+    assert "| gqa (onnxruntime) target |" in text and "| gqa (onnxruntime) draft |" in text
+    assert "decode T=1 @16" in text and "verify T=4 @16" in text and "prefill T=32 @0" in text
+    assert "| – |" in text  # 90 tokens at 40 do not fit S = 96: left out, not run
+    assert "floor at the GEMV bandwidth" in text and "**all nodes**" in text
+    rows = (out / "steps.csv").read_text(encoding="utf-8").splitlines()
+    assert rows[0].startswith("model,case,tokens,cache_len,calls,min_ms") and len(rows) == 1 + 2 * 3
+    assert read_record(out, "step.py")["cases"] == [[1, 16], [4, 16], [32, 0], [90, 40]]
+
+
+def test_modes_greedy_and_gumbel(gqa_int4_bundle, int4_bundle, tmp_path):
+    out = tmp_path / "modes"
+    run_script("modes.py", gqa_int4_bundle, int4_bundle, "--modes", "none,model:2,auto", "--per-class", "1",
+               "--new-tokens", "6", "--repeats", "2", "--out", out)
+    text = (out / "modes.md").read_text(encoding="utf-8")
+    assert "| target-only |" in text and "| gqa model γ=2 |" in text and "| int4 auto |" in text
+    assert "every check held" in text
+    read_record(out, "modes.py")
+    sampled = tmp_path / "sampled"
+    run_script("modes.py", gqa_int4_bundle, "--modes", "model,prompt_lookup", "--couplings", "leviathan,gumbel",
+               "--temperature", "0.8", "--per-class", "1", "--new-tokens", "6", "--repeats", "1", "--out", sampled)
+    text = (sampled / "modes.md").read_text(encoding="utf-8")
+    assert "(gumbel)" in text and "every check held" in text  # gumbel: the same tokens whatever the drafter
+
+
+def test_draft_quality(gqa_int4_bundle, tmp_path):
+    out = tmp_path / "quality"
+    run_script("draft_quality.py", gqa_int4_bundle, "--per-class", "1", "--continue", "6", "--kv", "target",
+               "--confidence", "--gammas", "2,3", "--cache-len", "32", "--rounds", "2", "--layer-skip", "--out", out)
+    text = (out / "quality.md").read_text(encoding="utf-8")
+    assert "| gqa | int4 (int4), onnxruntime | target |" in text
+    assert "stop below 0.5" in text and "| layer left out | top-1 agreement |" in text
+    read_record(out, "draft_quality.py")
+
+
+def test_soak(gqa_int4_bundle, tmp_path):
+    out = tmp_path / "soak"
+    run_script("soak.py", gqa_int4_bundle, "--requests", "6", "--new-tokens", "4", "--every", "3", "--out", out)
+    result = read_record(out, "soak.py")["result"]
+    assert [s["kind"] for s in result["samples"]] == ["start", "warm", "run", "run"]
+    assert "Growth after warm-up" in (out / "soak.md").read_text(encoding="utf-8")
+
+
+def test_serve_load(gqa_int4_bundle, tmp_path):
+    for module in ("fastapi", "uvicorn", "httpx", "psutil", "matplotlib"):
+        pytest.importorskip(module)
+    out = tmp_path / "serve"
+    run_script("serve_load.py", "--bundle", gqa_int4_bundle, "--modes", "plain,fixed", "--concurrency", "1,2",
+               "--requests", "2", "--repeats", "1", "--max-tokens", "4", "--max-batch", "2", "--out", out)
+    summary = (out / "summary.csv").read_text(encoding="utf-8").splitlines()
+    assert summary[0].startswith("mode,concurrency,requests,errors") and len(summary) == 1 + 2 * 2
+    assert all(line.split(",")[3] == "0" for line in summary[1:])  # no errors
+    record = read_record(out, "serve_load.py")
+    same, compared = record["identical_greedy_outputs"]
+    assert same == compared >= 1
+    assert (out / "throughput.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_thread_schemes(gqa_int4_bundle, tmp_path):
+    out = tmp_path / "threads"
+    run_script("thread_schemes.py", gqa_int4_bundle, "--rounds", "1", "--cache-len", "16", "--out", out)
+    text = (out / "threads.md").read_text(encoding="utf-8")
+    assert all(f"| {scheme} |" in text for scheme in ("nospin", "spin", "spinstop", "global"))
+    read_record(out, "thread_schemes.py")
+
+
+def test_head_scatter(tmp_path):
+    out = tmp_path / "scatter"
+    run_script("head_scatter.py", "--kept", "40", "--vocab", "128", "--repeats", "3", "--out", out)
+    assert "the bundle's form" in (out / "scatter.md").read_text(encoding="utf-8")
+    read_record(out, "head_scatter.py")
+
+
+def test_bad_arguments_are_refused_without_a_traceback(gqa_int4_bundle, tmp_path):
+    for script, args, message in (("step.py", ["--cases", "1x64"], "is not T@L"),
+                                  ("step.py", ["--backends", "gpu"], "unknown backend"),
+                                  ("modes.py", ["--modes", "beam:2"], "is not DRAFTER[:γ]"),
+                                  ("thread_schemes.py", ["--schemes", "turbo"], "unknown scheme")):
+        done = subprocess.run([sys.executable, str(BENCH / script), str(gqa_int4_bundle), *args, "--out",
+                               str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_gpu_check_on_the_tensorrt_stand_in(tiny_llama, tmp_path, monkeypatch):
+    """The GPU one-shot check's own code on the CPU stand-in for tensorrt + cuda-python: proves the script's glue,
+    never TensorRT (which only `make gpu-check` on a GPU machine can)."""
+    from specdec.cli import export_main
+    from tests.engines.trt_standin import Device, install
+
+    install(monkeypatch, Device())
+    bundle = tmp_path / "trt"
+    assert export_main(["--target", str(tiny_llama), "--out", str(bundle), "--draft-layers", "1", "--engine",
+                        "tensorrt", "--max-seq-len", "96", "--max-batch", "2", "--gamma", "3", "--gamma-max", "4",
+                        "--max-prefill-chunk", "64"]) == 0  # gpu_check feeds each prompt whole
+    spec = importlib.util.spec_from_file_location("gpu_check", BENCH / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.main([str(bundle), str(tmp_path / "out"), "--new-tokens", "4", "--repeats", "1"]) == 0
+    report = json.loads((tmp_path / "out" / "trt.json").read_text(encoding="utf-8"))
+    assert all(report["exact"].values()) and report["exact_no_graphs"]

@@ -1,0 +1,67 @@
+"""benchmarks/harness: the interleaved timer's order and statistics, and the run record's fields and folder."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from benchmarks.harness import record, tables, timer
+
+
+def test_rotation_and_interleaving_order():
+    assert timer.rotated([1, 2, 3], 1) == [2, 3, 1] and timer.rotated([1, 2, 3], 4) == [2, 3, 1]
+    assert timer.rotated([], 3) == []
+    calls = []
+    ticks = iter(range(1000))
+    samples = timer.interleave({k: (lambda k=k: calls.append(k)) for k in "abc"}, rounds=3, warmup=1, calls=2,
+                               clock=lambda: next(ticks))
+    assert calls[:3] == ["a", "b", "c"]  # the warm-up, not recorded
+    assert calls[3:] == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "c", "a", "a", "c", "c", "a", "a", "b", "b"]
+    assert {k: len(v) for k, v in samples.items()} == {"a": 6, "b": 6, "c": 6}
+    assert all(s == 1 for v in samples.values() for s in v)  # one clock tick per call
+    with pytest.raises(ValueError):
+        timer.interleave({"a": lambda: None}, rounds=0)
+
+
+def test_spread():
+    spread = timer.summarize([0.004, 0.002, 0.003])
+    assert (spread.n, spread.min, spread.median, spread.max) == (3, 0.002, 0.003, 0.004)
+    assert spread.spread == pytest.approx(1.0) and spread.ms() == "2.0 / 3.0"
+    with pytest.raises(ValueError):
+        timer.summarize([])
+
+
+def test_run_record_names_commit_machine_settings_and_command(tmp_path):
+    run = record.run_record("exp", {"specdec": {"backend": "onnxruntime"}}, 2, "benchmarks/step.py", ["B", "--x", "1"])
+    assert run["git"]["commit"] and len(run["git"]["commit"]) == 40 and run["git"]["dirty"] in (True, False)
+    assert run["command"] == "python benchmarks/step.py B --x 1"
+    cpu = run["machine"]["cpu"]
+    assert cpu["model"] and cpu["logical_cpus"] >= 1 and cpu["usable_cpus"] >= 1 and isinstance(cpu["flags"], list)
+    assert run["machine"]["threads"] == 2 and "numpy" in run["packages"]
+    assert run["settings"] == {"specdec": {"backend": "onnxruntime"}}
+    folder = record.run_dir("exp", run, tmp_path / "out")
+    record.write_record(folder, run, result={"x": 1})
+    back = record.read_record(folder)
+    assert back["result"] == {"x": 1} and back["finished"] and back["experiment"] == "exp"
+    assert record.RESULTS == record.ROOT / "benchmarks" / "results"
+
+
+def test_tables(tmp_path):
+    assert tables.markdown(["a", "b"], [[1, "x"]]) == "| a | b |\n|---|---|\n| 1 | x |\n"
+    path = tables.write_csv(tmp_path / "t.csv", [{"a": 1, "b": 2}])
+    assert path.read_text().splitlines() == ["a,b", "1,2"]
+
+
+def test_every_committed_run_has_a_record_naming_its_commit():
+    results = record.RESULTS
+    runs = [p for p in results.glob("*/*") if p.is_dir()]
+    assert runs
+    for run in runs:
+        data = json.loads((run / record.RECORD).read_text(encoding="utf-8"))
+        assert data["experiment"] == run.parent.name
+        assert run.name.startswith(data["date"]) and data["git"]["short"] in run.name
+        assert data["command"] and data["machine"]["cpu"]["model"]
+    tracked = subprocess.run(["git", "-C", str(record.ROOT), "ls-files", "benchmarks/results"], capture_output=True,
+                             text=True).stdout.split()
+    assert not [f for f in tracked if f.endswith(".parquet")]  # one format per table: markdown, CSV for data

@@ -1,0 +1,86 @@
+"""The README and the docs site: the generated performance page is current, the README is a short user guide without
+dated narration, every error class has its troubleshooting entry, every path the pages cite exists, and the site
+builds with `mkdocs build --strict` (where mkdocs is installed: the [docs] extra)."""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, ROOT / "CONTRIBUTING.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def perf_page():
+    spec = importlib.util.spec_from_file_location("make_perf_page", ROOT / "benchmarks" / "make_perf_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_performance_page_is_generated_from_the_committed_records():
+    module = perf_page()
+    committed = (DOCS / "performance.md").read_text(encoding="utf-8")
+    assert committed == module.render(), "docs/performance.md is stale: run python benchmarks/make_perf_page.py"
+    assert (DOCS / "img" / module.PLOT.name).is_file()
+
+
+def test_the_readme_table_is_the_newest_lockstep_run():
+    module = perf_page()
+    run = module.newest("lockstep")
+    assert module.readme_table(run) in README.read_text(encoding="utf-8")
+    assert module.record_of(run)["git"]["short"] in README.read_text(encoding="utf-8")
+
+
+def test_the_readme_is_a_short_guide_without_dated_narration():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.encode("utf-8")) <= 20 * 1024
+    assert not re.search(r"20\d\d-[01]\d-[0-3]\d", text), "a date in the README"
+    assert not re.search(r"(?<![\d.])[0-2]\d:[0-5]\d(?!\d)", text), "a time of day in the README"
+    assert "lockstep-native" not in text and "DESIGN" not in text
+    assert "make demo" in text and "make test" in text  # the two set-up commands (CI greps for them)
+
+
+def test_no_page_points_at_a_design_file_outside_the_repository():
+    for page in PAGES:
+        assert not re.search(r"DESIGN(\.md| ?§)", page.read_text(encoding="utf-8")), page
+
+
+def test_every_error_class_has_a_troubleshooting_entry():
+    from specdec import errors
+    from specdec.serving import engine
+
+    classes = {name for name, obj in inspect.getmembers(errors, inspect.isclass)
+               if issubclass(obj, errors.SpecDecError) or obj is errors.Terminated}
+    classes |= {"QueueFullError", "EngineClosedError"}
+    text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
+    missing = [name for name in sorted(classes) if name not in text]
+    assert not missing, f"docs/troubleshooting.md does not cover {missing}"
+    assert issubclass(engine.QueueFullError, errors.SpecDecError)
+
+
+def test_every_cited_path_exists():
+    cited = re.compile(r"`((?:benchmarks|specdec|tests|docs)/[\w./-]+?)(?:::[\w]+)?`")
+    for page in PAGES:
+        for path in cited.findall(page.read_text(encoding="utf-8")):
+            if any(mark in path for mark in ("<", "*", "NAME")):
+                continue
+            assert (ROOT / path).exists(), f"{page.relative_to(ROOT)} cites {path}, which does not exist"
+
+
+@pytest.mark.skipif(shutil.which("mkdocs") is None and importlib.util.find_spec("mkdocs") is None,
+                    reason="mkdocs is not installed (the [docs] extra)")
+def test_the_site_builds_strict(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    built = {p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("index.html")}
+    assert len(built) >= 8 and "performance/index.html" in built and "reference/errors/index.html" in built
