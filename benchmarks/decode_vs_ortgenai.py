@@ -39,10 +39,11 @@ def run_specdec(bundle: str, role: str = "target", engine: str = "onnxruntime") 
     from specdec.manifest import read_manifest
     from specdec.runtime.native_backend import NativeBackend
     from specdec.runtime.ort_backend import OrtBackend
+    from specdec.runtime.registry import open_pair
 
     manifest = read_manifest(bundle)
     if engine == "native":  # the draft on the target's blocks needs its target open (and reset) too
-        target, draft = NativeBackend.open_models(Path(bundle), manifest, "cpu", None)
+        target, draft = open_pair(NativeBackend, Path(bundle), manifest, "cpu", None)
         target.reset(1)
         backend = target if role == "target" else draft
     else:

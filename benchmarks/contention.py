@@ -1,0 +1,111 @@
+"""Plain decoding beside other work: ms per token of each system idle and beside N busy processes (each spins on
+one core), as the slowdown against idle, measured in one run. Systems: specdec on each backend, and llama.cpp on
+the same model's GGUF where benchmarks/peers/setup.sh built it (threads = cores, its documented first setting).
+
+    python benchmarks/contention.py bundles/smollm2-q41 --busy 0,1,3 --tokens 48 --rounds 3
+    python benchmarks/contention.py bundles/smollm2-q41 --backends native --busy 0,3 --no-llamacpp
+
+Levels run in the order given, then idle again (drift shows as two idle figures); within a level every system takes
+its turn each round, the order rotated. Busy processes are started for a level and killed after it. Writes
+contention.md and record.json; asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import opening, record, tables, timer
+
+EXPERIMENT = "contention"
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+@contextlib.contextmanager
+def busy(count: int):
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def specdec_system(bundle: Path, backend: str, threads: int | None, tokens: int):
+    import specdec
+
+    generator = opening.open_bundle(bundle, backend=backend, threads=threads)
+    config = specdec.GenerationConfig(max_new_tokens=tokens, drafter="none", eos_token_ids=())
+
+    def decode() -> float:
+        stats = generator.generate(PROMPT, config).stats
+        return (stats.total_s - stats.first_token_s) / max(1, stats.emitted - 1)
+
+    return decode, opening.describe(generator)
+
+
+def llamacpp_system(tokens: int, threads: int):
+    """llama.cpp's plain decoding through benchmarks/peers/llamacpp_peer.py, or None where it is not built."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        from peers import llamacpp_peer
+    except ImportError:
+        return None
+    if not llamacpp_peer.available():
+        return None
+    server = llamacpp_peer.plain_decoder(threads=threads)
+    return (lambda: server.decode_ms_per_token(PROMPT, tokens) / 1e3), server.settings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--backends", default="native,onnxruntime")
+    parser.add_argument("--busy", default="0,1,3", help="busy processes per level")
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-llamacpp", action="store_true")
+    opening.add_common(parser, backend=False)
+    args = parser.parse_args()
+    systems, settings = {}, {}
+    for name in (n.strip() for n in args.backends.split(",") if n.strip()):
+        systems[f"specdec {name}"], settings[f"specdec {name}"] = specdec_system(args.bundle, name, args.threads,
+                                                                                 args.tokens)
+    with contextlib.ExitStack() as stack:
+        peer = None if args.no_llamacpp else llamacpp_system(args.tokens, args.threads or len(os.sched_getaffinity(0)))
+        if peer is not None:
+            systems["llama.cpp"], settings["llama.cpp"] = peer
+            stack.callback(getattr(peer[0], "close", lambda: None))
+        levels = [int(n) for n in args.busy.split(",")]
+        results = {}
+        for index, level in enumerate(levels + [0]):
+            with busy(level):
+                samples = timer.interleave(systems, args.rounds, warmup=1)
+            results[(index, level)] = {name: timer.summarize(got) for name, got in samples.items()}
+    idle = results[(0, levels[0])]
+    header = ["system"] + [f"{'idle' if level == 0 else f'{level} busy'} ms/token" for _, level in results]
+    header += [f"{level} busy / idle" for level in levels if level]
+    rows = []
+    for name in systems:
+        row = [name] + [results[key][name].ms(2) for key in results]
+        row += [f"{results[(i, level)][name].median / idle[name].median:.2f}x" for i, level in enumerate(levels)
+                if level]
+        rows.append(row)
+    run = record.run_record(EXPERIMENT, settings, args.threads, __file__, busy=levels, tokens=args.tokens)
+    folder = record.run_dir(EXPERIMENT, run, args.out)
+    text = (f"plain decoding of {args.tokens} tokens, ms/token (min / median of {args.rounds} rounds) beside busy "
+            f"processes, each spinning on one core; {len(os.sched_getaffinity(0))} cores; the last column set is "
+            f"idle again\n\n" + tables.markdown(header, rows))
+    if "llama.cpp" not in systems:
+        text += "\n\nllama.cpp: not measured (not built: benchmarks/peers/setup.sh, or --no-llamacpp)\n"
+    tables.write_text(folder / "contention.md", text)
+    record.write_record(folder, run)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
