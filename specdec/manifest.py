@@ -372,12 +372,15 @@ def read_manifest(bundle: str | os.PathLike) -> Manifest:
     return manifest_from_json(manifest_path.read_text(encoding="utf-8"))
 
 
-def check_bundle_files(bundle: str | os.PathLike, manifest: Manifest) -> None:
-    """Verify that every file the manifest lists exists and has the recorded sha256."""
+def check_bundle_files(bundle: str | os.PathLike, manifest: Manifest, only: list | None = None) -> None:
+    """Verify that every file the manifest lists (or the listed files among `only`) exists and has the recorded
+    sha256."""
     root = Path(bundle)
     expected = dict(manifest.tokenizer.files)
     for entry in manifest.models.values():
         expected.update(entry.files)
+    if only is not None:
+        expected = {rel: digest for rel, digest in expected.items() if rel in set(only)}
     for rel, digest in expected.items():
         path = root / rel
         if not path.is_file():

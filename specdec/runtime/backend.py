@@ -54,6 +54,12 @@ class Backend:
     def for_draft(cls, root: Path, draft: ModelEntry, threads: int | None, target: "Backend") -> "Backend":
         return cls(root, draft, threads)
 
+    @classmethod
+    def files_read(cls, entry: ModelEntry) -> list:
+        """The bundle files this backend reads of `entry` (load(verify=True) hashes these before opening it)."""
+        native = entry.native.path if entry.native is not None else None
+        return [rel for rel in entry.files if rel != native]
+
     @property
     def kv_layout(self) -> str | None:
         """The lowering whose KV layout this backend's driver holds in numpy (a KV source for copy_kv), or None."""

@@ -39,7 +39,8 @@ class GenerationResult:
 
 def load(bundle: str | Path, backend: str = AUTO_BACKEND, device: str | None = None, verify: bool = True,
          threads: int | None = None) -> "Generator":
-    """Open a bundle for generation. `verify` checks every file's sha256 against the manifest.
+    """Open a bundle for generation. `verify` checks the sha256 of every file the opened backends and the tokenizer
+    read against the manifest (before each is opened).
     backend: "auto" (the default) opens the native backend where the bundle and this machine allow it (native weights
     in the bundle, an AVX2 CPU, a C compiler), else onnxruntime; the Generator's `backend` names the one opened and
     `backend_note` says why native was not (specdec.runtime.registry).
@@ -47,10 +48,10 @@ def load(bundle: str | Path, backend: str = AUTO_BACKEND, device: str | None = N
     root = Path(bundle)
     manifest = read_manifest(root)
     if verify:
-        check_bundle_files(root, manifest)
+        check_bundle_files(root, manifest, list(manifest.tokenizer.files))
     device = device or ("cuda:0" if backend == TrtBackend.name else "cpu")
     codec = TextCodec(root).open()
-    target, draft, backend, note = open_backends(root, manifest, backend, device, threads)
+    target, draft, backend, note = open_backends(root, manifest, backend, device, threads, verify)
     generator = Generator(manifest, codec, target, draft)
     generator.backend, generator.backend_note = backend, note
     return generator

@@ -45,6 +45,11 @@ class NativeBackend(Backend):
         self.model = self.driver = None
 
     @classmethod
+    def files_read(cls, entry: ModelEntry) -> list:
+        """Only the native weights: the engine reads no ONNX."""
+        return [entry.native.path] if entry.native is not None else []
+
+    @classmethod
     def runs_draft(cls, draft: ModelEntry, target: Backend) -> bool:
         """Whether this backend runs `draft` beside the open `target` (the pair planner asks)."""
         return isinstance(target, cls) and drafts_natively(draft, target.entry)

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from specdec.errors import BackendError, SpecDecError
-from specdec.manifest import Manifest
+from specdec.manifest import Manifest, check_bundle_files
 from specdec.runtime.backend import Backend
 from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
@@ -40,18 +40,23 @@ def _check_device(cls: type[Backend], device: str) -> None:
                            "device='cuda:N'")
 
 
-def open_pair(cls: type[Backend], root: Path, manifest: Manifest, device: str, threads: int | None) -> tuple:
+def open_pair(cls: type[Backend], root: Path, manifest: Manifest, device: str, threads: int | None,
+              verify: bool = False) -> tuple:
     """(target, draft or None), opened: the target on `cls`, the draft on `cls` where it runs it beside that target
-    (runs_draft), else on onnxruntime."""
+    (runs_draft), else on onnxruntime. verify: hash the files each backend reads before it opens them."""
     _check_device(cls, device)
     if cls is NativeBackend and _native_off():
         raise BackendError(f"the native backend is turned off ({BACKEND_ENV}={os.environ[BACKEND_ENV]})",
                            f"unset {BACKEND_ENV}, or use backend='onnxruntime'")
+    if verify:
+        check_bundle_files(root, manifest, cls.files_read(manifest.target))
     target = cls.for_target(root, manifest.target, device, threads).open()
     if manifest.draft is None:
         return target, None
     try:
         runner = next(c for c in (cls, FALLBACK) if c.runs_draft(manifest.draft, target))
+        if verify:
+            check_bundle_files(root, manifest, runner.files_read(manifest.draft))
         return target, runner.for_draft(root, manifest.draft, threads, target).open()
     except BaseException:
         target.close()
@@ -70,17 +75,19 @@ def _warn_once(note: str) -> None:
     log.warning("%s; running on onnxruntime", note)
 
 
-def open_backends(root: Path, manifest: Manifest, backend: str, device: str, threads: int | None) -> tuple:
-    """(target, draft, the backend's name, why native did not open or None) for `specdec.load`."""
+def open_backends(root: Path, manifest: Manifest, backend: str, device: str, threads: int | None,
+                  verify: bool = False) -> tuple:
+    """(target, draft, the backend's name, why native did not open or None) for `specdec.load`; verify: hash each
+    file a backend reads before it opens."""
     if backend != AUTO:
-        return (*open_pair(backend_class(backend), root, manifest, device, threads), backend, None)
+        return (*open_pair(backend_class(backend), root, manifest, device, threads, verify), backend, None)
     if device != "cpu":
         raise BackendError(f"backend='auto' runs on the CPU, not on {device!r}",
                            "pass backend='tensorrt' for a GPU, or leave device unset")
     try:
-        return (*open_pair(NativeBackend, root, manifest, device, threads), NativeBackend.name, None)
+        return (*open_pair(NativeBackend, root, manifest, device, threads, verify), NativeBackend.name, None)
     except (SpecDecError, OSError, AttributeError) as exc:  # not this bundle, this machine, or this cache
         note = f"the native backend did not open: {getattr(exc, 'message', None) or exc}"
     if not _native_off():
         _warn_once(note)
-    return (*open_pair(FALLBACK, root, manifest, device, threads), FALLBACK.name, note)
+    return (*open_pair(FALLBACK, root, manifest, device, threads, verify), FALLBACK.name, note)

@@ -230,3 +230,28 @@ def test_lockstep_runs_both_backends_as_systems(grid_bundle, tmp_path):
                               "--peer-modes", "none", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 1
     assert "unknown backend in 'onnxruntime,gpu'" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_load_hashes_the_files_the_opened_backend_reads(q41_bundle, tmp_path):
+    """verify=True hashes what each backend reads before it opens it: a changed native weights file stops native
+    (and auto falls back, saying why); a changed target graph stops onnxruntime, not native, which never reads it."""
+    import shutil
+
+    from specdec.errors import ManifestError
+
+    for name, stopped in (("target/native.bin", "native"), ("target/model.onnx", "onnxruntime")):
+        bundle = tmp_path / name.replace("/", "-")
+        shutil.copytree(q41_bundle, bundle)
+        with open(bundle / name, "r+b") as handle:
+            handle.seek(-1, 2)
+            last = handle.read(1)
+            handle.seek(-1, 2)
+            handle.write(bytes([last[0] ^ 1]))
+        with pytest.raises(ManifestError, match=f"{name}.*sha256"):
+            load(bundle, backend=stopped)
+        other = "onnxruntime" if stopped == "native" else "native"
+        with load(bundle, backend=other) as generator:
+            assert generator.generate([5, 9], GenerationConfig(max_new_tokens=2)).token_ids
+        with load(bundle) as generator:
+            assert generator.backend == other
+            assert (generator.backend_note is None) == (other == "native")
