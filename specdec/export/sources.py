@@ -132,3 +132,21 @@ def load_tokenizer(source: ModelSource):
         return AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
     except (OSError, ValueError) as exc:
         raise ExportError(f"cannot load the tokenizer of {source.name!r}: {exc}", "the model needs a tokenizer") from exc
+
+
+def check_template(template, special: dict, name: str) -> None:
+    """A chat template must render in jinja2's sandbox, as the runtime renders it: ExportError otherwise."""
+    from specdec.chat_template import check_chat_template
+    from specdec.errors import SpecDecError
+
+    if isinstance(template, dict):  # named templates: the runtime renders the default one
+        template = template.get("default")
+    if not template:
+        return
+    try:
+        check_chat_template(template, {k: v for k, v in special.items() if isinstance(v, str)})
+    except SpecDecError as exc:
+        raise ExportError(f"the chat template of {name!r} does not render in jinja2's sandbox: {exc.message}",
+                          "a chat template is data, not code: specdec renders it sandboxed, as transformers does. "
+                          "Fix or remove chat_template (tokenizer_config.json or chat_template.jinja) in the model "
+                          "folder; without one the bundle takes raw-text prompts") from None
