@@ -356,13 +356,18 @@ def read_manifest(bundle: str | os.PathLike) -> Manifest:
     return manifest_from_json(manifest_path.read_text(encoding="utf-8"))
 
 
-def check_bundle_files(bundle: str | os.PathLike, manifest: Manifest) -> None:
-    """Verify that every file the manifest lists exists and has the recorded sha256."""
-    root = Path(bundle)
+def listed_files(manifest: Manifest) -> dict:
+    """Every file the manifest lists (relative path -> sha256): the tokenizer's and each model's."""
     expected = dict(manifest.tokenizer.files)
     for entry in manifest.models.values():
         expected.update(entry.files)
-    for rel, digest in expected.items():
+    return expected
+
+
+def check_bundle_files(bundle: str | os.PathLike, manifest: Manifest) -> None:
+    """Verify that every file the manifest lists exists and has the recorded sha256."""
+    root = Path(bundle)
+    for rel, digest in listed_files(manifest).items():
         path = root / rel
         if not path.is_file():
             raise ManifestError(f"bundle file {rel!r} is missing from {str(root)!r}", "re-export the bundle")
