@@ -117,7 +117,21 @@ def load_model(source: ModelSource, torch_dtype):
     model.hf_quantizer = None  # a GGUF arrives dequantized; keep no quantizer state around
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    check_finite_weights(model, source.name)
     return model.eval()
+
+
+def check_finite_weights(model, name: str) -> None:
+    """ExportError if a weight holds NaN or inf: such a graph computes garbage, and NaN passes every `>` check."""
+    import torch
+
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+                count = int((~torch.isfinite(param)).sum())
+                raise ExportError(
+                    f"the weights of {name!r} hold NaN or inf: {count} of the {param.numel()} values of {param_name}",
+                    "the checkpoint is damaged (or saved from a diverged run); export a checkpoint with finite weights")
 
 
 def _first_line(exc: Exception) -> str:
