@@ -21,7 +21,11 @@ class TextCodec:
         path = self.root / "tokenizer.json"
         if not path.is_file():
             raise ManifestError(f"{path} is missing", "re-export the bundle")
-        self.tokenizer = Tokenizer.from_file(str(path))
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises a plain Exception for a damaged file
+            raise ManifestError(f"{path} cannot be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+                                "the file is truncated or corrupt; re-export the bundle (or copy it again)") from None
         from specdec.chat_template import compile_chat_template, read_chat_template
 
         template, self.special = read_chat_template(self.root)
