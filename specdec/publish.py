@@ -83,6 +83,25 @@ def bundle_problem(path: Path) -> str | None:
     return None
 
 
+def check_output_file(path: str | os.PathLike, overwrite: bool, flag: str) -> Path:
+    """Refuse an output file that cannot be written, or that exists without --overwrite, before any work starts."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a directory", f"pass a file name, e.g. {flag} {path / 'report.md'}")
+    if path.exists() or path.is_symlink():
+        if not overwrite:
+            raise ConfigError(f"{flag} {str(path)!r} already exists", "pass --overwrite to replace it, or choose "
+                              "another file")
+        if not path.is_file():
+            raise ConfigError(f"{flag} {str(path)!r} is not a regular file", "choose a file to write")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r}: the folder {str(parent)!r} does not exist", "create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {str(path)!r}: the folder {str(parent)!r} is not writable", "choose another folder")
+    return path
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
