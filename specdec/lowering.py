@@ -192,6 +192,24 @@ class GqaDriver:
         return logits[slots]
 
 
+ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)", "float16": "tensor(float16)",
+             "bfloat16": "tensor(bfloat16)"}  # manifest dtype -> onnxruntime's NodeArg.type
+
+
+def _mismatch(role: str, kind: str, spec: TensorSpec, arg) -> str | None:
+    """Why a graph's input or output (an onnxruntime NodeArg, or None) differs from the manifest's spec."""
+    if arg is None:
+        return f"the {role} graph has no {kind} {spec.name}"
+    shape = arg.shape
+    same = len(shape) == len(spec.shape) and all(
+        not (isinstance(want, int) and isinstance(dim, int)) or want == dim for want, dim in zip(spec.shape, shape))
+    if not same:
+        return f"the {role} graph's {kind} {spec.name} has shape {shape}; the manifest describes {spec.shape}"
+    if ORT_TYPES.get(spec.dtype, arg.type) != arg.type:
+        return f"the {role} graph's {kind} {spec.name} is {arg.type}; the manifest describes {spec.dtype}"
+    return None
+
+
 class Lowering:
     """One lowering of the contract; see the module docstring."""
 
@@ -210,17 +228,21 @@ class Lowering:
         return self.driver_class(session, Geometry(dims, max_seq_len, kv_dtype))
 
     def check_session(self, session, dims: ModelDims, max_seq_len: int, kv_dtype: str, role: str) -> None:
-        """The graph's inputs must be the ones the manifest describes (names, static dims such as S)."""
-        graph = {i.name: i.shape for i in session.get_inputs()}
-        for spec in self.io_specs(dims, max_seq_len, kv_dtype)[0]:
-            got = graph.get(spec.name)
-            same = got is not None and len(got) == len(spec.shape) and all(
-                not (isinstance(want, int) and isinstance(dim, int)) or want == dim for want, dim in zip(spec.shape, got))
-            if not same:
-                raise ManifestError(
-                    f"the {role} graph's input {spec.name} has shape {got}; the manifest describes {spec.shape} "
-                    f"(max_seq_len {max_seq_len}, lowering {self.name})",
-                    "the manifest does not match its graph (edited or mixed bundles); re-export the bundle")
+        """The graph's inputs and outputs must be the ones the manifest describes: names, element types (the KV
+        dtype) and static dims (S, heads, head size, the vocabulary of the logits)."""
+        specs_in, specs_out = self.io_specs(dims, max_seq_len, kv_dtype)
+        graph_in = {i.name: i for i in session.get_inputs()}
+        graph_out = {o.name: o for o in session.get_outputs()}
+        extra = sorted(set(graph_in) - {spec.name for spec in specs_in})
+        problems = [f"the {role} graph has inputs the manifest does not describe: {extra[:3]} (num_layers "
+                    f"{dims.num_layers})"] if extra else []
+        for kind, specs, graph in (("input", specs_in, graph_in), ("output", specs_out, graph_out)):
+            problems += [_mismatch(role, kind, spec, graph.get(spec.name)) for spec in specs]
+        problems = [p for p in problems if p]
+        if problems:
+            raise ManifestError(f"{problems[0]} (vocab_size {dims.vocab_size}, kv_dtype {kv_dtype}, max_seq_len "
+                                f"{max_seq_len}, lowering {self.name})",
+                                "the manifest does not match its graph (edited or mixed bundles); re-export the bundle")
 
     def check_quantization(self, method: str, backend: str) -> None:
         """ModelOpt and TensorRT read standard ONNX only; raise ConfigError where this graph stops them."""

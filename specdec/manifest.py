@@ -6,9 +6,11 @@ hashes. Draft/target agreement (vocabulary, tokenizer) is checked by `validate_m
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import dataclasses
+import json
+import math
+import numbers
+import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -267,6 +269,9 @@ def manifest_from_json(text: str) -> Manifest:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ManifestError(f"manifest.json is not valid JSON ({exc})", "re-export the bundle") from exc
+    except (RecursionError, ValueError) as exc:  # nesting deeper than Python's stack; an integer too long to read
+        raise ManifestError(f"manifest.json cannot be read ({type(exc).__name__}: nesting too deep or a value too "
+                            "large)", "a specdec manifest is a few levels deep; re-export the bundle") from None
     version = _require(data, "schema_version", "manifest")
     if version != SCHEMA_VERSION:
         raise ManifestError(
@@ -327,13 +332,41 @@ def validate_manifest(manifest: Manifest) -> None:
                 f"{role} has max_seq_len={entry.max_seq_len}, max_batch={entry.max_batch}",
                 "both must be positive; re-export the bundle",
             )
-    defaults = manifest.defaults
+        small = [name for name, value in asdict(entry.dims).items() if isinstance(value, int) and value < 1]
+        if small:
+            raise ManifestError(f"{role} dims.{small[0]} is {getattr(entry.dims, small[0])}", "dims are positive; "
+                                "re-export the bundle")
+    _check_defaults(manifest.defaults)
+    check_vocab_agreement(manifest)
+
+
+def sampling_problem(temperature, top_k, top_p) -> tuple[str, str] | None:
+    """(message, hint) of the first sampling option out of range, or None: the rules of a request's options
+    (runtime.config.GenerationConfig), kept here, in the stdlib layer, so that a manifest's defaults meet them."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not math.isfinite(temperature):
+        return f"temperature must be a finite number, got {temperature!r}", "use 0 for greedy decoding"
+    if temperature < 0:
+        return f"temperature must be >= 0, got {temperature}", "use 0 for greedy decoding"
+    if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
+        return f"top_p must be in (0, 1], got {top_p!r}", "use 1.0 to turn top-p off"
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
+        return f"top_k must be an integer >= 0, got {top_k!r}", "use 0 to turn top-k off"
+    return None
+
+
+def _check_defaults(defaults: Defaults) -> None:
     if not 1 <= defaults.gamma <= defaults.gamma_max:
         raise ManifestError(
             f"default gamma {defaults.gamma} is outside 1..gamma_max={defaults.gamma_max}",
             "re-export or re-calibrate the bundle",
         )
-    check_vocab_agreement(manifest)
+    if defaults.max_prefill_chunk < 1:
+        raise ManifestError(f"manifest defaults.max_prefill_chunk is {defaults.max_prefill_chunk}; it must be >= 1",
+                            "set it to 256 in manifest.json, or re-export with --max-prefill-chunk 256")
+    problem = sampling_problem(defaults.temperature, defaults.top_k, defaults.top_p)
+    if problem is not None:
+        raise ManifestError(f"manifest defaults: {problem[0]}", f"{problem[1]} (edit defaults in manifest.json, or "
+                            "re-export the bundle)")
 
 
 def check_vocab_agreement(manifest: Manifest) -> None:
@@ -369,16 +402,44 @@ def read_manifest(bundle: str | os.PathLike) -> Manifest:
             f"{str(manifest_path)!r} is missing: {str(path)!r} is not a specdec bundle",
             "pass the --out directory of specdec-export",
         )
-    return manifest_from_json(manifest_path.read_text(encoding="utf-8"))
+    try:
+        text = manifest_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+        raise ManifestError(f"cannot read {str(manifest_path)!r}: {why}", "re-export the bundle") from None
+    manifest = manifest_from_json(text)
+    check_links(path, manifest)
+    return manifest
+
+
+def check_links(bundle: str | os.PathLike, manifest: Manifest) -> None:
+    """Every file the manifest names must lie inside the bundle once symbolic links are followed: a link out of
+    it would load weights or a tokenizer from elsewhere, unseen by a run with --no-verify. Cheap (no reading)."""
+    root = Path(bundle).resolve()
+    named = [*listed_files(manifest)] + [e.onnx_path for e in manifest.models.values()]
+    named += [record.path for e in manifest.models.values() for record in e.engines]
+    for rel in named:
+        path = Path(bundle) / rel
+        if path.is_symlink() or path.exists():
+            resolved = path.resolve()
+            if root not in resolved.parents:
+                raise ManifestError(f"bundle file {rel!r} is a link to {str(resolved)!r}, outside the bundle",
+                                    "a bundle holds its own files: copy the file into the bundle (or re-export)")
+
+
+def listed_files(manifest: Manifest) -> dict:
+    """Every file the manifest lists (relative path -> sha256): the tokenizer's and each model's."""
+    expected = dict(manifest.tokenizer.files)
+    for entry in manifest.models.values():
+        expected.update(entry.files)
+    return expected
 
 
 def check_bundle_files(bundle: str | os.PathLike, manifest: Manifest, only: list | None = None) -> None:
     """Verify that every file the manifest lists (or the listed files among `only`) exists and has the recorded
     sha256."""
     root = Path(bundle)
-    expected = dict(manifest.tokenizer.files)
-    for entry in manifest.models.values():
-        expected.update(entry.files)
+    expected = listed_files(manifest)
     if only is not None:
         expected = {rel: digest for rel, digest in expected.items() if rel in set(only)}
     for rel, digest in expected.items():

@@ -3,8 +3,9 @@
 A bundle is built in a hidden staging directory beside its destination, `.<name>.<pid>-<random>.partial`, and
 renamed into place only when complete, so readers never see half a bundle. The owning PID in the name lets a
 later run remove the partials of processes that died (kill -9, power loss) without touching a live export's.
-`--overwrite` replaces only a specdec bundle (a directory holding manifest.json), never `.`, `/`, the home
-directory, a model source, or a directory that contains one.
+`--overwrite` replaces only a specdec bundle (a directory whose manifest.json parses as a specdec manifest of this
+schema version, with every file it lists present), never `.`, `/`, the home directory, a model source, or a
+directory that contains one; the rule is checked again just before the old bundle is moved aside.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from specdec.errors import ConfigError, Terminated
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+_MANIFEST_LIMIT = 64 << 20  # bytes; a manifest is a few kB, even with many engines
 _STOPPING = threading.Event()  # set by a SIGTERM handler: nothing is published after it, even if a library swallowed
 # the Terminated exception it raised (third-party code may catch BaseException around a long native call)
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[^.]+\.(partial|old)$")
@@ -50,11 +52,54 @@ def check_destination(out: str | os.PathLike, overwrite: bool, sources=(), flag:
         return out
     if not overwrite:
         raise ConfigError(f"output {str(out)!r} already exists", f"pass --overwrite to replace it, or choose another {flag}")
-    if not resolved.is_dir() or not (resolved / MANIFEST_NAME).is_file():
-        kind = "a directory that is not a specdec bundle (no manifest.json)" if resolved.is_dir() else "not a directory"
-        raise ConfigError(f"output {str(out)!r} exists and is {kind}; --overwrite replaces only bundles",
-                          f"remove it yourself if it is really unwanted, or choose another {flag}")
+    problem = bundle_problem(resolved)
+    if problem is not None:
+        raise ConfigError(f"output {str(out)!r} exists and is {problem}; --overwrite replaces only specdec bundles",
+                          f"nothing was deleted; remove it yourself if it is really unwanted, or choose another {flag}")
     return out
+
+
+def bundle_problem(path: Path) -> str | None:
+    """None if `path` is a specdec bundle, one that --overwrite may replace: a directory whose manifest.json parses
+    as a specdec manifest of this schema version and whose listed files are all present. Else what it is."""
+    from specdec.errors import ManifestError
+    from specdec.manifest import listed_files, manifest_from_json
+
+    if not path.is_dir():
+        return "not a directory"
+    manifest_path = path / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return f"a directory that is not a specdec bundle (no {MANIFEST_NAME})"
+    try:
+        if manifest_path.stat().st_size > _MANIFEST_LIMIT:
+            raise ManifestError(f"{MANIFEST_NAME} is larger than any specdec manifest")
+        manifest = manifest_from_json(manifest_path.read_text(encoding="utf-8"))
+    except (ManifestError, OSError, UnicodeDecodeError) as exc:
+        why = exc.message if isinstance(exc, ManifestError) else type(exc).__name__
+        return f"a directory that is not a specdec bundle (its {MANIFEST_NAME} is not a specdec manifest: {why})"
+    missing = [rel for rel in listed_files(manifest) if not (path / rel).is_file()]
+    if missing:
+        return f"not a complete specdec bundle ({missing[0]!r}, listed in its {MANIFEST_NAME}, is missing)"
+    return None
+
+
+def check_output_file(path: str | os.PathLike, overwrite: bool, flag: str) -> Path:
+    """Refuse an output file that cannot be written, or that exists without --overwrite, before any work starts."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a directory", f"pass a file name, e.g. {flag} {path / 'report.md'}")
+    if path.exists() or path.is_symlink():
+        if not overwrite:
+            raise ConfigError(f"{flag} {str(path)!r} already exists", "pass --overwrite to replace it, or choose "
+                              "another file")
+        if not path.is_file():
+            raise ConfigError(f"{flag} {str(path)!r} is not a regular file", "choose a file to write")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r}: the folder {str(parent)!r} does not exist", "create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {str(path)!r}: the folder {str(parent)!r} is not writable", "choose another folder")
+    return path
 
 
 def _pid_alive(pid: int) -> bool:
@@ -99,7 +144,11 @@ def publish_dir(tmp: Path, out: Path) -> None:
     for path in tmp.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     old = None
-    if out.exists():
+    if out.exists() or out.is_symlink():
+        problem = bundle_problem(out)  # it may have changed since check_destination
+        if problem is not None:
+            raise ConfigError(f"{str(out)!r} is now {problem}; --overwrite replaces only specdec bundles",
+                              "nothing was deleted; remove or move it yourself, then run again")
         old = out.with_name(f".{out.name}.{os.getpid()}-{os.urandom(3).hex()}.old")
         out.rename(old)
     tmp.rename(out)

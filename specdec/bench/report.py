@@ -66,7 +66,8 @@ def markdown(summary, positions: dict, info: dict) -> str:
             f"- models: {info.get('models', '')}",
             f"- {info['prompts']} prompts ({', '.join(info['classes'])}), {info['repeats']} repeats (mode order "
             f"rotated per repeat), {info['warmup']} warm-up request(s) per mode, {info['max_new_tokens']} new tokens, "
-            f"temperature {info['temperature']}, seed {info['seed']}", "",
+            f"temperature {info['temperature']}, seed {info['seed']}",
+            *([f"- prompts as: {info['prompt_format']}"] if info.get("prompt_format") else []), "",
             "TPOT = (E2E − TTFT) / (new tokens − 1). speedup = target-only's token-weighted TPOT over the mode's, "
             "same system, same run. predicted = DESIGN §1 with the verify cost, (1 − α^(γ+1)) / ((1 − α)(γ·d/P + r)): "
             "α the measured acceptance rate, d the draft time per drafted token, P the system's target-only time per "

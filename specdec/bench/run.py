@@ -76,10 +76,13 @@ def run_requests(generator, config: BenchConfig, modes: list, prompts: list, ids
 
 
 def prompt_ids(generator, prompts: list, keep_last: int | None = None) -> dict:
-    """prompt id -> token ids (the chat template applied where the record asks for it), cut to the last
-    `keep_last` tokens when given."""
+    """prompt id -> token ids (the chat template applied where the record asks for it and the bundle has one: a
+    base model's bundle takes every prompt as raw text), cut to the last `keep_last` tokens when given."""
     codec = generator.codec
-    ids = {p.id: codec.chat(p.text) if p.chat else codec.encode(p.text) for p in prompts}
+    chat = codec.has_chat_template
+    if not chat and any(p.chat for p in prompts):
+        log.warning("the bundle has no chat template: chat prompts are benchmarked as raw text")
+    ids = {p.id: codec.chat(p.text) if p.chat and chat else codec.encode(p.text) for p in prompts}
     return ids if keep_last is None else {k: v[-keep_last:] for k, v in ids.items()}
 
 
@@ -99,8 +102,9 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
         log.info("%d prompts x %d modes x %d repeats", len(prompts), len(modes), config.repeats)
         records = run_requests(generator, config, modes, prompts, ids)
         pair = describe_pair(manifest)
+        prompt_format = describe_prompt_format(generator.codec.has_chat_template)
     peers = read_peer_records(config.peers) if config.peers else []
-    info = dict(describe_run(config, prompts, modes), command=command, models=pair)
+    info = dict(describe_run(config, prompts, modes), command=command, models=pair, prompt_format=prompt_format)
     return write_outputs(records + peers, config.out, info, config.plots)
 
 
@@ -108,6 +112,12 @@ def read_peer_records(folder: str) -> list:
     from specdec.bench.peers import read_peer_results
 
     return read_peer_results(Path(folder))
+
+
+def describe_prompt_format(has_chat_template: bool) -> str:
+    if has_chat_template:
+        return "the chat template where a prompt asks for it"
+    return "raw text (the bundle has no chat template)"
 
 
 def describe_pair(manifest) -> str:

@@ -47,9 +47,24 @@ def _empty(source: str) -> ConfigError:
     )
 
 
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text (a byte-order mark is dropped); ConfigError that says where it is not UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read calibration data {str(path)!r}: {exc.strerror}", "pass a readable file") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"calibration data {str(path)!r} is not UTF-8 text: byte {exc.start} (line {line}) is "
+                          f"0x{data[exc.start]:02x}",
+                          "save the file as UTF-8, e.g. iconv -f latin1 -t utf-8 IN > OUT") from None
+
+
 def _read_jsonl(path: Path, field: str) -> list[str]:
     texts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -67,10 +82,17 @@ def _read_parquet(path: Path, field: str) -> list[str]:
         import polars as pl
     except ImportError as exc:
         raise missing_dependency("polars", "bench") from exc
-    frame = pl.scan_parquet(path)
-    if field not in frame.collect_schema().names():
-        raise ConfigError(f"{path} has no column {field!r}", f"pass --field with one of {frame.collect_schema().names()}")
-    return [t for t in frame.select(pl.col(field).cast(pl.Utf8)).collect().to_series().to_list() if t]
+    try:
+        frame = pl.scan_parquet(path)
+        names = frame.collect_schema().names()
+        if field not in names:
+            raise ConfigError(f"{path} has no column {field!r}", f"pass --field with one of {names}")
+        return [t for t in frame.select(pl.col(field).cast(pl.Utf8)).collect().to_series().to_list() if t]
+    except (pl.exceptions.PolarsError, OSError) as exc:  # a cut or corrupt file, a column that is not text
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"calibration data {str(path)!r} cannot be read as parquet text ({first})",
+                          f"check that the file is complete and its {field!r} column holds UTF-8 text; "
+                          "write it again (polars: DataFrame.write_parquet)") from None
 
 
 def texts_from_source(source: str = BUILTIN, field: str = "text") -> list[str]:
@@ -88,7 +110,7 @@ def texts_from_source(source: str = BUILTIN, field: str = "text") -> list[str]:
     elif suffix == ".parquet":
         texts = _read_parquet(path, field)
     else:
-        texts = path.read_text(encoding="utf-8").split("\n\n")
+        texts = _read_text(path).split("\n\n")
     texts = [t.strip() for t in texts if t and t.strip()]
     if not texts:
         raise _empty(source)

@@ -6,6 +6,7 @@ import sys
 
 from specdec.calibration.bundle_io import SOURCES
 from specdec.calibration.quantize import BACKENDS, METHODS, MINIMUMS, ROLES
+from specdec.errors import ConfigError
 
 
 def _add_data_args(parser: argparse.ArgumentParser, seq_len: int, samples: int) -> None:
@@ -51,18 +52,23 @@ def add_calibrate_parser(commands) -> None:
                             "cost of each verify length)")
     gamma.add_argument("--dry-run", action="store_true", help="print the choice without writing the manifest")
     gamma.set_defaults(run=run_gamma)
+    _add_report_parser(actions)
+    policies = actions.add_parser("policies", help="tokens/s of fixed, calibrated and adaptive γ policies")
+    policies.add_argument("bundle")
+    _add_run_args(policies)
+    policies.set_defaults(run=run_policies)
+
+
+def _add_report_parser(actions) -> None:
     report = actions.add_parser("report", help="quality table of quantized models (markdown; --csv for CSV)")
     report.add_argument("bundles", nargs="+")
     report.add_argument("--reference", required=True, help="bundle whose fp32 target is the reference")
     report.add_argument("--out", help="write the markdown table here (default: stdout)")
     report.add_argument("--csv", help="also write the table as CSV")
+    report.add_argument("--overwrite", action="store_true", help="replace existing --out / --csv files")
     _add_run_args(report)
     _add_data_args(report, 32, 16)
     report.set_defaults(run=run_report)
-    policies = actions.add_parser("policies", help="tokens/s of fixed, calibrated and adaptive γ policies")
-    policies.add_argument("bundle")
-    _add_run_args(policies)
-    policies.set_defaults(run=run_policies)
 
 
 def _add_run_args(parser: argparse.ArgumentParser, max_new_tokens: int = 64) -> None:
@@ -113,21 +119,24 @@ def run_gamma(args) -> int:
 
 
 def run_report(args) -> int:
-    from pathlib import Path
-
     from specdec.calibration.quality import csv_table, markdown_table
     from specdec.calibration.report import ReportConfig, quality_report
+    from specdec.publish import check_output_file, write_atomic
 
+    outputs = {flag: check_output_file(value, args.overwrite, flag) for flag, value in (("--out", args.out),
+                                                                                        ("--csv", args.csv)) if value}
+    if len(outputs) == 2 and outputs["--out"].resolve() == outputs["--csv"].resolve():
+        raise ConfigError(f"--out and --csv are the same file {args.out!r}", "pass two different files")
     config = ReportConfig(reference=args.reference, data=_data(args), prompts=_prompts(args),
                           max_new_tokens=args.max_new_tokens, progress=sys.stderr.isatty() or args.verbose)
     rows = quality_report(args.bundles, config)
     table = markdown_table(rows)
     if args.out:
-        Path(args.out).write_text(table, encoding="utf-8")
+        write_atomic(outputs["--out"], table)
     else:
         sys.stdout.write(table)
     if args.csv:
-        Path(args.csv).write_text(csv_table(rows), encoding="utf-8")
+        write_atomic(outputs["--csv"], csv_table(rows))
     return 0
 
 

@@ -13,7 +13,15 @@ from specdec.export.drafts import int4_from_onnx, layer_draft, layer_draft_range
 from specdec.export.onnx_graph import KV_DTYPE_NAMES, TORCH_DTYPES, onnx_from_hf
 from specdec.export.native_pack import NativeSkipped, write_target
 from specdec.export.parity import check_parity, enforce_parity, runner_for
-from specdec.export.sources import ModelSource, load_config, load_model, load_tokenizer, resolve_source
+from specdec.export.sources import (
+    ModelSource,
+    check_template,
+    load_config,
+    load_model,
+    load_tokenizer,
+    resolve_source,
+)
+from specdec.chat_template import read_chat_template
 from specdec.lowering import lowering_for
 from specdec.manifest import (
     MANIFEST_NAME,
@@ -88,6 +96,7 @@ def _preflight(config: ExportConfig):
         draft_source = resolve_source(config.draft)
         _check_length(_check_target(draft_source, config), config, "draft")
     tokenizer = load_tokenizer(source)
+    check_template(getattr(tokenizer, "chat_template", None), tokenizer.special_tokens_map, source.name)
     if draft_source is not None:
         _check_tokenizers_agree(tokenizer, load_tokenizer(draft_source), draft_source.name)
     return source, draft_source, tokenizer
@@ -170,6 +179,7 @@ def _native_weights(root: Path, role: str, dims, config: ExportConfig):
 
 def _tokenizer_info(tokenizer, model, root: Path) -> TokenizerInfo:
     tokenizer.save_pretrained(str(root))
+    check_template(*read_chat_template(root), "the bundle being written")  # what the runtime will render
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     eos_ids = sorted({*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id} - {None})
     files = {p.name: sha256_file(p) for p in sorted(root.iterdir()) if p.is_file()}

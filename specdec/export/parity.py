@@ -5,6 +5,8 @@ so the check covers positions, masking, the KV write-back and rollback together.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -66,6 +68,15 @@ def check_parity(runner, model, dims: ModelDims, max_seq_len: int, gamma_max: in
 
 
 def enforce_parity(role: str, steps: list[ParityStep]) -> None:
+    """Raise ExportError where an enforced step is over its tolerance, or any step's figures are not finite (NaN
+    compares False with every tolerance, so it would otherwise pass)."""
+    broken = [s for s in steps if not (math.isfinite(s.max_abs_diff) and math.isfinite(s.tolerance))]
+    if broken:
+        raise ExportError(
+            f"{role} parity at step {broken[0].name!r} is not a number (max |diff| {broken[0].max_abs_diff}, "
+            f"tolerance {broken[0].tolerance}): the ONNX graph or PyTorch gives NaN or inf logits",
+            "check the model's weights and config for NaN or inf values; run with -v and report it if they are finite",
+        )
     failed = [s for s in steps if s.enforced and s.max_abs_diff > s.tolerance]
     if failed:
         worst = max(failed, key=lambda s: s.max_abs_diff)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,11 +86,49 @@ def _hub_source(repo_id: str) -> ModelSource:
     return ModelSource("hub", Path(folder), None, repo_id)
 
 
+_GGUF_ERRORS = (struct.error, ValueError, OSError, EOFError, IndexError, KeyError, OverflowError)
+GGUF_MAGIC = b"GGUF"
+
+
+def _damaged_gguf(source: ModelSource, exc: Exception) -> ExportError | None:
+    """The error for a GGUF file that the gguf package's reader cannot walk (cut short, or corrupt), or None where
+    the file is sound (or no GGUF at all) and `exc` has another cause."""
+    path = source.path / source.gguf_file
+    with open(path, "rb") as handle:
+        if handle.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+            return None
+    try:
+        from gguf import GGUFReader
+    except ImportError:  # judge by the loader's error alone: it ran past the end of the file
+        damaged = isinstance(exc, (struct.error, EOFError))
+    else:
+        try:
+            GGUFReader(path)
+            damaged = False
+        except (*_GGUF_ERRORS, AssertionError):
+            damaged = True
+    if not damaged:
+        return None
+    return ExportError(f"the GGUF file {source.name!r} is truncated or corrupt ({_first_line(exc)})",
+                       "copy or download the .gguf file again; compare its size and sha256 with the original")
+
+
+def _from_pretrained(source: ModelSource, loader, **options):
+    """loader.from_pretrained of a source; a damaged GGUF file becomes an ExportError that says so."""
+    try:
+        return loader.from_pretrained(source.path, gguf_file=source.gguf_file, **options)
+    except _GGUF_ERRORS as exc:
+        damaged = _damaged_gguf(source, exc) if source.gguf_file is not None else None
+        if damaged is None:
+            raise
+        raise damaged from exc
+
+
 def load_config(source: ModelSource):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
+        return _from_pretrained(source, AutoConfig)
     except (OSError, ValueError, KeyError) as exc:
         raise ExportError(f"cannot read the model config of {source.name!r}: {exc}", "pass a causal LM directory or GGUF") from exc
 
@@ -101,7 +140,7 @@ def load_model(source: ModelSource, torch_dtype):
 
     log.info("loading %s", source.name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=torch_dtype)
+        model = _from_pretrained(source, AutoModelForCausalLM, dtype=torch_dtype)
     except ValueError as exc:
         raise ExportError(
             f"{source.name!r} is not a causal language model ({_first_line(exc)})",
@@ -117,7 +156,21 @@ def load_model(source: ModelSource, torch_dtype):
     model.hf_quantizer = None  # a GGUF arrives dequantized; keep no quantizer state around
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    check_finite_weights(model, source.name)
     return model.eval()
+
+
+def check_finite_weights(model, name: str) -> None:
+    """ExportError if a weight holds NaN or inf: such a graph computes garbage, and NaN passes every `>` check."""
+    import torch
+
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+                count = int((~torch.isfinite(param)).sum())
+                raise ExportError(
+                    f"the weights of {name!r} hold NaN or inf: {count} of the {param.numel()} values of {param_name}",
+                    "the checkpoint is damaged (or saved from a diverged run); export a checkpoint with finite weights")
 
 
 def _first_line(exc: Exception) -> str:
@@ -129,6 +182,24 @@ def load_tokenizer(source: ModelSource):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+        return _from_pretrained(source, AutoTokenizer)
     except (OSError, ValueError) as exc:
         raise ExportError(f"cannot load the tokenizer of {source.name!r}: {exc}", "the model needs a tokenizer") from exc
+
+
+def check_template(template, special: dict, name: str) -> None:
+    """A chat template must render in jinja2's sandbox, as the runtime renders it: ExportError otherwise."""
+    from specdec.chat_template import check_chat_template
+    from specdec.errors import SpecDecError
+
+    if isinstance(template, dict):  # named templates: the runtime renders the default one
+        template = template.get("default")
+    if not template:
+        return
+    try:
+        check_chat_template(template, {k: v for k, v in special.items() if isinstance(v, str)})
+    except SpecDecError as exc:
+        raise ExportError(f"the chat template of {name!r} does not render in jinja2's sandbox: {exc.message}",
+                          "a chat template is data, not code: specdec renders it sandboxed, as transformers does. "
+                          "Fix or remove chat_template (tokenizer_config.json or chat_template.jinja) in the model "
+                          "folder; without one the bundle takes raw-text prompts") from None

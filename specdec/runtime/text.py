@@ -1,7 +1,6 @@
-"""Tokenizer access for the runtime: the `tokenizers` library and a jinja2 chat template, no transformers."""
+"""Tokenizer access for the runtime: the `tokenizers` library and a sandboxed jinja2 chat template, no transformers."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from specdec.errors import ConfigError, ManifestError, missing_dependency
@@ -22,19 +21,16 @@ class TextCodec:
         path = self.root / "tokenizer.json"
         if not path.is_file():
             raise ManifestError(f"{path} is missing", "re-export the bundle")
-        self.tokenizer = Tokenizer.from_file(str(path))
-        config_path = self.root / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-        self.special = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
-        template = config.get("chat_template")
-        jinja_path = self.root / "chat_template.jinja"
-        if template is None and jinja_path.is_file():
-            template = jinja_path.read_text(encoding="utf-8")
-        if template:
-            import jinja2
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises a plain Exception for a damaged file
+            raise ManifestError(f"{path} cannot be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+                                "the file is truncated or corrupt; re-export the bundle (or copy it again)") from None
+        from specdec.chat_template import compile_chat_template, read_chat_template
 
-            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-            self.template = env.from_string(template)
+        template, self.special = read_chat_template(self.root)
+        if template is not None:
+            self.template = compile_chat_template(template)  # in jinja2's sandbox: a bundle carries no code
         return self
 
     def encode(self, text: str, special: bool = True) -> list:
@@ -52,10 +48,14 @@ class TextCodec:
         if self.template is None:
             raise ConfigError("this bundle's tokenizer has no chat template, so a prompt cannot be wrapped as a chat turn",
                               "pass the prompt as raw text (chat=False; drop --chat)")
-        rendered = self.template.render(
-            messages=[{"role": "user", "content": text}], add_generation_prompt=True, **self.special
-        )
-        return self.encode(rendered, special=False)
+        return self.encode(self.render_chat([{"role": "user", "content": text}]), special=False)
+
+    def render_chat(self, messages: list) -> str:
+        """The text of `messages` with the assistant's turn opened, rendered in the sandbox (see
+        specdec.chat_template.render_chat for the errors)."""
+        from specdec.chat_template import render_chat
+
+        return render_chat(self.template, messages, self.special)
 
 
 class StopStrings:
