@@ -7,7 +7,7 @@ BUNDLE := bundles/smollm2
 DEMO_BUNDLE := bundles/smollm2-q41
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast test-sanitize bundle clean gpu-check bench docs
+.PHONY: setup demo test test-fast test-sanitize bundle bundle-bf16 clean gpu-check bench docs
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,16 @@ $(DEMO_BUNDLE)/manifest.json: $(BUNDLE)/manifest.json
 	$(VENV)/bin/specdec calibrate quantize $(BUNDLE) --method int4-q41 --head-tokens 24576 --out $(DEMO_BUNDLE) --overwrite
 
 bundle: $(DEMO_BUNDLE)/manifest.json
+
+# the default model as a bf16 checkpoint (as most hub models ship), exported: the native engine keeps its weights as
+# bf16 rows; its int4-q41 draft is fitted to them (docs/backends.md)
+BF16_BUNDLE := bundles/smollm2-bf16
+$(BF16_BUNDLE)-q41/manifest.json: $(STAMP)
+	$(PY) benchmarks/half_checkpoint.py --out bundles/smollm2-bf16-hf
+	$(VENV)/bin/specdec-export --target bundles/smollm2-bf16-hf --out $(BF16_BUNDLE) --overwrite
+	$(VENV)/bin/specdec calibrate quantize $(BF16_BUNDLE) --method int4-q41 --head-tokens 24576 --out $(BF16_BUNDLE)-q41 --overwrite
+
+bundle-bf16: $(BF16_BUNDLE)-q41/manifest.json
 
 demo: bundle
 	$(VENV)/bin/specdec inspect $(DEMO_BUNDLE)

@@ -16,13 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-ABI_VERSION = 2  # specdec_native.h's SPECDEC_ABI_VERSION: any change to a struct, an export or a status code
+ABI_VERSION = 3  # specdec_native.h's SPECDEC_ABI_VERSION: any change to a struct, an export or a status code
 BLOCK = 32  # weights per block along K
 BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1; qs[j] = q[j] | q[j + 16] << 4
 BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # blk8: Q8_0
 BLOCK4P = np.dtype([("h", "<f2", 4), ("qs", "u1", 32)])  # blk4p: two BLOCK4 of a column, fp16 d0 d1 m0 m1
 GRID_TOLERANCE = 1e-4  # max |w − dequant| / d of a weight the native engine takes: fp32 rounding, not a coarser grid
-DTYPES = {"blk4": BLOCK4, "blk8": BLOCK8, "blk4p": BLOCK4P, "f32": np.dtype("<f4"), "i64": np.dtype("<i8")}
+BF16 = np.dtype("<u2")  # a bf16 value: the top 16 bits of its fp32
+DTYPES = {"blk4": BLOCK4, "blk8": BLOCK8, "blk4p": BLOCK4P, "f32": np.dtype("<f4"), "i64": np.dtype("<i8"),
+          "bf16": BF16, "f16": np.dtype("<f2")}
+KINDS = {"q41": 0, "bf16": 1, "f16": 2, "f32": 3}  # specdec_native.h's model_t.kind, by a target layout's name
 SIZES = {"blk4": 24, "blk8": 36, "blk4p": 40}  # the header's static_asserts, checked against the library at load
 MAGIC = b"SPECDEC-NATIVE\x00\x00"  # the weights file's first 16 bytes
 ALIGN = 64  # every tensor of the weights file starts at a multiple of this (cache lines, AVX loads)
@@ -128,6 +131,36 @@ def head_holds(head: np.ndarray, embedding: np.ndarray, rows: int = 4096) -> boo
         if not np.array_equal(q8_rows(head[start : start + rows]), embedding[start : start + rows]):
             return False
     return True
+
+
+# ---- rows: a checkpoint's own precision ----------------------------------------------------------------------------
+def row_precision(weights: list) -> str:
+    """The narrowest of "bf16", "f16", "f32" that holds every float32 array of `weights` exactly; GridError where
+    one holds NaN or inf."""
+    exact = {"bf16": True, "f16": True}
+    for weight in weights:
+        weight = np.ascontiguousarray(weight, dtype=np.float32)
+        if not np.isfinite(weight).all():
+            raise GridError("a weight holds NaN or inf")
+        exact["bf16"] = exact["bf16"] and not (weight.view(np.uint32) & 0xFFFF).any()
+        with np.errstate(over="ignore"):
+            exact["f16"] = exact["f16"] and np.array_equal(weight.astype(np.float16).astype(np.float32), weight)
+    return "bf16" if exact["bf16"] else "f16" if exact["f16"] else "f32"
+
+
+def rows_of(weight: np.ndarray, precision: str) -> np.ndarray:
+    """weight [N, K] float32 held exactly in `precision` -> its rows in that dtype (bf16: the top 16 bits)."""
+    weight = np.ascontiguousarray(weight, dtype=np.float32)
+    if precision == "bf16":
+        return (weight.view(np.uint32) >> 16).astype(BF16)
+    return weight.astype(DTYPES[precision])
+
+
+def float_rows(rows: np.ndarray) -> np.ndarray:
+    """Rows of bf16 (as BF16), f16 or f32 -> float32."""
+    if rows.dtype == BF16:
+        return (rows.astype(np.uint32) << 16).view(np.float32)
+    return rows.astype(np.float32)
 
 
 # ---- the native weights file -------------------------------------------------------------------------------------

@@ -78,7 +78,8 @@ def _entry_for(source: ModelEntry, root: Path, config: QuantizeConfig, record: C
 
 def _native_draft(root: Path, manifest: Manifest, source: ModelEntry, config: QuantizeConfig, keep):
     """The native weights of an int4-q41 draft of a target that has native weights (written into root/draft/), or
-    None: the native engine runs such a draft on its target's blocks, in pairs, with the draft's trimmed head."""
+    None: the native engine runs such a draft on its target's Q4_1 blocks (fitted where the target keeps rows), in
+    pairs, with the draft's trimmed head."""
     target = manifest.target.native
     if config.method != "int4-q41" or config.role != "draft" or source.role != "target" or target is None:
         return None
@@ -87,7 +88,7 @@ def _native_draft(root: Path, manifest: Manifest, source: ModelEntry, config: Qu
     from specdec.export.native_pack import write_draft
 
     index = {name: TensorEntry(spec["kind"], tuple(spec["shape"]), spec["offset"]) for name, spec in target.tensors.items()}
-    return write_draft(root, config.role, read_tensors(root / target.path, index), keep, HEAD_FILL)
+    return write_draft(root, config.role, target.layout, read_tensors(root / target.path, index), keep, HEAD_FILL)
 
 
 def source_entry(manifest: Manifest, bundle: Path, config: QuantizeConfig, source: str) -> ModelEntry:

@@ -5,7 +5,9 @@ The reader accepts the LLaMA layout our gqa export writes and nothing else: per 
 one q/k/v MatMul into GroupQueryAttention (rotary inside, not interleaved), the o MatMul, a SkipSimplifiedLayerNorm,
 one gate/up MatMul split in halves, SiLU(gate)·up, the down MatMul; a final norm and a bias-free LM head. Every
 linear weight must lie on a Q4_1 grid and the head on a Q8_0 grid (a GGUF's, exported): then the kernels compute
-the graph's own function. A graph outside the layout or off the grids gets no native weights (NativeSkipped).
+the graph's own function. Weights off those grids are kept in the narrowest of bf16, f16 and fp32 that holds every
+one exactly (a bf16 checkpoint exported to fp32 keeps 2 bytes a weight): the same function again. A graph outside
+the layout, or with a NaN or inf weight, gets no native weights (NativeSkipped).
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import ABI_VERSION, GridError, head_holds, on_grid, q41_blocks, q41_pairs, q8_blocks, write_tensors
+from specdec.blocks import (ABI_VERSION, GridError, float_rows, head_holds, on_grid, q41_blocks, q41_pairs, q8_blocks,
+                            row_precision, rows_of, write_tensors)
 from specdec.errors import missing_dependency
 from specdec.manifest import ModelDims, NativeRecord
 
@@ -77,16 +80,42 @@ def _array(init, folder: Path, numpy_helper) -> np.ndarray:
     return values
 
 
-def _fitted(name: str, weight: np.ndarray, fit) -> np.ndarray:
+def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray) -> dict | None:
+    """The "q41" tensors of the weights where every linear weight lies on a Q4_1 grid and the head on Q8_0's (the
+    embedding read from the head's blocks where they hold it, else kept in fp32), else None."""
     try:
-        return on_grid(name, weight, fit)
+        tensors = {name: on_grid(name, weight, q41_blocks) for name, weight in linears.items()}
+        tensors["head"] = on_grid("head", head, q8_blocks)
+    except GridError:
+        return None
+    if not head_holds(tensors["head"], embedding):
+        tensors["embedding"] = embedding
+    return tensors
+
+
+def _rows(linears: dict, head: np.ndarray, embedding: np.ndarray) -> tuple[str, dict]:
+    """(precision, tensors) of the weights as rows in the narrowest exact precision; the embedding only where it is
+    not the head (untied)."""
+    tied = embedding.shape == head.shape and np.array_equal(embedding, head)
+    try:
+        precision = row_precision([*linears.values(), head] + ([] if tied else [embedding]))
     except GridError as exc:
         raise NativeSkipped(str(exc)) from exc
+    tensors = {name: rows_of(weight, precision) for name, weight in linears.items()}
+    tensors["head"] = rows_of(head, precision)
+    if not tied:
+        tensors["embedding"] = rows_of(embedding, precision)
+    return precision, tensors
 
 
-def native_tensors(path: Path, dims: ModelDims) -> tuple[dict, float, float]:
-    """(the "q41" tensors of specdec.native.weights, epsilon, scale) of the gqa graph at `path`; NativeSkipped where
-    the graph is outside the layout or its weights are off the grids."""
+def _float(values: np.ndarray) -> np.ndarray:
+    """An initializer as float32 (a bf16 graph's come as ml_dtypes.bfloat16, which converts exactly)."""
+    return np.ascontiguousarray(values.astype(np.float32))
+
+
+def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float]:
+    """(layout, its tensors (specdec.native.weights), epsilon, scale) of the gqa graph at `path`; NativeSkipped where
+    the graph is outside the layout or a weight is not finite."""
     onnx, numpy_helper = _onnx()
     model = onnx.load(str(path), load_external_data=False)  # each weight is read when it is converted: less memory
     inits = {init.name: init for init in model.graph.initializer}
@@ -103,24 +132,24 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[dict, float, float]:
     def gamma(node):
         return array(node.input[1] if node.op_type == "SimplifiedLayerNormalization" else node.input[2])
 
-    tensors = {}
+    tensors, linears = {}, {}
     for i in range(dims.num_layers):
         tensors[f"layers.{i}.input_norm"], tensors[f"layers.{i}.post_norm"] = gamma(norms[2 * i]), gamma(norms[2 * i + 1])
         for name, node in zip(("qkv", "o", "gate_up", "down"), matmuls[4 * i : 4 * i + 4]):
-            tensors[f"layers.{i}.{name}"] = _fitted(node.name, array(node.input[1]).T, q41_blocks)  # B: [K, N]
+            linears[f"layers.{i}.{name}"] = _float(array(node.input[1]).T)  # B: [K, N]
+    head_weight, embedding = _float(array(head.input[1])), _float(array(parts["embeddings"][0].input[0]))
+    for name, weight in [*linears.items(), ("head", head_weight), ("embedding", embedding)]:
+        if weight.ndim != 2 or weight.shape[1] % 32:
+            raise NativeSkipped(f"{name} has shape {list(weight.shape)}; the native kernels need K % 32 == 0")
+    grids = _grids(linears, head_weight, embedding) if np.isfinite(embedding).all() else None
+    layout, found = ("q41", grids) if grids is not None else _rows(linears, head_weight, embedding)
+    tensors.update(found)
     tensors["final_norm"] = gamma(norms[-1])
-    tensors["head"] = _fitted(head.name, array(head.input[1]), q8_blocks)
-    embedding = array(parts["embeddings"][0].input[0]).astype(np.float32)
-    if not np.isfinite(embedding).all():
-        raise NativeSkipped("the embedding holds NaN or inf")
-    if not head_holds(tensors["head"], embedding):
-        tensors["embedding"] = embedding
-    tensors["cos"] = array(attention.input[7]).astype(np.float32)
-    tensors["sin"] = array(attention.input[8]).astype(np.float32)
+    tensors["cos"], tensors["sin"] = array(attention.input[7]), array(attention.input[8])
     for name in ("final_norm", "cos", "sin", *(n for n in tensors if n.endswith("norm"))):
-        tensors[name] = np.ascontiguousarray(tensors[name], dtype=np.float32)
+        tensors[name] = _float(tensors[name])
     epsilon = float(_attributes(norms[0], onnx).get("epsilon", 1e-5))
-    return tensors, epsilon, float(attrs.get("scale") or dims.head_dim ** -0.5)
+    return layout, tensors, epsilon, float(attrs.get("scale") or dims.head_dim ** -0.5)
 
 
 def _record(layout: str, root: Path, rel: str, tensors: dict, **scalars) -> NativeRecord:
@@ -132,17 +161,22 @@ def _record(layout: str, root: Path, rel: str, tensors: dict, **scalars) -> Nati
 
 def write_target(root: Path, role: str, dims: ModelDims) -> NativeRecord:
     """Write root/role/native.bin from root/role/model.onnx; NativeSkipped where the graph cannot have one."""
-    tensors, epsilon, scale = native_tensors(root / role / "model.onnx", dims)
-    return _record("q41", root, f"{role}/{TARGET_FILE}", tensors, epsilon=epsilon, scale=scale)
+    layout, tensors, epsilon, scale = native_tensors(root / role / "model.onnx", dims)
+    return _record(layout, root, f"{role}/{TARGET_FILE}", tensors, epsilon=epsilon, scale=scale)
 
 
-def write_draft(root: Path, role: str, target: dict, keep: np.ndarray | None, fill: float) -> NativeRecord:
-    """Write root/role/native.bin for an int4-q41 draft of the target whose "q41" tensors are `target`: its linear
-    weights in pairs of blocks, its head's rows `keep` (sorted token ids; None: every row)."""
-    tensors = {f"{name}_p": q41_pairs(np.asarray(blocks)) for name, blocks in target.items()
+def write_draft(root: Path, role: str, layout: str, target: dict, keep: np.ndarray | None,
+                fill: float) -> NativeRecord:
+    """Write root/role/native.bin for an int4-q41 draft of the target whose tensors of `layout` are `target`: its
+    linear weights in pairs of Q4_1 blocks (the target's own, or fitted to its rows), its head's rows `keep` (token
+    ids; None: every row) on the Q8_0 grid (the target's, or fitted)."""
+    rows = layout != "q41"
+    tensors = {f"{name}_p": q41_pairs(q41_blocks(float_rows(np.asarray(w)))[0] if rows else np.asarray(w))
+               for name, w in target.items()
                if name.startswith("layers.") and name.rsplit(".", 1)[1] in ("qkv", "o", "gate_up", "down")}
     head = np.asarray(target["head"])
-    tensors["head"] = head if keep is None else np.ascontiguousarray(head[keep])
+    head = head if keep is None else head[keep]
+    tensors["head"] = q8_blocks(float_rows(head))[0] if rows else np.ascontiguousarray(head)
     if keep is not None:
         tensors["head_rows"] = np.asarray(keep, dtype=np.int64)
     return _record("q41-draft", root, f"{role}/{DRAFT_FILE}", tensors, fill=fill)

@@ -119,3 +119,14 @@ def save_tiny_on_grids(folder: str | Path, **options) -> Path:
     snap_to_gguf_grids(model)
     model.save_pretrained(folder)
     return folder
+
+
+def save_tiny_in(folder: str | Path, dtype: str, **options) -> Path:
+    """save_tiny, then the checkpoint saved again in `dtype` ("bfloat16", "float16"): a half-precision checkpoint,
+    as most hub models are."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = save_tiny(folder, **options)
+    AutoModelForCausalLM.from_pretrained(folder).to(getattr(torch, dtype)).save_pretrained(folder)
+    return folder

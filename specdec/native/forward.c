@@ -46,6 +46,7 @@ static int check_model(const model_t *m, int quant) {
         (m->Hq * m->D) % 32 || out_of((long)m->Hq * m->D, 32, MAX_DIM) ||
         out_of((long)(m->Hq + 2 * m->Hkv) * m->D, 1, MAX_DIM) || out_of(m->I, 32, MAX_DIM) || m->I % 32 ||
         out_of(m->V, 1, 1L << 24) || out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
+        out_of(m->kind, SPECDEC_Q41, SPECDEC_F32) || (m->kind != SPECDEC_Q41 && !m->embedding) ||
         !(m->eps >= 0.f) || !isfinite(m->scale))
         return SPECDEC_E_SHAPE;
     return check_layers(m, quant);
@@ -133,8 +134,12 @@ typedef struct {
 #define BUF(p, field) ((float *)((p)->base + (p)->at.field))
 #define WEIGHT(p, name, l) ((p)->quant ? (const void *)(p)->m->name##_p[l] : (const void *)(p)->m->name[l])
 
+static int weights_kind(const pass_t *p) {  // of the linear weights
+    return p->quant ? W_Q4P : p->m->kind == SPECDEC_Q41 ? W_Q4 : row_kind(p->m->kind);
+}
+
 static void dense(const pass_t *p, const float *x, int K, const void *w, float *y, int N) {
-    linear(p->threads, p->kernel, p->quant ? W_Q4P : W_Q4, x, p->B * p->T, K, w, y, N, BUF(p, decoded),
+    linear(p->threads, p->kernel, weights_kind(p), x, p->B * p->T, K, w, y, N, BUF(p, decoded),
            p->base + p->at.rounded);
 }
 
@@ -187,7 +192,10 @@ static void embed(const pass_t *p, const int64_t *tokens) {
     const int H = m->H;
     for (size_t r = 0; r < (size_t)p->B * p->T; r++) {
         float *x = BUF(p, x) + r * H;
-        if (m->embedding) memcpy(x, m->embedding + (size_t)tokens[r] * H, sizeof(float) * H);
+        if (m->kind != SPECDEC_Q41)
+            decode_row(row_kind(m->kind), (const char *)m->embedding + (size_t)tokens[r] * H *
+                       (m->kind == SPECDEC_F32 ? 4 : 2), H, x);
+        else if (m->embedding) memcpy(x, (const float *)m->embedding + (size_t)tokens[r] * H, sizeof(float) * H);
         else decode8_row(m->embedding_rows + (size_t)tokens[r] * (H / 32), H / 32, x);  // d * q
     }
 }
@@ -200,7 +208,8 @@ static void score(const pass_t *p, int last_only, float *logits) {
         const size_t from = last_only ? (size_t)r * p->T + p->T - 1 : (size_t)r;
         rmsnorm(BUF(p, x) + from * H, m->final_norm, m->eps, H, BUF(p, xn) + (size_t)r * H);
     }
-    linear(p->threads, p->quant ? K_INT8 : K_STEP, W_Q8, BUF(p, xn), rows, H, m->head, logits, m->V, BUF(p, decoded),
+    const int kind = p->quant || m->kind == SPECDEC_Q41 ? W_Q8 : row_kind(m->kind);  // a draft's head: blk8
+    linear(p->threads, p->quant ? K_INT8 : K_STEP, kind, BUF(p, xn), rows, H, m->head, logits, m->V, BUF(p, decoded),
            p->base + p->at.rounded);
 }
 
@@ -248,7 +257,8 @@ int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int
     if (!x || !w || !y || !scratch) return SPECDEC_E_NULL;
     if (out_of(threads, 1, SPECDEC_MAX_THREADS)) return SPECDEC_E_THREADS;
     const int kinds = kernel == K_INT8 ? kind == W_Q4P || kind == W_Q8 : kernel >= K_STEP && kernel <= K_PROMPT &&
-                                                                            (kind == W_Q4 || kind == W_Q8);
+                                                                            kind >= W_Q4 && kind <= W_F32 &&
+                                                                            kind != W_Q4P;
     const long need = specdec_matmul_scratch_bytes(M, K, kernel, threads);
     if (!kinds || need < 0 || out_of(N, 1, MAX_DIM) || wblocks != linear_blocks_per_column(K, kind))
         return SPECDEC_E_SHAPE;

@@ -36,7 +36,7 @@ static inline __m256 exp256(__m256 x) {
 
 
 // ---- linear.c: x [M, K] -> y [M, N] through blocks [N, K / 32] ----
-enum { W_Q4 = 0, W_Q8 = 1, W_Q4P = 2 };             // blk4, blk8, blk4p
+enum { W_Q4 = 0, W_Q8 = 1, W_Q4P = 2, W_BF16 = 3, W_F16 = 4, W_F32 = 5 };  // blk4, blk8, blk4p; rows [N, K]
 enum { K_STEP = 0, K_PROMPT = 1, K_INT8 = 2 };      // the kernels: specdec_native.h's specdec_matmul
 // scratch of one linear: K_PROMPT decodes columns into `decoded` (linear_decoded_floats per thread), K_INT8 rounds
 // the activations into `rounded` (linear_rounded_bytes)
@@ -46,6 +46,8 @@ size_t linear_decoded_floats(int K);
 size_t linear_rounded_bytes(int M, int K);
 int linear_blocks_per_column(int K, int kind);
 void decode8_row(const blk8 *c, int nb, float *out);  // a Q8_0 row's values, d * q (a tied embedding's row)
+void decode_row(int kind, const void *row, int K, float *out);  // a bf16 / f16 / f32 row's K values (any alignment)
+int row_kind(int model_kind);  // the linear kind of a model_t kind's rows (W_BF16, W_F16, W_F32), or -1
 
 // ---- attention.c: causal GQA of B rows over their own KV ----
 typedef struct {

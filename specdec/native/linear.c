@@ -222,6 +222,57 @@ static inline __attribute__((always_inline)) void q8q_cols(const int R, const bl
 }
 
 
+// ---- rows: bf16, f16 or f32 weights [N, K] (a checkpoint's own precision) ----
+// A block of 32 of a row as four vectors of 8, exactly: bf16 is the top half of an fp32, f16 converts exactly (F16C)
+static inline __attribute__((always_inline)) void row_block(const int kind, const char *p, __m256 *w0, __m256 *w1,
+                                                            __m256 *w2, __m256 *w3) {
+    if (kind == W_F32) {
+        const float *f = (const float *)p;
+        *w0 = _mm256_loadu_ps(f), *w1 = _mm256_loadu_ps(f + 8), *w2 = _mm256_loadu_ps(f + 16);
+        *w3 = _mm256_loadu_ps(f + 24);
+    } else if (kind == W_F16) {
+        const __m128i *h = (const __m128i *)p;
+        *w0 = _mm256_cvtph_ps(_mm_loadu_si128(h)), *w1 = _mm256_cvtph_ps(_mm_loadu_si128(h + 1));
+        *w2 = _mm256_cvtph_ps(_mm_loadu_si128(h + 2)), *w3 = _mm256_cvtph_ps(_mm_loadu_si128(h + 3));
+    } else {
+        const __m128i *h = (const __m128i *)p;
+        #define BF16(v) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(v)), 16))
+        *w0 = BF16(h), *w1 = BF16(h + 1), *w2 = BF16(h + 2), *w3 = BF16(h + 3);
+        #undef BF16
+    }
+}
+static inline size_t row_bytes(const int kind) { return kind == W_F32 ? 4 : 2; }
+static inline __attribute__((always_inline)) void rows_cols(const int R, const int kind, const float *x, int K,
+                                                            const void *w, float *y, int N, int n0, int n1) {
+    const int nb = K / 32;
+    const size_t block = 32 * row_bytes(kind);
+    for (int n = n0; n < n1; n++) {
+        const char *c = (const char *)w + (size_t)n * K * row_bytes(kind);
+        __m256 acc[MAXR][2], w0, w1, w2, w3;
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            FETCH(c + b * block);
+            row_block(kind, c + b * block, &w0, &w1, &w2, &w3);
+            rows_times(R, x + b * 32, K, w0, w1, w2, w3, acc);
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    }
+}
+void decode_row(int kind, const void *row, int K, float *out) {
+    const char *c = row;
+    __m256 w0, w1, w2, w3;
+    for (int b = 0; b < K / 32; b++, out += 32) {
+        #define ROW(k) row_block(k, c + (size_t)b * 32 * row_bytes(k), &w0, &w1, &w2, &w3)
+        if (kind == W_F32) ROW(W_F32); else if (kind == W_F16) ROW(W_F16); else ROW(W_BF16);
+        #undef ROW
+        _mm256_storeu_ps(out, w0), _mm256_storeu_ps(out + 8, w1), _mm256_storeu_ps(out + 16, w2);
+        _mm256_storeu_ps(out + 24, w3);
+    }
+}
+int row_kind(int model_kind) {
+    return model_kind == 1 ? W_BF16 : model_kind == 2 ? W_F16 : model_kind == 3 ? W_F32 : -1;
+}
+
 // ---- the loops ----
 typedef struct {
     int kernel, kind, M, K, N;
@@ -249,12 +300,21 @@ static void step_task(void *ctx, int task, int worker) {
         #define Q8F(r) q8_cols(r, xf, K, j->w, yr, N, n0, n1)
         #define Q8I(r) q8q_cols(r, xq, nb, j->w, yr, N, n0, n1)
         #define Q4P(r) q4p_cols(r, xp, np, j->w, yr, N, n0, n1)
+        #define BF(r) rows_cols(r, W_BF16, xf, K, j->w, yr, N, n0, n1)
+        #define HF(r) rows_cols(r, W_F16, xf, K, j->w, yr, N, n0, n1)
+        #define SF(r) rows_cols(r, W_F32, xf, K, j->w, yr, N, n0, n1)
         if (j->kernel == K_INT8) {
             if (j->kind == W_Q4P) EACH_R(R, Q4P) else EACH_R(R, Q8I)
         } else if (j->kind == W_Q4) {
             EACH_R(R, Q4F)
-        } else {
+        } else if (j->kind == W_Q8) {
             EACH_R(R, Q8F)
+        } else if (j->kind == W_BF16) {
+            EACH_R(R, BF)
+        } else if (j->kind == W_F16) {
+            EACH_R(R, HF)
+        } else {
+            EACH_R(R, SF)
         }
     }
 }
@@ -266,8 +326,10 @@ static void prompt_task(void *ctx, int task, int worker) {
     const int n1 = n0 + PREFILL_COLUMNS < N ? n0 + PREFILL_COLUMNS : N;
     float *buf = j->decoded + (size_t)worker * linear_decoded_floats(K);
     for (int n = n0; n < n1; n++) {
-        if (j->kind == W_Q4) decode4((const blk4 *)j->w + (size_t)n * nb, nb, buf + (size_t)(n - n0) * K);
-        else decode8_row((const blk8 *)j->w + (size_t)n * nb, nb, buf + (size_t)(n - n0) * K);
+        float *out = buf + (size_t)(n - n0) * K;
+        if (j->kind == W_Q4) decode4((const blk4 *)j->w + (size_t)n * nb, nb, out);
+        else if (j->kind == W_Q8) decode8_row((const blk8 *)j->w + (size_t)n * nb, nb, out);
+        else decode_row(j->kind, (const char *)j->w + (size_t)n * K * row_bytes(j->kind), K, out);
     }
     for (int r0 = 0; r0 < j->M; r0 += PR) {
         const int R = j->M - r0 < PR ? j->M - r0 : PR;

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from specdec.blocks import BLOCK, BLOCK4, BLOCK4P, BLOCK8
+from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK8, KINDS
 from specdec.errors import BackendError
 from specdec.lowering import Geometry
 from specdec.manifest import ModelDims
@@ -19,14 +19,14 @@ STATUS = {  # specdec_native.h's status codes
     1: "a pointer the kernels need is NULL", 2: "a count or size is out of range", 3: "a token id is outside the "
     "weights' vocabulary", 4: "a position is below 0 or past the static buffers", 5: "the scratch is too small",
     6: "the thread count is out of range"}
-KINDS = {BLOCK4: 0, BLOCK8: 1, BLOCK4P: 2}  # specdec_matmul's weight kinds
+WEIGHT_KINDS = {BLOCK4: 0, BLOCK8: 1, BLOCK4P: 2, BF16: 3, np.dtype("<f2"): 4, np.dtype("<f4"): 5}  # specdec_matmul's
 KERNELS = {"step": 0, "prompt": 1, "int8": 2}
 
 
 class ModelStruct(ctypes.Structure):
     """specdec_native.h's model_t."""
     _fields_ = [("L", _I), ("H", _I), ("Hq", _I), ("Hkv", _I), ("D", _I), ("I", _I), ("V", _I), ("vocab", _I),
-                ("positions", _I), ("eps", _F), ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P),
+                ("positions", _I), ("kind", _I), ("eps", _F), ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P),
                 ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P),
                 ("gate_up_p", _P), ("down_p", _P), ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P),
                 ("embedding_rows", _P)]
@@ -96,14 +96,15 @@ class NativeModel:
                   for name in ("input_norm", "post_norm", *LINEARS)]
         paired = [_pointers(list(column)) for column in zip(*self.draft.pairs)] if self.draft else []
         self._tables = tables + paired  # kept alive with the struct
+        rows = weights.layout != "q41"  # rows: a tied embedding is the head itself
+        embedding = weights.head if rows and weights.embedding is None else weights.embedding
         return ModelStruct(
-            dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim,
-            layers[0].down.shape[1] * BLOCK, len(self.head), weights.vocab, len(weights.cos), weights.epsilon,
-            weights.scale, None if weights.embedding is None else weights.embedding.ctypes.data,
-            *(table.ctypes.data for table in tables),
+            dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim, weights.mlp_width,
+            len(self.head), weights.vocab, len(weights.cos), KINDS[weights.layout], weights.epsilon, weights.scale,
+            None if embedding is None else embedding.ctypes.data, *(table.ctypes.data for table in tables),
             *([table.ctypes.data for table in paired] or [None] * len(LINEARS)),  # NULL for a target
             weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data,
-            weights.head.ctypes.data if weights.embedding is None else None)  # the whole head, not a draft's rows
+            weights.head.ctypes.data if embedding is None else None)  # the whole head, not a draft's rows
 
     @property
     def keys(self):
@@ -123,18 +124,21 @@ class NativeModel:
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
     def matmul(self, x: np.ndarray, blocks: np.ndarray, kernel: str = "step", threads: int = 1) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK8; BLOCK4P with kernel "int8"), by the step
-        kernel, a prompt's kernel ("prompt") or with x rounded to two int8 parts ("int8": the draft's); the products
-        alone, for benchmarks and tests."""
+        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK8; BLOCK4P with kernel "int8") or rows [N, K]
+        (BF16, float16, float32), by the step kernel, a prompt's kernel ("prompt") or with x rounded to two int8
+        parts ("int8": the draft's); the products alone, for benchmarks and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        if x.ndim != 2 or blocks.ndim != 2 or blocks.dtype not in KINDS:
+        if x.ndim != 2 or blocks.ndim != 2 or blocks.dtype not in WEIGHT_KINDS:
             raise BackendError(f"matmul of {x.shape} by {blocks.dtype} {blocks.shape}", "pass x [M, K], blocks [N, nb]")
+        kind = WEIGHT_KINDS[blocks.dtype]
+        rows = kind >= WEIGHT_KINDS[BF16]  # [N, K]: K / 32 blocks of 32 a column
+        per_column = blocks.shape[1] // BLOCK if rows and blocks.shape[1] % BLOCK == 0 else -1 if rows else blocks.shape[1]
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
         need = self.kernels.specdec_matmul_scratch_bytes(x.shape[0], x.shape[1], KERNELS[kernel], threads)
         with self._lock:
             address, size = self.scratch.at_least(need)
             raise_for(self.kernels.specdec_matmul(
-                x.ctypes.data, x.shape[0], x.shape[1], blocks.ctypes.data, blocks.shape[1], KINDS[blocks.dtype],
+                x.ctypes.data, x.shape[0], x.shape[1], blocks.ctypes.data, per_column, kind,
                 KERNELS[kernel], y.ctypes.data, blocks.shape[0], address, size, threads),
                 f"a product of {list(x.shape)} by {blocks.dtype.name} blocks {list(blocks.shape)}")
         return y

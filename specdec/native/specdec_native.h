@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SPECDEC_ABI_VERSION 2
+#define SPECDEC_ABI_VERSION 3
 #define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
 
@@ -30,20 +30,30 @@ _Static_assert(sizeof(blk4p) == 40, "blk4p is 40 bytes");
 _Static_assert(sizeof(blkq) == 72, "blkq is 72 bytes");
 _Static_assert(sizeof(blkqp) == 2 * sizeof(blkq), "blkqp is two blkq");
 
+// How a target holds its linear weights, head and embedding (model_t.kind): the GGUF grids, or rows [N, K] of a
+// checkpoint's own precision (every activation stays fp32 either way)
+enum {
+    SPECDEC_Q41 = 0,   // linears blk4 [N, K / 32], head blk8 [V, H / 32], embedding fp32 or embedding_rows
+    SPECDEC_BF16 = 1,  // linears, head and embedding as bf16 rows (the top halves of fp32 values)
+    SPECDEC_F16 = 2,   // ... as IEEE half rows
+    SPECDEC_F32 = 3,   // ... as fp32 rows
+};
+
 // A LLaMA-layout model: per layer RMSNorm, packed q/k/v, rotate-half rotary, causal GQA over static KV, o, RMSNorm,
 // packed gate/up, SiLU(gate) * up, down; a final RMSNorm and the head's V rows.
 typedef struct {
     int32_t L, H, Hq, Hkv, D, I, V;  // layers, hidden, query heads, KV heads, head size, MLP width, head rows
     int32_t vocab;                   // embedding rows: every token id must be below this
     int32_t positions;               // rows of the rotary tables: every position must be below this
+    int32_t kind;                    // SPECDEC_Q41, _BF16, _F16 or _F32
     float eps, scale;                // RMSNorm epsilon, attention scores' scale
-    const float *embedding;                          // [vocab, H]; NULL where embedding_rows holds it
+    const void *embedding;  // [vocab, H]: fp32 (Q41) or rows of kind; NULL where embedding_rows holds it
     const float *const *in_norm, *const *post_norm;  // [L] of [H]
-    const blk4 *const *qkv, *const *o, *const *gate_up, *const *down;  // [L] of [N, K / 32]
+    const void *const *qkv, *const *o, *const *gate_up, *const *down;  // [L] of blk4 [N, K / 32] or rows [N, K]
     const blk4p *const *qkv_p, *const *o_p, *const *gate_up_p, *const *down_p;  // [L] of [N, (K / 32 + 1) / 2]: the
                                                                                   // draft's (quant); else NULL
     const float *final_norm;  // [H]
-    const blk8 *head;         // [V, H / 32]
+    const void *head;         // blk8 [V, H / 32] (Q41, and a draft's), or rows of kind [V, H]
     const float *cos, *sin;   // [positions, D / 2]
     const blk8 *embedding_rows;  // [vocab, H / 32]: row t of the embedding is d * q of these (tied weights), or NULL
 } model_t;
@@ -74,8 +84,9 @@ int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const
                     int last_only, int quant, int threads, float *logits);
 
 // The products alone, for tests and benchmarks: x [M, K] fp32 -> y [M, N] through blocks [N, wblocks] of kind 0:
-// Q4_1, 1: Q8_0 or 2: paired Q4_1 (int8 activations only); kernel 0: the step kernel, 1: a prompt's (fp32), 2: int8
-// activations. wblocks must be what K needs (K / 32, or (K / 32 + 1) / 2 for paired blocks).
+// Q4_1, 1: Q8_0, 2: paired Q4_1 (int8 activations only), or rows [N, K] of kind 3: bf16, 4: f16, 5: f32; kernel
+// 0: the step kernel, 1: a prompt's (fp32), 2: int8 activations. wblocks must be what K needs (K / 32 blocks of 32,
+// or (K / 32 + 1) / 2 pairs).
 long specdec_matmul_scratch_bytes(int M, int K, int kernel, int threads);
 int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int kind, int kernel, float *y, int N,
                    void *scratch, size_t scratch_bytes, int threads);

@@ -6,6 +6,9 @@ Layouts (the manifest's NativeRecord.layout):
   `layers.{i}.input_norm`, `.post_norm` [H] f32, `.qkv` [(Hq + 2 Hkv) D, H / 32], `.o` [H, Hq D / 32], `.gate_up`
   [2 I, H / 32], `.down` [H, I / 32] of blk4; `final_norm` [H]; `head` [V, H / 32] of blk8; `cos`, `sin`
   [positions, D / 2]; `embedding` [V, H] f32 only where the head's blocks do not hold it (untied weights).
+- "bf16", "f16", "f32": a target in a checkpoint's own precision: the same tensors, with the linear weights and the
+  head as rows [N, K] of that dtype (bf16 as its top 16 bits), and `embedding` [V, H] of it only where it is not the
+  head (untied weights).
 - "q41-draft": the int4-q41 draft of such a target, run on the target's norms and rotary tables: per layer `.qkv_p`,
   `.o_p`, `.gate_up_p`, `.down_p` (the same Q4_1 blocks in pairs, blk4p), its head's rows `head` [V', H / 32] of
   blk8 and the distinct token ids they score, `head_rows` [V'] i64 (the others get the record's fill).
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import ABI_VERSION, BLOCK, TensorEntry, read_tensors
+from specdec.blocks import ABI_VERSION, BLOCK, DTYPES, KINDS, TensorEntry, read_tensors
 from specdec.errors import BackendError
 from specdec.manifest import ModelDims, NativeRecord
 
@@ -37,7 +40,7 @@ class Layer:
 
 @dataclass
 class NativeWeights:
-    embedding: np.ndarray | None  # [V, H] float32; None where the head's Q8_0 blocks hold it exactly (tied weights)
+    embedding: np.ndarray | None  # [V, H] float32 (q41) or rows; None where the head holds it (tied weights)
     layers: list
     final_norm: np.ndarray  # [H]
     head: np.ndarray  # [V, H / 32] of BLOCK8
@@ -45,11 +48,17 @@ class NativeWeights:
     sin: np.ndarray
     epsilon: float
     scale: float  # attention scores' scale
+    layout: str = "q41"  # a key of specdec.blocks.KINDS
 
     @property
     def vocab(self) -> int:
         """Token ids the embedding holds."""
         return len(self.head) if self.embedding is None else len(self.embedding)
+
+    @property
+    def mlp_width(self) -> int:
+        down = self.layers[0].down  # [H, I / 32] blocks or [H, I] rows
+        return down.shape[1] * (BLOCK if self.layout == "q41" else 1)
 
 
 @dataclass
@@ -81,29 +90,32 @@ def _expect(tensors: dict, name: str, kind: np.dtype, shape: tuple, role: str) -
 
 
 def target_weights(root: Path, record: NativeRecord, dims: ModelDims) -> NativeWeights:
-    """The "q41" weights of a target, each tensor's kind and shape checked against `dims`."""
+    """The weights of a target (layout "q41", or rows), each tensor's kind and shape checked against `dims`."""
     from specdec.blocks import BLOCK4, BLOCK8
 
     t = _tensors(root, record, "target")
-    f32 = np.dtype("<f4")
+    f32, rows = np.dtype("<f4"), record.layout != "q41"
     H, D, V, layers = dims.hidden_size, dims.head_dim, dims.vocab_size, dims.num_layers
     cos = t.get("cos")
     if cos is None or cos.ndim != 2 or cos.shape[1] != D // 2:
         raise BackendError(f"the target's rotary table is {None if cos is None else list(cos.shape)}, not "
                            f"[positions, {D // 2}]", HINT)
+    per, linear, head_kind = (1, DTYPES[record.layout], DTYPES[record.layout]) if rows else (BLOCK, BLOCK4, BLOCK8)
     qkv, width = (dims.num_heads + 2 * dims.num_kv_heads) * D, dims.num_heads * D
-    mlp = t.get("layers.0.down", np.zeros((0, 0), BLOCK4)).shape[1] * BLOCK
-    shapes = {"input_norm": ((H,), f32), "post_norm": ((H,), f32), "qkv": ((qkv, H // BLOCK), BLOCK4),
-              "o": ((H, width // BLOCK), BLOCK4), "gate_up": ((2 * mlp, H // BLOCK), BLOCK4),
-              "down": ((H, mlp // BLOCK), BLOCK4)}
+    down = t.get("layers.0.down")
+    mlp = (down.shape[1] if down is not None and down.ndim == 2 else 0) * per
+    shapes = {"input_norm": ((H,), f32), "post_norm": ((H,), f32), "qkv": ((qkv, H // per), linear),
+              "o": ((H, width // per), linear), "gate_up": ((2 * mlp, H // per), linear),
+              "down": ((H, mlp // per), linear)}
     layer_list = [Layer(**{name: _expect(t, f"layers.{i}.{name}", kind, shape, "target")
                            for name, (shape, kind) in shapes.items()}) for i in range(layers)]
     embedding = t.get("embedding")
     if embedding is not None:
-        _expect(t, "embedding", f32, (V, H), "target")
+        _expect(t, "embedding", head_kind if rows else f32, (V, H), "target")
     return NativeWeights(embedding=embedding, layers=layer_list, final_norm=_expect(t, "final_norm", f32, (H,), "target"),
-                         head=_expect(t, "head", BLOCK8, (V, H // BLOCK), "target"), cos=cos,
-                         sin=_expect(t, "sin", f32, cos.shape, "target"), epsilon=record.epsilon, scale=record.scale)
+                         head=_expect(t, "head", head_kind, (V, H // per), "target"), cos=cos,
+                         sin=_expect(t, "sin", f32, cos.shape, "target"), epsilon=record.epsilon, scale=record.scale,
+                         layout=record.layout)
 
 
 def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: NativeWeights) -> DraftWeights:
@@ -111,11 +123,11 @@ def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: Nat
     from specdec.blocks import BLOCK4P, BLOCK8
 
     t = _tensors(root, record, "draft")
-    pairs = []
+    pairs, per = [], BLOCK if target.layout == "q41" else 1
     for i, layer in enumerate(target.layers):
-        pairs.append([_expect(t, f"layers.{i}.{name}_p", BLOCK4P,
-                              (len(getattr(layer, name)), (getattr(layer, name).shape[1] + 1) // 2), "draft")
-                      for name in LINEARS])
+        shapes = [getattr(layer, name).shape for name in LINEARS]  # [N, K / 32] blocks or [N, K] rows
+        pairs.append([_expect(t, f"layers.{i}.{name}_p", BLOCK4P, (n, (k * per // BLOCK + 1) // 2), "draft")
+                      for name, (n, k) in zip(LINEARS, shapes)])
     rows = t.get("head_rows")
     scored = len(rows) if rows is not None else dims.vocab_size
     head = _expect(t, "head", BLOCK8, (scored, dims.hidden_size // BLOCK), "draft")
@@ -125,15 +137,14 @@ def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: Nat
     return DraftWeights(pairs=pairs, head=head, head_rows=rows, fill=record.fill)
 
 
-LAYOUTS = {"q41": "target", "q41-draft": "draft"}  # the layouts this engine reads, and the role each is for
+LAYOUTS = {**{name: "target" for name in KINDS}, "q41-draft": "draft"}  # the layouts this engine reads, by role
 
 
 def check_layout(record: NativeRecord | None, role: str) -> NativeRecord:
     """The record, where it is one this engine reads for `role`; BackendError otherwise."""
     if record is None:
         raise BackendError(f"the bundle's {role} carries no native weights (specdec-export writes them for "
-                           "LLaMA-layout gqa targets on a GGUF Q4_1 grid, and calibrate quantize for their int4-q41 "
-                           "drafts)", HINT)
+                           "LLaMA-layout gqa targets, and calibrate quantize for their int4-q41 drafts)", HINT)
     if LAYOUTS.get(record.layout) != role:
         raise BackendError(f"the {role}'s native weights have layout {record.layout!r}, which this engine does not "
                            f"run for a {role}", HINT)

@@ -84,22 +84,28 @@ def test_weights_read_from_external_data(grid_bundle, tmp_path):
     onnx.save_model(onnx.load(str(inline)), str(moved), save_as_external_data=True, location="model.onnx.data",
                     size_threshold=0)
     assert not any(init.raw_data for init in onnx.load(str(moved), load_external_data=False).graph.initializer)
-    (want, *scalars), (got, *again) = (native_tensors(path, manifest.target.dims) for path in (inline, moved))
-    assert scalars == again and sorted(want) == sorted(got)
+    (layout, want, *scalars), (same, got, *again) = (native_tensors(path, manifest.target.dims)
+                                                      for path in (inline, moved))
+    assert layout == same == "q41" and scalars == again and sorted(want) == sorted(got)
     for name in want:
         assert np.array_equal(got[name], want[name]), name
 
 
-def test_weights_off_the_grids_get_no_native_weights(off_grid_bundle):
-    from specdec.export.native_pack import NativeSkipped, native_tensors
+def test_weights_off_the_grids_run_as_fp32_rows(off_grid_bundle):
+    """Random fp32 weights lie on no grid and in no narrower precision: the native weights keep them as fp32 rows,
+    and the native target computes onnxruntime's greedy tokens."""
+    from specdec.export.native_pack import NativeSkipped, _rows
 
-    manifest = read_manifest(off_grid_bundle)  # random fp32 weights
-    assert manifest.target.native is None
-    with pytest.raises(NativeSkipped, match="not on a Q4_1 grid"):
-        native_tensors(off_grid_bundle / manifest.target.onnx_path, manifest.target.dims)
-    with pytest.raises(BackendError, match="carries no native weights") as caught:
-        NativeBackend(off_grid_bundle, manifest.target).open()
-    assert "backend='onnxruntime'" in caught.value.hint
+    manifest = read_manifest(off_grid_bundle)
+    assert manifest.target.native.layout == "f32"
+    config = GenerationConfig(max_new_tokens=24, drafter="none")
+    with load(off_grid_bundle, backend="onnxruntime") as ort, load(off_grid_bundle) as native:
+        assert native.backend == "native"
+        assert native.generate([5, 9, 14], config).token_ids == ort.generate([5, 9, 14], config).token_ids
+    weight = np.ones((4, 32), np.float32)
+    weight[1, 3] = np.nan
+    with pytest.raises(NativeSkipped, match="NaN or inf"):
+        _rows({"layers.0.qkv": weight}, np.ones((4, 32), np.float32), np.ones((4, 32), np.float32))
 
 
 def test_graph_outside_the_layout_gets_no_native_weights(gqa_int4_bundle, int4_bundle):
@@ -114,16 +120,16 @@ def test_graph_outside_the_layout_gets_no_native_weights(gqa_int4_bundle, int4_b
         NativeBackend(int4_bundle, plain).open()
 
 
-def test_cli_refusal_is_a_message(off_grid_bundle):
-    done = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", str(off_grid_bundle), "--prompt", "Hi",
+def test_cli_refusal_is_a_message(gqa_int4_bundle):
+    done = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", str(gqa_int4_bundle), "--prompt", "Hi",
                            "--backend", "native"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
     assert "no native weights" in done.stderr and "Hint:" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_auto_opens_native_where_it_can(grid_bundle, off_grid_bundle):
-    """load()'s default: the native backend for a bundle on the grids, onnxruntime (saying why) for one off them;
-    the same greedy tokens either way."""
+def test_auto_opens_native_where_it_can(grid_bundle, gqa_int4_bundle):
+    """load()'s default: the native backend for a bundle it runs, onnxruntime (saying why) for one it does not (head
+    size 8: its graph's rotary lies outside the attention op); the same greedy tokens either way."""
     config = GenerationConfig(max_new_tokens=12, drafter="none")
     with load(grid_bundle) as generator:
         assert (generator.backend, generator.backend_note) == ("native", None)
@@ -132,7 +138,7 @@ def test_auto_opens_native_where_it_can(grid_bundle, off_grid_bundle):
     with load(grid_bundle, backend="onnxruntime") as generator:
         assert generator.backend == "onnxruntime" and generator.backend_note is None
         assert generator.generate([5, 9, 14], config).token_ids == native_ids
-    with load(off_grid_bundle) as generator:
+    with load(gqa_int4_bundle) as generator:
         assert generator.backend == "onnxruntime" and isinstance(generator.target.backend, OrtBackend)
         assert "native backend did not open" in generator.backend_note and "no native weights" in generator.backend_note
 
@@ -143,8 +149,8 @@ def test_auto_is_for_the_cpu(grid_bundle):
     assert "tensorrt" in caught.value.hint
 
 
-def test_cli_names_the_backend_auto_chose(grid_bundle, off_grid_bundle):
-    for bundle, chosen in ((grid_bundle, "native"), (off_grid_bundle, "onnxruntime")):
+def test_cli_names_the_backend_auto_chose(grid_bundle, gqa_int4_bundle):
+    for bundle, chosen in ((grid_bundle, "native"), (gqa_int4_bundle, "onnxruntime")):
         done = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", str(bundle), "--prompt", "Hi",
                                "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
