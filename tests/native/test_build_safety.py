@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from specdec import GenerationConfig
+from specdec.blocks import ABI_VERSION
 from specdec.errors import BackendError
 from specdec.native import build
 from specdec.runtime import load
@@ -75,7 +76,7 @@ def test_a_bad_cached_library_is_rebuilt(fresh_build, monkeypatch, damage):
         library.write_bytes(b"\x7fELF" + b"\x01" * 200)  # a corrupt ELF (once "wrong ELF class" on every load)
     elif damage == "foreign":
         stub = fresh_build / "stub.c"
-        stub.write_text("int specdec_abi_version(void) { return 2; }\n")
+        stub.write_text(f"int specdec_abi_version(void) {{ return {ABI_VERSION}; }}\n")
         subprocess.run(["gcc", "-shared", "-fPIC", str(stub), "-o", str(library)], check=True)
     elif damage == "other ABI":
         copies = fresh_build / "src"
@@ -83,7 +84,8 @@ def test_a_bad_cached_library_is_rebuilt(fresh_build, monkeypatch, damage):
         for path in build.SOURCES + build.HEADERS:
             shutil.copy(path, copies / path.name)
         header = copies / "specdec_native.h"
-        header.write_text(header.read_text().replace("#define SPECDEC_ABI_VERSION 2", "#define SPECDEC_ABI_VERSION 1"))
+        header.write_text(header.read_text().replace(f"#define SPECDEC_ABI_VERSION {ABI_VERSION}",
+                                                      f"#define SPECDEC_ABI_VERSION {ABI_VERSION - 1}"))
         subprocess.run(["gcc", *build.FLAGS, *(str(copies / p.name) for p in build.SOURCES), "-o", str(library),
                         "-lm"], check=True)
     else:
@@ -91,7 +93,7 @@ def test_a_bad_cached_library_is_rebuilt(fresh_build, monkeypatch, damage):
         library.chmod(0o775)
     before = (fresh_build / "runs").read_text().count("run") if (fresh_build / "runs").exists() else 0
     lib = build.load_kernels()
-    assert lib.specdec_abi_version() == 2 and lib.specdec_layout_size(0) == 24
+    assert lib.specdec_abi_version() == ABI_VERSION and lib.specdec_layout_size(0) == 24
     assert (fresh_build / "runs").read_text().count("run") == before + 1  # rebuilt once
     build.load_kernels.cache_clear()
     build.load_kernels()  # and the rebuilt library is used from now on
@@ -116,7 +118,7 @@ def test_an_unsafe_or_unusable_cache_builds_privately(fresh_build, monkeypatch, 
 
 def test_processes_that_start_cold_compile_once(fresh_build, monkeypatch):
     monkeypatch.setenv("CC", str(_counting_cc(fresh_build)))
-    code = "from specdec.native import build; assert build.load_kernels().specdec_abi_version() == 2"
+    code = f"from specdec.native import build; assert build.load_kernels().specdec_abi_version() == {ABI_VERSION}"
     runs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(3)]
     assert [run.wait(timeout=300) for run in runs] == [0, 0, 0]
     assert (fresh_build / "runs").read_text().count("run") == 1

@@ -5,6 +5,7 @@ pass then overwrites), and speculative decoding stays exact: greedy equal to tar
 distribution."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -158,11 +159,12 @@ def test_sampling_matches_the_target_distribution(q41_bundle):
         assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
 
 
-def test_demo_runs_both_backends(q41_bundle, gqa_int4_bundle):
+def test_demo_runs_both_backends(q41_bundle):
     demo = [sys.executable, "-m", "specdec.cli.demo", "--new-tokens", "8", "--repeats", "1"]
     done = subprocess.run([*demo, str(q41_bundle)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[onnxruntime] greedy" in done.stdout and "identical across drafters and backends" in done.stdout
-    skipped = subprocess.run([*demo, str(gqa_int4_bundle)], capture_output=True, text=True, timeout=600)
+    off = dict(os.environ, SPECDEC_BACKEND="onnxruntime")  # a machine where native does not open
+    skipped = subprocess.run([*demo, str(q41_bundle)], capture_output=True, text=True, timeout=600, env=off)
     assert skipped.returncode == 0, skipped.stderr[-2000:]
-    assert "[native] skipped: " in skipped.stdout and "no native weights" in skipped.stdout
+    assert "[native] skipped: " in skipped.stdout and "turned off" in skipped.stdout
