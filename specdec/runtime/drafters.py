@@ -66,7 +66,12 @@ class PromptLookupDrafter:
 
 
 class ModelDrafter:
-    """Autoregressive drafts from the bundle's draft model (a static-KV backend), each row with its own options."""
+    """Autoregressive drafts from the bundle's draft model (a static-KV backend), each row with its own options.
+
+    A draft that takes the target's KV (kv_source) holds the target's KV at every committed position, including
+    those of drafts it computed itself and the target then accepted: it copies them again before drafting. So its
+    state depends only on the row's tokens, never on whether the row was interrupted and prefilled again (another
+    request used the models meanwhile), and a seeded request drafts the same tokens on every path."""
 
     name = "model"
 
@@ -93,9 +98,10 @@ class ModelDrafter:
             return [EMPTY] * len(rows)
         if self.kv_source is not None:  # the prompt and accepted tokens: copied from the target's committed KV
             for row, w in zip(rows, wanted):
-                if w and row.draft_len < row.target_len:
-                    self.backend.copy_kv(self.kv_source, row.slot, row.draft_len, row.target_len)
-                    row.draft_len = row.target_len
+                start = min(row.draft_len, row.kv_copied)
+                if w and start < row.target_len:
+                    self.backend.copy_kv(self.kv_source, row.slot, start, row.target_len)
+                    row.draft_len = row.kv_copied = row.target_len
         # catch the draft up on what it has not seen (the last round's bonus token, lookup rounds' tokens)
         pending = [row.tokens[row.draft_len :] if w else None for row, w in zip(rows, wanted)]
         logits = feed_chunks(self.backend, rows, pending, [row.draft_len for row in rows], self.chunk)  # [V] per row

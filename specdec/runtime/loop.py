@@ -34,7 +34,7 @@ class SpeculativeLoop:
         feed_chunks(self.target, rows, seqs, [0] * len(rows), self.chunk)
         for row in rows:
             row.target_len = len(row.tokens) - 1
-            row.draft_len = 0
+            row.draft_len = row.kv_copied = 0
         return time.perf_counter() - started
 
     def limits(self, rows: list, gamma: int) -> list:

@@ -31,6 +31,7 @@ class Row:
     slot: int = 0  # KV slot in both backends
     target_len: int = 0  # valid KV slots in the target
     draft_len: int = 0  # valid KV slots in the draft model (a prefix of tokens)
+    kv_copied: int = 0  # draft KV slots [0, kv_copied) hold the target's KV (a draft that copies it)
     finish: str | None = None
     gate: object = None  # the ModelGate deciding `auto` for this row (specdec.runtime.drafters)
     stop_at: int | None = None  # for finish == "stop": the text length at which the stop string begins
