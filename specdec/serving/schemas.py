@@ -22,7 +22,7 @@ class SpecdecOptions(BaseModel):
 
     drafter: Literal[DRAFTERS] | None = None  # auto, model, prompt_lookup, none
     gamma: int | None = Field(None, ge=1)  # the most drafts per round for this request
-    top_k: int = Field(0, ge=0)
+    top_k: int | None = Field(None, ge=0)  # None: the bundle's default; 0: off
 
 
 class StreamOptions(BaseModel):
