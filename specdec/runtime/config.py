@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Callable
 
 from specdec.errors import CapacityError, ConfigError
 from specdec.runtime.adaptive_gamma import GAMMA_POLICY_KINDS
@@ -15,6 +16,27 @@ CPU_BACKENDS = (AUTO_BACKEND, *NAMED_CPU_BACKENDS)  # what the CLI offers: tenso
 # specdec.load(backend="tensorrt", device="cuda:N")
 GAMMA_POLICIES = tuple(GAMMA_POLICY_KINDS)
 COUPLINGS = ("leviathan", "gumbel")  # how a sampled token is drawn and verified (specdec.runtime.sampling)
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """One `drafter=` choice. `build(drafters, lookup, model)` makes its drafter from the module
+    specdec.runtime.drafters (handed in: that module imports this one), a generator's prompt-lookup drafter and its
+    model drafter (None without a draft model); it returns None where rows of this kind are never drafted for."""
+
+    name: str
+    build: Callable
+    needs_model: bool = False  # refused on a bundle without a draft model
+    drafts: bool = True  # False: rows of this kind verify one token per round
+
+
+DRAFTER_KINDS = {kind.name: kind for kind in (
+    DrafterKind("auto", lambda drafters, lookup, model: drafters.ChainDrafter(lookup, model)),  # lookup, else the model
+    DrafterKind("model", lambda drafters, lookup, model: model, needs_model=True),
+    DrafterKind("prompt_lookup", lambda drafters, lookup, model: lookup),
+    DrafterKind("none", lambda drafters, lookup, model: None, drafts=False),
+)}
+DRAFTERS = tuple(DRAFTER_KINDS)
 
 
 class RequestRefusal:
@@ -78,7 +100,7 @@ class GenerationConfig:
     seed: int | None = None
     gamma: int | None = None  # None: the bundle's calibrated default
     gamma_policy: str = "fixed"  # "adaptive": from running per-position acceptance; "heuristic": HF's +2/-1
-    drafter: str = "auto"  # a name of specdec.runtime.drafters.DRAFTER_KINDS
+    drafter: str = "auto"  # a name of DRAFTER_KINDS
     stop: tuple = ()  # stop strings (one string is one stop string)
     eos_token_ids: tuple | None = None  # None: the bundle's EOS ids
     chat: bool = False  # wrap a text prompt in the bundle's chat template
@@ -102,7 +124,7 @@ class GenerationConfig:
                               f"top_p must be {rule}", "top_p")
         _choice("gamma_policy", self.gamma_policy, GAMMA_POLICIES)
         _choice("coupling", self.coupling, COUPLINGS)
-        _choice("drafter", self.drafter, _drafter_names())
+        _choice("drafter", self.drafter, DRAFTERS)
         if self.lookup_min_ngram > self.lookup_ngram:
             raise OptionError(
                 f"need 1 <= lookup_min_ngram <= lookup_ngram, got {self.lookup_min_ngram} and {self.lookup_ngram}",
@@ -137,29 +159,13 @@ class GenerationConfig:
         return not self.greedy and self.seed is not None
 
     @property
-    def drafter_kind(self):
-        """The DrafterKind of `drafter` (specdec.runtime.drafters.DRAFTER_KINDS)."""
-        from specdec.runtime.drafters import DRAFTER_KINDS  # it imports the sampling code, which imports this module
-
+    def drafter_kind(self) -> DrafterKind:
         return DRAFTER_KINDS[self.drafter]
 
     @property
     def gamma_policy_kind(self):
         """The PolicyKind of `gamma_policy` (specdec.runtime.adaptive_gamma.GAMMA_POLICY_KINDS)."""
         return GAMMA_POLICY_KINDS[self.gamma_policy]
-
-
-def _drafter_names() -> tuple:
-    from specdec.runtime.drafters import DRAFTER_KINDS  # it imports the sampling code, which imports this module
-
-    return tuple(DRAFTER_KINDS)
-
-
-def __getattr__(name: str):
-    """DRAFTERS: the names of the drafter registry, read on first use (see _drafter_names)."""
-    if name == "DRAFTERS":
-        return _drafter_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _stops(stop) -> tuple:

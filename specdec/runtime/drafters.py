@@ -1,11 +1,10 @@
 """Drafters propose up to `limits[b]` tokens per row. Every drafter is exact: a model drafter returns its warped
-distributions q; prompt lookup returns point masses (q = None). `DRAFTER_KINDS` maps each `drafter=` name to how
-that drafter is built: adding a drafter is its class and one entry there."""
+distributions q; prompt lookup returns point masses (q = None). Which drafter a `drafter=` name builds is
+specdec.runtime.config.DRAFTER_KINDS: adding a drafter is its class here and one entry there."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -265,21 +264,3 @@ class ChainDrafter:
         drafted = self.model.propose(rows, need)
         return [d if n else p for p, d, n in zip(proposals, drafted, need)]
 
-
-@dataclass(frozen=True)
-class DrafterKind:
-    """One `drafter=` choice: how it is built from the drafters every generator has (prompt lookup, and the model
-    drafter or None where the bundle has no draft model), and what it needs."""
-
-    name: str
-    build: Callable[[PromptLookupDrafter, "ModelDrafter | None"], object]  # -> a drafter, or None: drafts nothing
-    needs_model: bool = False  # refused on a bundle without a draft model
-    drafts: bool = True  # False: rows of this kind verify one token per round and are never drafted for
-
-
-DRAFTER_KINDS = {kind.name: kind for kind in (
-    DrafterKind("auto", ChainDrafter),  # lookup where the context matches, the model where its gate says it pays
-    DrafterKind("model", lambda lookup_drafter, model: model, needs_model=True),
-    DrafterKind("prompt_lookup", lambda lookup_drafter, model: lookup_drafter),
-    DrafterKind("none", lambda lookup_drafter, model: None, drafts=False),
-)}

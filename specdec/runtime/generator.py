@@ -6,9 +6,9 @@ request used the models while a stream was suspended, the stream prefills its ow
 round. Its draft then holds the target's KV at every committed position, as it does in an uninterrupted run
 (ModelDrafter), and its random stream, γ policy and gate are its own (specdec.runtime.requests), so a seeded
 stream gives the tokens of the same request alone. Only the target's KV of the prompt and the accepted tokens is
-computed again, in prefill chunks rather than the passes that first computed it: equal to float rounding
-(onnxruntime's CPU kernels give up to a few 1e-6 apart), which changes a token only where a sample falls within
-that of a boundary. Services with many concurrent users go through specdec.serving.
+computed again, in prefill chunks rather than the passes that first computed it: equal to float rounding, which
+changes a token only where a sample falls that close to a boundary. Services with many concurrent users go
+through specdec.serving.
 """
 from __future__ import annotations
 

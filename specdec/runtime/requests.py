@@ -19,9 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.manifest import Manifest
+from specdec.runtime import drafters as drafter_classes
 from specdec.runtime.adaptive_gamma import GammaStart
-from specdec.runtime.config import GenerationConfig, OptionError, RequestCapacityError
-from specdec.runtime.drafters import DRAFTER_KINDS, ModelDrafter, ModelGate, PromptLookupDrafter
+from specdec.runtime.config import DRAFTER_KINDS, GenerationConfig, OptionError, RequestCapacityError
+from specdec.runtime.drafters import ModelDrafter, ModelGate, PromptLookupDrafter
 from specdec.runtime.state import Row, row_rng
 from specdec.runtime.text import TextCodec, holdback
 
@@ -171,7 +172,7 @@ class RequestLayer:
         if draft is not None:
             model = ModelDrafter(draft, self.manifest.defaults.max_prefill_chunk, self.gate.observe_draft_step,
                                  kv_source=target)
-        built = {kind: kind.build(lookup, model) for kind in DRAFTER_KINDS.values()}
+        built = {kind: kind.build(drafter_classes, lookup, model) for kind in DRAFTER_KINDS.values()}
         return {kind: drafter for kind, drafter in built.items() if drafter is not None}
 
     # --- text ----------------------------------------------------------------------------------------------------

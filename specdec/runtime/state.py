@@ -37,7 +37,7 @@ class Row:
     stop_at: int | None = None  # for finish == "stop": the text length at which the stop string begins
     noise_key: tuple | None = None  # (seed, row) of the Gumbel noise when config.coupling == "gumbel"
     noise_cache: dict = field(default_factory=dict, repr=False)  # position -> noise, drafted but not yet verified
-    drafter: object = None  # the DrafterKind of config.drafter (specdec.runtime.drafters)
+    drafter: object = None  # the DrafterKind of config.drafter (specdec.runtime.config.DRAFTER_KINDS)
 
     def __post_init__(self):
         if self.drafter is None:
