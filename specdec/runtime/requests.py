@@ -184,7 +184,8 @@ class RequestLayer:
         if row.finish == "stop":
             return text[: row.stop_at]
         if row.active:
-            text = text[: len(text) - holdback(text, row.config.stop)].rstrip("\ufffd")
+            text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence: the next token may complete it
+            text = text[: len(text) - holdback(text, row.config.stop)]
         return text
 
 

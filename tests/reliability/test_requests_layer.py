@@ -222,7 +222,8 @@ def test_serving_uses_only_the_generators_public_api_and_checks_no_request_optio
     assert own_checks == []
 
 
-def test_gamma_above_gamma_max_is_refused_in_one_place_for_requests_and_serve(gen, backend_bundle):
+def test_gamma_above_gamma_max_is_refused_in_one_place_for_requests_and_serve(gen, backend_bundle, capsys):
+    from specdec.cli import main
     from specdec.serving.engine import Engine
     from specdec.serving.options import ServeOptions
 
@@ -233,6 +234,9 @@ def test_gamma_above_gamma_max_is_refused_in_one_place_for_requests_and_serve(ge
     with pytest.raises(ConfigError, match="exceeds this bundle's gamma_max") as served:  # serve --gamma 99 (F18)
         Engine.from_options(ServeOptions(bundle=str(bundle), backend=backend, gamma=99))
     assert offline.value.hint == served.value.hint and "--gamma-max" in served.value.hint
+    assert main(["serve", str(bundle), "--backend", backend, "--port", "0", "--gamma", "99"]) == 1
+    err = capsys.readouterr().err
+    assert "gamma 99 exceeds this bundle's gamma_max" in err and "Hint:" in err and "Traceback" not in err
 
 
 def test_absurd_thread_counts_are_refused_before_anything_opens(gqa_int4_bundle):
