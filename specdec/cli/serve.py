@@ -21,9 +21,12 @@ def add_serve_parser(commands) -> None:
     parser.add_argument("--model-name", default=None, help="the model id clients send (default: the bundle's name)")
     parser.add_argument("--speculation", choices=SPECULATION, default="adaptive",
                         help="adaptive: γ per round from measured goodput (default); fixed: the bundle's γ; off: γ = 0")
-    parser.add_argument("--gamma", type=int, default=None, help="γ of --speculation fixed (default: the bundle's)")
+    parser.add_argument("--gamma", type=int, default=None,
+                        help="γ of --speculation fixed (default: the bundle's; at most its gamma_max)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body cap (default 1 MiB)")
-    parser.add_argument("--threads", type=int, default=None, help="threads per model call (default: every core)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads per model call (default: every core; at most 4 per core)")
+    _add_connection_args(parser)
     parser.add_argument("--backend", choices=CPU_BACKENDS, default="onnxruntime",
                         help="onnxruntime (default: it runs a batch's rows in one pass, the native backend one "
                              "after another), native: specdec's own 4-bit kernels (bundles exported from a Q4_1 GGUF, "
@@ -38,11 +41,25 @@ def add_serve_parser(commands) -> None:
     parser.set_defaults(run=run_serve)
 
 
+def _add_connection_args(parser) -> None:
+    group = parser.add_argument_group("connections")
+    group.add_argument("--header-timeout", type=float, default=10.0,
+                       help="seconds a connection may take to send a request's headers (default 10)")
+    group.add_argument("--keep-alive", type=int, default=5, help="seconds an idle connection stays open (default 5)")
+    group.add_argument("--max-connections", type=int, default=1000,
+                       help="open connections at once (default 1000, fewer where the open-file limit is lower); at the "
+                            "cap the oldest connection that has not sent a request makes way for a new one")
+    group.add_argument("--drain-timeout", type=float, default=5.0,
+                       help="on SIGTERM, seconds running requests may go on before they end with an error (default 5)")
+
+
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(bundle=args.bundle, host=args.host, port=args.port, max_batch=args.max_batch,
                         max_queue=args.max_queue, api_key=args.api_key, model_name=args.model_name,
                         speculation=args.speculation, gamma=args.gamma, max_body_bytes=args.max_body_bytes,
-                        threads=args.threads, verify_files=not args.no_verify, backend=args.backend)
+                        threads=args.threads, verify_files=not args.no_verify, backend=args.backend,
+                        header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
+                        max_connections=args.max_connections, drain_s=args.drain_timeout)
 
 
 def run_serve(args: argparse.Namespace) -> int:

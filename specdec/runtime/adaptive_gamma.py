@@ -11,8 +11,12 @@ rows of a round record (specdec.runtime.state.Round) whose drafts came from the 
 - `AdaptiveGamma` (ours): running per-position acceptance (a prior from calibration, decayed counts from this
   request), γ = the argmax of the formula over 1..γ_max after every round.
 - `HeuristicGamma` (Hugging Face assisted generation): +2 when every draft was accepted, −1 otherwise.
+`GAMMA_POLICY_KINDS` maps the `gamma_policy=` names to them.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -147,3 +151,30 @@ def adaptive_from_record(record, gamma_max: int, alpha: float, cost_ratio: float
         extra = verify[-1] + slope * np.arange(1, max(gamma_max - len(verify), 0) + 1)
         verify = np.concatenate([verify, extra])[:gamma_max]
     return AdaptiveGamma(gamma_max, record.cost_ratio or cost_ratio, alphas, verify_cost=verify)
+
+
+@dataclass(frozen=True)
+class GammaStart:
+    """What a request's γ policy starts from: its γ, the bundle's γ_max and γ calibration (a GammaRecord or None),
+    and the acceptance and cost ratio that stand in where the calibration says nothing."""
+
+    gamma: int
+    gamma_max: int
+    record: object
+    alpha: float
+    cost_ratio: float
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """One `gamma_policy=` choice: a name and how a request's policy is built from its GammaStart."""
+
+    name: str
+    build: Callable[[GammaStart], GammaPolicy]
+
+
+GAMMA_POLICY_KINDS = {kind.name: kind for kind in (
+    PolicyKind("fixed", lambda start: FixedGamma(start.gamma)),
+    PolicyKind("adaptive", lambda s: adaptive_from_record(s.record, s.gamma_max, s.alpha, s.cost_ratio)),
+    PolicyKind("heuristic", lambda start: HeuristicGamma(start.gamma, start.gamma_max)),
+)}

@@ -1,18 +1,94 @@
-"""GenerationConfig: the options of one request, checked once."""
+"""GenerationConfig: the options of one request, checked once (the request layer, specdec.runtime.requests, checks
+what needs the bundle: γ against γ_max, the prompt against the vocabulary and S)."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+from typing import Callable
 
-from specdec.errors import ConfigError
+from specdec.errors import CapacityError, ConfigError
+from specdec.runtime.adaptive_gamma import GAMMA_POLICY_KINDS
 
-DRAFTERS = ("auto", "model", "prompt_lookup", "none")
 AUTO_BACKEND = "auto"  # the native backend where the bundle and this machine allow it, else onnxruntime
 NAMED_CPU_BACKENDS = ("onnxruntime", "native")  # what a benchmark measures (one backend, by name)
 CPU_BACKENDS = (AUTO_BACKEND, *NAMED_CPU_BACKENDS)  # what the CLI offers: tensorrt runs through
 # specdec.load(backend="tensorrt", device="cuda:N")
-GAMMA_POLICIES = ("fixed", "adaptive", "heuristic")
+GAMMA_POLICIES = tuple(GAMMA_POLICY_KINDS)
 COUPLINGS = ("leviathan", "gumbel")  # how a sampled token is drawn and verified (specdec.runtime.sampling)
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """One `drafter=` choice. `build(drafters, lookup, model)` makes its drafter from the module
+    specdec.runtime.drafters (handed in: that module imports this one), a generator's prompt-lookup drafter and its
+    model drafter (None without a draft model); it returns None where rows of this kind are never drafted for."""
+
+    name: str
+    build: Callable
+    needs_model: bool = False  # refused on a bundle without a draft model
+    drafts: bool = True  # False: rows of this kind verify one token per round
+
+
+DRAFTER_KINDS = {kind.name: kind for kind in (
+    DrafterKind("auto", lambda drafters, lookup, model: drafters.ChainDrafter(lookup, model)),  # lookup, else the model
+    DrafterKind("model", lambda drafters, lookup, model: model, needs_model=True),
+    DrafterKind("prompt_lookup", lambda drafters, lookup, model: lookup),
+    DrafterKind("none", lambda drafters, lookup, model: None, drafts=False),
+)}
+DRAFTERS = tuple(DRAFTER_KINDS)
+
+
+class RequestRefusal:
+    """What a refused request broke, in two forms: the message names the value seen (for the library's caller);
+    `public` states only the rule, `option` the option and `code` a short error code, so a server can answer its
+    client without echoing what the client sent."""
+
+    def __init__(self, message: str, hint: str | None, public: str, option: str | None = None,
+                 code: str | None = None):
+        super().__init__(message, hint)
+        self.public = public
+        self.option = option
+        self.code = code
+
+
+class OptionError(RequestRefusal, ConfigError):
+    """A request option breaks its rule."""
+
+
+class RequestCapacityError(RequestRefusal, CapacityError):
+    """A request does not fit the bundle's static buffers (its prompt, its batch)."""
+
+
+def checked_int(name: str, value, minimum: int, hint: str) -> int:
+    """`value` as a Python int >= minimum; numpy integers are integers, bools are not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise OptionError(f"{name} must be an integer >= {minimum}, got {value!r}", hint,
+                          f"{name} must be an integer >= {minimum}", name)
+    return int(value)
+
+
+def _real(name: str, value, rule: str, hint: str) -> float:
+    """`value` as a finite Python float; numpy floats and integers are numbers, bools are not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise OptionError(f"{name} must be {rule}, got {value!r}", hint, f"{name} must be {rule}", name)
+    return float(value)
+
+
+def _choice(name: str, value, choices) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise OptionError(f"{name} {value!r} is unknown", f"choose one of {', '.join(choices)}",
+                          f"{name} is unknown", name)
+
+
+INT_OPTIONS = (  # (name, minimum, whether None is allowed, hint) of the integer options
+    ("max_new_tokens", 1, False, "pass max_new_tokens=1 or more"),
+    ("top_k", 0, False, "use 0 to turn top-k off"),
+    ("seed", 0, True, "pass a seed >= 0, or None for fresh randomness"),
+    ("gamma", 1, True, "pass gamma=1 or more, or None for the default"),
+    ("lookup_ngram", 1, False, "use lookup_ngram=3"),
+    ("lookup_min_ngram", 1, False, "use lookup_min_ngram=2"),
+)
 
 
 @dataclass(frozen=True)
@@ -24,7 +100,7 @@ class GenerationConfig:
     seed: int | None = None
     gamma: int | None = None  # None: the bundle's calibrated default
     gamma_policy: str = "fixed"  # "adaptive": from running per-position acceptance; "heuristic": HF's +2/-1
-    drafter: str = "auto"
+    drafter: str = "auto"  # a name of DRAFTER_KINDS
     stop: tuple = ()  # stop strings (one string is one stop string)
     eos_token_ids: tuple | None = None  # None: the bundle's EOS ids
     chat: bool = False  # wrap a text prompt in the bundle's chat template
@@ -33,49 +109,63 @@ class GenerationConfig:
     coupling: str = "leviathan"  # "gumbel": noise fixed by (seed, row, position); output independent of drafter and γ
 
     def __post_init__(self):
-        object.__setattr__(self, "stop", _stops(self.stop))
-        _int("max_new_tokens", self.max_new_tokens, 1, "pass max_new_tokens=1 or more")
-        temperature = self.temperature
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
-            raise ConfigError(f"temperature must be a finite number, got {temperature!r}", "use 0 for greedy decoding")
-        if temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {temperature}", "use 0 for greedy decoding")
-        top_p = self.top_p
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {top_p!r}", "use 1.0 to turn top-p off")
-        _int("top_k", self.top_k, 0, "use 0 to turn top-k off")
-        if self.seed is not None:
-            _int("seed", self.seed, 0, "pass a seed >= 0, or None for fresh randomness")
-        if self.gamma is not None:
-            _int("gamma", self.gamma, 1, "pass gamma=1 or more, or None for the default")
-        if self.gamma_policy not in GAMMA_POLICIES:
-            raise ConfigError(f"gamma_policy {self.gamma_policy!r} is unknown", f"choose one of {', '.join(GAMMA_POLICIES)}")
-        if self.coupling not in COUPLINGS:
-            raise ConfigError(f"coupling {self.coupling!r} is unknown", f"choose one of {', '.join(COUPLINGS)}")
-        if self.drafter not in DRAFTERS:
-            raise ConfigError(f"drafter {self.drafter!r} is unknown", f"choose one of {', '.join(DRAFTERS)}")
-        _int("lookup_ngram", self.lookup_ngram, 1, "use lookup_ngram=3")
-        _int("lookup_min_ngram", self.lookup_min_ngram, 1, "use lookup_min_ngram=2")
+        self._set("stop", _stops(self.stop))
+        for name, minimum, optional, hint in INT_OPTIONS:
+            if not (optional and getattr(self, name) is None):
+                self._set(name, checked_int(name, getattr(self, name), minimum, hint))
+        self._set("temperature", _real("temperature", self.temperature, "a finite number", "use 0 for greedy decoding"))
+        if self.temperature < 0:
+            raise OptionError(f"temperature must be >= 0, got {self.temperature}", "use 0 for greedy decoding",
+                              "temperature must be >= 0", "temperature")
+        rule = "in (0, 1]"
+        self._set("top_p", _real("top_p", self.top_p, rule, "use 1.0 to turn top-p off"))
+        if not 0 < self.top_p <= 1:
+            raise OptionError(f"top_p must be {rule}, got {self.top_p!r}", "use 1.0 to turn top-p off",
+                              f"top_p must be {rule}", "top_p")
+        _choice("gamma_policy", self.gamma_policy, GAMMA_POLICIES)
+        _choice("coupling", self.coupling, COUPLINGS)
+        _choice("drafter", self.drafter, DRAFTERS)
         if self.lookup_min_ngram > self.lookup_ngram:
-            raise ConfigError(
+            raise OptionError(
                 f"need 1 <= lookup_min_ngram <= lookup_ngram, got {self.lookup_min_ngram} and {self.lookup_ngram}",
-                "use lookup_min_ngram=2, lookup_ngram=3",
-            )
-        if self.eos_token_ids is not None:
-            object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
-            for token in self.eos_token_ids:
-                _int("an eos_token_id", token, 0, "pass token ids of the bundle's vocabulary")
+                "use lookup_min_ngram=2, lookup_ngram=3", "need 1 <= lookup_min_ngram <= lookup_ngram", "lookup_ngram")
+        self._check_eos()
         if not isinstance(self.chat, bool):
-            raise ConfigError(f"chat must be True or False, got {self.chat!r}", "pass chat=True to use the chat template")
+            raise OptionError(f"chat must be True or False, got {self.chat!r}",
+                              "pass chat=True to use the chat template", "chat must be true or false", "chat")
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+
+    def _check_eos(self) -> None:
+        if self.eos_token_ids is None:
+            return
+        try:
+            tokens = tuple(self.eos_token_ids)
+        except TypeError:
+            raise OptionError(f"eos_token_ids must be a list of token ids, got {self.eos_token_ids!r}",
+                              "pass token ids of the bundle's vocabulary", "eos_token_ids must be a list of token ids",
+                              "eos_token_ids") from None
+        hint = "pass token ids of the bundle's vocabulary"
+        self._set("eos_token_ids", tuple(checked_int("an eos_token_id", token, 0, hint) for token in tokens))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def seeded_sample(self) -> bool:
+        """A sampled request with a seed: its tokens must not depend on anything but the request (DESIGN §5)."""
+        return not self.greedy and self.seed is not None
 
-def _int(name: str, value, minimum: int, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}", hint)
+    @property
+    def drafter_kind(self) -> DrafterKind:
+        return DRAFTER_KINDS[self.drafter]
+
+    @property
+    def gamma_policy_kind(self):
+        """The PolicyKind of `gamma_policy` (specdec.runtime.adaptive_gamma.GAMMA_POLICY_KINDS)."""
+        return GAMMA_POLICY_KINDS[self.gamma_policy]
 
 
 def _stops(stop) -> tuple:
@@ -84,12 +174,15 @@ def _stops(stop) -> tuple:
     try:
         stops = tuple(stops)
     except TypeError:
-        raise ConfigError(f"stop must be a string or a list of strings, got {stop!r}", "pass stop=['###']") from None
+        raise OptionError(f"stop must be a string or a list of strings, got {stop!r}", "pass stop=['###']",
+                          "stop must be a string or a list of strings", "stop") from None
     for item in stops:
         if not isinstance(item, str) or not item:
-            raise ConfigError(f"stop strings must be non-empty strings, got {item!r}", "drop empty stop strings")
+            raise OptionError(f"stop strings must be non-empty strings, got {item!r}", "drop empty stop strings",
+                              "stop strings must be non-empty strings", "stop")
         try:
             item.encode("utf-8")
         except UnicodeEncodeError:
-            raise ConfigError(f"stop string {item!r} is not valid Unicode text", "pass valid UTF-8 text") from None
+            raise OptionError(f"stop string {item!r} is not valid Unicode text", "pass valid UTF-8 text",
+                              "a stop string is not valid Unicode text (a lone surrogate)", "stop") from None
     return stops

@@ -1,5 +1,6 @@
 """Drafters propose up to `limits[b]` tokens per row. Every drafter is exact: a model drafter returns its warped
-distributions q; prompt lookup returns point masses (q = None)."""
+distributions q; prompt lookup returns point masses (q = None). Which drafter a `drafter=` name builds is
+specdec.runtime.config.DRAFTER_KINDS: adding a drafter is its class here and one entry there."""
 from __future__ import annotations
 
 import time
@@ -66,7 +67,12 @@ class PromptLookupDrafter:
 
 
 class ModelDrafter:
-    """Autoregressive drafts from the bundle's draft model (a static-KV backend), each row with its own options."""
+    """Autoregressive drafts from the bundle's draft model (a static-KV backend), each row with its own options.
+
+    A draft that takes the target's KV (kv_source) holds the target's KV at every committed position, including
+    those of drafts it computed itself and the target then accepted: it copies them again before drafting. So its
+    state depends only on the row's tokens, never on whether the row was interrupted and prefilled again (another
+    request used the models meanwhile), and a seeded request drafts the same tokens on every path."""
 
     name = "model"
 
@@ -93,9 +99,10 @@ class ModelDrafter:
             return [EMPTY] * len(rows)
         if self.kv_source is not None:  # the prompt and accepted tokens: copied from the target's committed KV
             for row, w in zip(rows, wanted):
-                if w and row.draft_len < row.target_len:
-                    self.backend.copy_kv(self.kv_source, row.slot, row.draft_len, row.target_len)
-                    row.draft_len = row.target_len
+                start = min(row.draft_len, row.kv_copied)
+                if w and start < row.target_len:
+                    self.backend.copy_kv(self.kv_source, row.slot, start, row.target_len)
+                    row.draft_len = row.kv_copied = row.target_len
         # catch the draft up on what it has not seen (the last round's bonus token, lookup rounds' tokens)
         pending = [row.tokens[row.draft_len :] if w else None for row, w in zip(rows, wanted)]
         logits = feed_chunks(self.backend, rows, pending, [row.draft_len for row in rows], self.chunk)  # [V] per row
@@ -256,3 +263,4 @@ class ChainDrafter:
             return proposals
         drafted = self.model.propose(rows, need)
         return [d if n else p for p, d, n in zip(proposals, drafted, need)]
+

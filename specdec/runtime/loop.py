@@ -21,7 +21,7 @@ from specdec.runtime.text import StopStrings
 class SpeculativeLoop:
     def __init__(self, target, drafters: dict, policy, chunk: int, eos_ids, stops: StopStrings | None = None):
         self.target = target  # a Timed backend
-        self.drafters = drafters  # drafter kind -> drafter ("none" needs none)
+        self.drafters = drafters  # DrafterKind -> drafter (kinds that draft nothing have none)
         self.policy = policy  # γ for the next round (specdec.runtime.adaptive_gamma)
         self.chunk = chunk
         self.eos_ids = frozenset(eos_ids)
@@ -34,7 +34,7 @@ class SpeculativeLoop:
         feed_chunks(self.target, rows, seqs, [0] * len(rows), self.chunk)
         for row in rows:
             row.target_len = len(row.tokens) - 1
-            row.draft_len = 0
+            row.draft_len = row.kv_copied = 0
         return time.perf_counter() - started
 
     def limits(self, rows: list, gamma: int) -> list:
@@ -44,7 +44,7 @@ class SpeculativeLoop:
         active = [row for row in rows if row.active]
         shared_room = min((size - len(row.tokens) for row in active), default=0)
         return [
-            0 if not row.active or row.config.drafter == "none"
+            0 if not row.active or not row.drafter.drafts
             else max(0, min(gamma if row.config.gamma is None else min(gamma, row.config.gamma),
                             row.config.max_new_tokens - row.generated - 1, size - len(row.tokens) - 1, shared_room))
             for row in rows
@@ -53,7 +53,7 @@ class SpeculativeLoop:
     def draft(self, rows: list, limits: list) -> list:
         proposals = [EMPTY] * len(rows)
         for kind, drafter in self.drafters.items():
-            mine = [lim if row.config.drafter == kind else 0 for row, lim in zip(rows, limits)]
+            mine = [lim if row.drafter is kind else 0 for row, lim in zip(rows, limits)]
             if any(mine):
                 for b, prop in enumerate(drafter.propose(rows, mine)):
                     if mine[b]:

@@ -31,11 +31,17 @@ class Row:
     slot: int = 0  # KV slot in both backends
     target_len: int = 0  # valid KV slots in the target
     draft_len: int = 0  # valid KV slots in the draft model (a prefix of tokens)
+    kv_copied: int = 0  # draft KV slots [0, kv_copied) hold the target's KV (a draft that copies it)
     finish: str | None = None
     gate: object = None  # the ModelGate deciding `auto` for this row (specdec.runtime.drafters)
     stop_at: int | None = None  # for finish == "stop": the text length at which the stop string begins
     noise_key: tuple | None = None  # (seed, row) of the Gumbel noise when config.coupling == "gumbel"
     noise_cache: dict = field(default_factory=dict, repr=False)  # position -> noise, drafted but not yet verified
+    drafter: object = None  # the DrafterKind of config.drafter (specdec.runtime.config.DRAFTER_KINDS)
+
+    def __post_init__(self):
+        if self.drafter is None:
+            self.drafter = self.config.drafter_kind
 
     def noise(self, position: int, vocab: int) -> np.ndarray:
         """The Gumbel noise [vocab] of generated position `position` (0 = the first generated token); the draft and

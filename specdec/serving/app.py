@@ -21,7 +21,9 @@ from specdec.serving.schemas import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     Completion, CompletionChoice, CompletionRequest, Delta, ModelCard, ModelList, SpecdecOptions, Usage, new_id, now,
 )
-from specdec.serving.web import ApiError, BodyLimit, EventStream, check_api_key, install_error_handlers, sse
+from specdec.serving.web import (
+    ApiError, BodyLimit, EventStream, HostCheck, check_api_key, install_error_handlers, sse,
+)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the room left in S
 
@@ -55,6 +57,8 @@ def build_app(options: ServeOptions, engine: Engine | None = None, replica: str 
             response.headers["x-specdec-replica"] = replica
             return response
     app.add_middleware(BodyLimit, limit=options.max_body_bytes)
+    if options.loopback:
+        app.add_middleware(HostCheck)
     return app
 
 
@@ -88,7 +92,7 @@ def _api_router(options: ServeOptions) -> APIRouter:
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
         engine = _engine(request, body.model)
-        ids = _prompt_ids(engine, body.prompt)
+        ids = await _off_loop(engine.gen.requests.prompt_ids, body.prompt)
         config = _config(engine, body, len(ids), COMPLETION_DEFAULT_MAX_TOKENS)
         ticket = _submit(engine, ids, config, body.stream)
         rid, created, name = new_id("cmpl"), now(), request.app.state.model_name
@@ -101,7 +105,8 @@ def _api_router(options: ServeOptions) -> APIRouter:
     @router.post("/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         engine = _engine(request, body.model)
-        ids = _chat_ids(engine, body)
+        messages = [{"role": m.role, "content": m.text} for m in body.messages]
+        ids = await _off_loop(engine.gen.requests.chat_ids, messages)
         config = _config(engine, body, len(ids), None, body.max_completion_tokens)
         ticket = _submit(engine, ids, config, body.stream)
         rid, created, name = new_id("chatcmpl"), now(), request.app.state.model_name
@@ -117,7 +122,7 @@ def _api_router(options: ServeOptions) -> APIRouter:
 # --- request -> engine ------------------------------------------------------------------------------------------
 def _engine(request: Request, model: str) -> Engine:
     if model != request.app.state.model_name:
-        raise ApiError(404, f"the model {model[:64]!r} does not exist; GET /v1/models lists the one served here",
+        raise ApiError(404, "the requested model does not exist; GET /v1/models lists the one served here",
                        "model_not_found", "model")
     engine = request.app.state.engine
     if engine is None or not engine.running:
@@ -125,41 +130,37 @@ def _engine(request: Request, model: str) -> Engine:
     return engine
 
 
-def _refuse(exc: SpecDecError, param: str | None = None):
-    code = "context_length_exceeded" if isinstance(exc, CapacityError) else "invalid_value"
-    hint = f" ({exc.hint})" if exc.hint else ""
-    return ApiError(400, f"{exc.message}{hint}", code, param)
+def _refuse(exc: SpecDecError) -> ApiError:
+    """A refused request's 400, in words that never echo what the client sent: the rule it broke (`public`), never
+    the library's message, which names the value."""
+    default = "context_length_exceeded" if isinstance(exc, CapacityError) else "invalid_value"
+    public = getattr(exc, "public", None) or "the request cannot be served with these options"
+    hint = f" ({exc.hint})" if exc.hint and hasattr(exc, "public") else ""
+    return ApiError(400, f"{public}{hint}", getattr(exc, "code", None) or default, getattr(exc, "option", None))
 
 
-def _prompt_ids(engine: Engine, prompt) -> list:
+async def _off_loop(prepare, prompt) -> list:
+    """Token ids of a prompt or conversation, tokenized (and rendered) on a worker thread, so a long prompt never
+    holds up the event loop and the streams it serves; a refusal becomes a 400."""
     try:
-        return engine.gen._prompt_ids(prompt, GenerationConfig())
+        return await asyncio.to_thread(prepare, prompt)
     except SpecDecError as exc:
-        raise _refuse(exc, "prompt") from None
-
-
-def _chat_ids(engine: Engine, body: ChatCompletionRequest) -> list:
-    codec = engine.gen.codec
-    if not codec.has_chat_template:
-        raise ApiError(400, "this model has no chat template; use /v1/completions", "no_chat_template", "messages")
-    messages = [{"role": m.role, "content": m.text} for m in body.messages]
-    try:
-        rendered = codec.template.render(messages=messages, add_generation_prompt=True, **codec.special)
-    except Exception:  # noqa: BLE001 - a template may raise anything on an odd conversation (jinja2 errors)
-        raise ApiError(400, "the chat template refused these messages", "invalid_messages", "messages") from None
-    return codec.encode(rendered, special=False)
+        raise _refuse(exc) from None
 
 
 def _config(engine: Engine, body, prompt_len: int, default_max: int | None, alt_max: int | None = None):
+    """The request's GenerationConfig: what the body sets, the bundle's defaults for what it leaves out (a value
+    it sets, top_k 0 included, is never replaced by a default)."""
     defaults, size = engine.gen.manifest.defaults, engine.gen.manifest.target.max_seq_len
     ext = body.specdec or SpecdecOptions()
     max_tokens = body.max_tokens or alt_max or default_max or max(1, size - prompt_len)
     try:
         config = GenerationConfig(
-            max_new_tokens=max_tokens, temperature=defaults.temperature if body.temperature is None else body.temperature,
-            top_k=ext.top_k or defaults.top_k, top_p=defaults.top_p if body.top_p is None else body.top_p,
-            seed=body.seed, gamma=ext.gamma, drafter=ext.drafter or "auto", stop=tuple(body.stop or ()))
-        engine.check(prompt_len, config)
+            max_new_tokens=max_tokens, seed=body.seed, gamma=ext.gamma, drafter=ext.drafter or "auto",
+            temperature=defaults.temperature if body.temperature is None else body.temperature,
+            top_k=defaults.top_k if ext.top_k is None else ext.top_k,
+            top_p=defaults.top_p if body.top_p is None else body.top_p, stop=tuple(body.stop or ()))
+        engine.gen.requests.check(config)
     except SpecDecError as exc:
         raise _refuse(exc) from None
     return config
@@ -203,7 +204,7 @@ async def _collect(ticket, request: Request) -> tuple:
         raise ApiError(499, "the client closed the request", "client_closed")
     text, event = waiter.result()
     if event.kind == "error":
-        raise ApiError(500 if event.text != "cancelled" else 499, event.text, "generation_failed")
+        raise ApiError(event.status, event.text, "generation_failed")
     return text, event
 
 
@@ -213,7 +214,8 @@ def _usage(done) -> Usage:
 
 
 def _error_event(event) -> str:
-    return sse({"error": {"message": event.text, "type": "server_error", "param": None, "code": "generation_failed"}})
+    kind = "service_unavailable" if event.status == 503 else "server_error"
+    return sse({"error": {"message": event.text, "type": kind, "param": None, "code": "generation_failed"}})
 
 
 async def _completion_events(ticket, rid: str, created: int, name: str, include_usage: bool):

@@ -7,11 +7,11 @@ T = γ + 1 costs it a whole extra pass and loses the batched T = 1 step. Here ea
 the rows without drafts go together at T = 1 (one read of the weights for all of them) and every row with k
 drafts is verified at exactly T = k + 1, as it would be alone.
 
-Rows whose tokens must not depend on their batch-mates (seeded sampled requests: slots in `alone`) also draft
-apart from the others, grouped by how many tokens the draft model has to catch up on, so no row of theirs is
-padded to another row's length. Batched T = 1 steps are bitwise equal to one-row steps on onnxruntime's CPU
-kernels (measured on the default bundle, both models), but a padded T = 2 pass of the INT4 draft is not equal to
-its T = 1 pass (logits differ by up to ~0.9 of ~25), and a sampled draft token depends on those bits.
+Rows whose tokens must not depend on their batch-mates (seeded sampled requests: slots in `alone`) draft and are
+verified in calls of their own, the calls they would get offline: one row at its own T, never padded to another
+row's length nor batched with other rows. Batched T = 1 steps were bitwise equal to one-row steps on onnxruntime's
+CPU kernels where measured, but a padded T = 2 pass of an INT4 draft was not equal to its T = 1 pass, and other
+kernels (the native engine's rows, other drafts) promise no such equality: a sampled token depends on those bits.
 """
 from __future__ import annotations
 
@@ -27,17 +27,14 @@ class ServingLoop(SpeculativeLoop):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.gammas = {}  # slot -> γ
-        self.alone = set()  # slots whose rows draft apart from the others
+        self.alone = set()  # slots whose rows draft and are verified in calls of their own
 
     def limits(self, rows: list, gamma: int) -> list:
         # each row as if alone: its own γ, its own room in S (verify passes are per length, not shared)
         return [super(ServingLoop, self).limits([row], self.gammas.get(row.slot, gamma))[0] for row in rows]
 
     def draft(self, rows: list, limits: list) -> list:
-        groups = {}
-        for b, row in enumerate(rows):
-            key = ("alone", len(row.tokens) - row.draft_len) if row.slot in self.alone else ("shared",)
-            groups.setdefault(key, []).append(b)
+        groups = self._groups(rows, [("shared",)] * len(rows))
         if list(groups) == [("shared",)]:
             return super().draft(rows, limits)
         proposals = [EMPTY] * len(rows)
@@ -49,13 +46,24 @@ class ServingLoop(SpeculativeLoop):
         return proposals
 
     def verify(self, rows: list, proposals: list) -> list:
-        # -> per active row: logits [k + 1, V] for [last token, drafts...]; one forward per distinct k + 1
+        # -> per active row: logits [k + 1, V] for [last token, drafts...]; one forward per distinct k + 1 (and one per
+        # row in `alone`)
         seqs = [[row.tokens[-1]] + prop.tokens.tolist() if row.active else None for row, prop in zip(rows, proposals)]
         starts = [row.target_len for row in rows]
         out = [None] * len(rows)
-        for steps in sorted({len(seq) for seq in seqs if seq is not None}):
-            group = [seq if seq is not None and len(seq) == steps else None for seq in seqs]
+        groups = self._groups(rows, [("shared", len(seq)) if seq is not None else None for seq in seqs])
+        for members in groups.values():
+            group = [seqs[b] if b in members else None for b in range(len(rows))]
             for b, logits in enumerate(forward_rows(self.target, rows, group, starts)):
                 if logits is not None:
                     out[b] = logits
         return out
+
+    def _groups(self, rows: list, shared_keys: list) -> dict:
+        """key -> rows (indices) that share calls: a row in `alone` has a group of its own; the others go by
+        `shared_keys[b]` (None: the row takes no part)."""
+        groups = {}
+        for b, (row, key) in enumerate(zip(rows, shared_keys)):
+            if key is not None:
+                groups.setdefault(("alone", row.slot) if row.slot in self.alone else key, []).append(b)
+        return groups

@@ -1,13 +1,15 @@
 """The engine: one thread owns the backends and runs rounds over the running batch (continuous batching).
 
-HTTP handlers call `submit` (which only enqueues) and await the `Ticket`'s events; the engine thread admits
-waiting requests at round boundaries while KV slots are free (each joiner is prefilled alone, on its own slot),
-runs one speculative round over every active row, delivers text deltas and finish events, and frees the slots of
-rows that finished or whose client went away. γ per round comes from `GoodputGamma`.
+HTTP handlers prepare a request through the generator's request layer (`Generator.requests`: prompt ids, options,
+checks), call `submit` (which only enqueues) and await the `Ticket`'s events; the engine thread admits waiting
+requests at round boundaries while KV slots are free (each joiner is prefilled alone, on its own slot), runs one
+speculative round over every active row, delivers text deltas and finish events, and frees the slots of rows that
+finished or whose client went away. γ per round comes from `GoodputGamma`. `drain` ends it all gracefully.
 
 Exactness: greedy rows' output does not depend on γ or on their batch-mates. A seeded sampled request keeps the γ
-policy and the `auto` gate it would have offline (`Generator.default_policy`, `Generator._gate`) and its own
-random stream `row_rng(seed, 0)`, so it reproduces `Generator.generate` of the same prompt and options.
+policy and the `auto` gate it would have offline (`RequestLayer.own_policy`, `RequestLayer.gate_for`), its own
+random stream row_rng(seed, 0), and forward calls of its own (ServingLoop.alone), so it reproduces
+`Generator.generate` of the same prompt and options.
 """
 from __future__ import annotations
 
@@ -19,12 +21,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from specdec.errors import CapacityError, ConfigError, SpecDecError
+from specdec.errors import SpecDecError
 from specdec.runtime.config import GenerationConfig
-from specdec.runtime.drafters import ChainDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.runtime.generator import Generator, load
-from specdec.runtime.state import Row, row_rng
-from specdec.runtime.text import StopStrings, holdback
+from specdec.runtime.state import Row
+from specdec.runtime.text import StopStrings
 from specdec.serving.batching import ServingLoop
 from specdec.serving.goodput import GoodputGamma, Metered, measure_costs
 from specdec.serving.metrics import Metrics
@@ -49,6 +50,12 @@ class Event:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    status: int = 500  # of an error: the HTTP status it is answered with
+
+
+FAILED = Event("error", "the engine failed on this request")
+CANCELLED = Event("error", "cancelled", status=499)
+SHUTTING_DOWN = Event("error", "the server is shutting down; retry on another replica or later", status=503)
 
 
 @dataclass(eq=False)
@@ -110,48 +117,58 @@ class Engine:
         self._cond = threading.Condition()
         self._thread = None
         self._stopping = False
+        self._drain_deadline = None  # monotonic time at which a drain ends the rows still running
+        self._drained = threading.Event()
 
     @classmethod
     def from_options(cls, options: ServeOptions, metrics: Metrics | None = None) -> "Engine":
         generator = load(options.bundle, backend=options.backend, verify=options.verify_files, threads=options.threads)
+        try:
+            generator.requests.gamma(options.gamma)  # serve --gamma against the bundle's γ_max, before any work
+        except SpecDecError:
+            generator.close()
+            raise
         return cls(generator, options, metrics)
 
     # --- lifetime ------------------------------------------------------------------------------------------
     def start(self) -> "Engine":
         """Reset both backends to `max_batch` slots, measure the costs γ is chosen from, start the loop thread."""
-        manifest, gen = self.gen.manifest, self.gen
-        self.batch = min(self.options.max_batch or manifest.target.max_batch, manifest.target.max_batch)
-        if gen.draft is not None:
-            self.batch = min(self.batch, manifest.draft.max_batch)
+        gen, requests = self.gen, self.gen.requests
+        defaults = gen.manifest.defaults
+        self.batch = min(self.options.max_batch or requests.max_rows, requests.max_rows)
         gen.target.reset(self.batch)
         if gen.draft is not None:
             gen.draft.reset(self.batch)
-        defaults = manifest.defaults
         costs = measure_costs(gen.target.backend, gen.draft.backend if gen.draft is not None else None,
                               self.batch, defaults.gamma_max)
-        record = self.gen._gamma_record  # the bundle's γ calibration (a GammaRecord), or None
+        record = requests.gamma_record
         self.controller = GoodputGamma(costs, defaults.gamma_max, self.options.speculation,
-                                       self.options.gamma or defaults.gamma, (record.alphas if record else None) or 0.7,
+                                       requests.gamma(self.options.gamma), (record.alphas if record else None) or 0.7,
                                        gen.draft is not None,
                                        gen.draft is not None and gen.draft.takes_kv_from(gen.target))
-        self.loop = ServingLoop(Metered(gen.target, "target", self.controller.observe_call), self._drafters(),
-                                self.controller, defaults.max_prefill_chunk, manifest.tokenizer.eos_token_ids,
-                                StopStrings(gen.codec))
+        draft = Metered(gen.draft, "draft", self.controller.observe_call) if gen.draft is not None else None
+        self.loop = ServingLoop(Metered(gen.target, "target", self.controller.observe_call),
+                                requests.drafters(draft, gen.target), self.controller, defaults.max_prefill_chunk,
+                                gen.manifest.tokenizer.eos_token_ids, StopStrings(gen.codec))
         self._free = list(range(self.batch))  # a heap: joiners take the lowest free slot (fewer holes in T=1 runs)
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
         self._thread.start()
         return self
 
-    def _drafters(self) -> dict:
-        """Every drafter kind, as Generator._drafters makes them, with the draft model's calls metered."""
-        gen = self.gen
-        lookup, model = PromptLookupDrafter(), None
-        if gen.draft is not None:
-            metered = Metered(gen.draft, "draft", self.controller.observe_call)
-            model = ModelDrafter(metered, gen.manifest.defaults.max_prefill_chunk, gen.gate.observe_draft_step,
-                                 kv_source=gen.target)
-        drafters = {"prompt_lookup": lookup, "model": model, "auto": ChainDrafter(lookup, model)}
-        return {kind: drafter for kind, drafter in drafters.items() if drafter is not None}
+    def drain(self, grace_s: float) -> None:
+        """Graceful stop (SIGTERM): take no more requests and answer the waiting ones 503; let the running rows go on
+        for up to `grace_s` seconds, then end the rest with a shutdown error (an SSE error event on a stream).
+        Returns when no row runs any more."""
+        with self._cond:
+            if self._thread is None or self._drain_deadline is not None:
+                return
+            self._drain_deadline = time.monotonic() + grace_s
+            waiting, self._pending = list(self._pending), deque()
+            self.metrics.queue_depth.set(0)
+            self._cond.notify_all()
+        for job in waiting:
+            self._release(job, "rejected", SHUTTING_DOWN)
+        self._drained.wait(timeout=grace_s + 60)  # a round outlasting this would mean a stuck engine thread
 
     def close(self) -> None:
         with self._cond:
@@ -164,21 +181,13 @@ class Engine:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+        return (self._thread is not None and self._thread.is_alive() and not self._stopping
+                and self._drain_deadline is None)
 
     # --- the HTTP side -------------------------------------------------------------------------------------
-    def check(self, prompt_len: int, config: GenerationConfig) -> None:
-        """Raise ConfigError / CapacityError for a request this engine cannot serve."""
-        size = self.gen.manifest.target.max_seq_len
-        if prompt_len > size:
-            raise CapacityError(f"the prompt has {prompt_len} tokens; this model's context is {size}",
-                                "shorten the prompt")
-        if config.drafter == "model" and self.gen.draft is None:
-            raise ConfigError("this model has no draft model", "use drafter 'prompt_lookup', 'auto' or 'none'")
-        self.gen._gamma(config)  # gamma <= gamma_max
-
     def submit(self, prompt_ids: list, config: GenerationConfig, stream: bool) -> Ticket:
-        """Enqueue a request (from the event loop's thread); raises QueueFullError or EngineClosedError."""
+        """Enqueue a request (from the event loop's thread) whose prompt and options the generator's request layer
+        prepared and checked; raises QueueFullError or EngineClosedError."""
         queue = asyncio.Queue()
         job = Job(list(prompt_ids), config, stream, _deliverer(asyncio.get_running_loop(), queue))
         with self._cond:
@@ -206,13 +215,16 @@ class Engine:
             for job in joiners:
                 self._admit(job)
             self._drop_cancelled()
+            self._end_overdue()
             if self._active:
                 self._round()
-        self._fail_all("the server is shutting down")
+        self._fail_all()
 
     def _wait_for_work(self) -> list | None:
         with self._cond:
             while not self._stopping and not self._pending and not self._active:
+                if self._drain_deadline is not None:
+                    self._drained.set()
                 self._cond.wait()
             if self._stopping:
                 return None
@@ -224,25 +236,22 @@ class Engine:
             return joiners
 
     def _free_slot_for(self, job: Job) -> None:
-        slot = heapq.heappop(self._free)
-        config = job.config
-        job.row = Row(tokens=list(job.prompt_ids), prompt_len=len(job.prompt_ids), rng=row_rng(config.seed, 0),
-                      config=config, slot=slot, gate=self.gen._gate(config))
-        if not config.greedy and config.seed is not None:
-            job.pinned = self.gen.default_policy(config)
+        requests = self.gen.requests
+        job.row = requests.row(job.prompt_ids, job.config, slot=heapq.heappop(self._free))
+        job.pinned = requests.own_policy(job.config)
 
     def _admit(self, job: Job) -> None:
         if job.cancelled:
-            self._release(job, "cancelled")
+            self._release(job, "cancelled", CANCELLED)
             return
         try:
             self.loop.prefill([job.row])
         except SpecDecError as exc:
-            self._release(job, "error", exc.message)
+            self._release(job, "error", Event("error", exc.message))
             return
         except Exception:  # noqa: BLE001 - the engine outlives a failed prefill; the request gets a clean 500
             log.exception("a prefill failed")
-            self._release(job, "error", "the engine failed on this request")
+            self._release(job, "error", FAILED)
             return
         self.metrics.prompt_tokens.inc(job.row.prompt_len)
         self._active.append(job)
@@ -251,14 +260,22 @@ class Engine:
     def _drop_cancelled(self) -> None:
         for job in [job for job in self._active if job.cancelled]:
             self._active.remove(job)
-            self._release(job, "cancelled")
+            self._release(job, "cancelled", CANCELLED)
         self.metrics.active_rows.set(len(self._active))
+
+    def _end_overdue(self) -> None:
+        """Past a drain's grace: the rows still running end with the shutdown error."""
+        if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
+            for job in self._active:
+                self._release(job, "error", SHUTTING_DOWN)
+            self._active = []
+            self.metrics.active_rows.set(0)
 
     def _plan(self) -> None:
         """γ for this round: the controller's for most rows, their own policy's for seeded sampled rows, and
         (adaptive) 0 for a row's first round, so its first token costs one step after its prefill rather than the
-        draft's prefill and a verify pass."""
-        free = [job.row for job in self._active if job.pinned is None and job.row.config.drafter != "none"]
+        draft's prefill and a verify pass. Rows with a policy of their own also run their calls alone."""
+        free = [job.row for job in self._active if job.pinned is None and job.row.drafter.drafts]
         self.controller.plan(len(self._active), len(free))
         self.loop.gammas = {job.row.slot: job.pinned.gamma for job in self._active if job.pinned is not None}
         self.loop.alone = set(self.loop.gammas)
@@ -274,7 +291,7 @@ class Engine:
         except Exception:  # noqa: BLE001 - the engine must outlive a failed round; its rows get a clean 500
             log.exception("an engine round failed")
             for job in self._active:
-                self._release(job, "error", "the engine failed on this request")
+                self._release(job, "error", FAILED)
             self._active = []
             return
         stepped = time.perf_counter()
@@ -296,50 +313,38 @@ class Engine:
         row = job.row
         if row.active:
             if job.stream:
-                self._send_delta(job, self._text(row))
+                self._send_delta(job, self.gen.requests.text(row))
             return
         self._active.remove(job)
-        text = self._text(row)
-        self._send_delta(job, text)
+        self._send_delta(job, self.gen.requests.text(row))
         job.deliver(Event("done", finish_reason=FINISH_REASONS.get(row.finish, "stop"),
                           prompt_tokens=row.prompt_len, completion_tokens=row.generated))
         self._release(job, "success")
-
-    def _text(self, row: Row) -> str:
-        text = self.gen.codec.decode(row.tokens[row.prompt_len :])
-        if row.finish == "stop":
-            return text[: row.stop_at]
-        if row.active:
-            text = text[: len(text) - holdback(text, row.config.stop)]
-            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-                return text[:-1]
-        return text
 
     def _send_delta(self, job: Job, text: str) -> None:
         if len(text) > len(job.shown) and text.startswith(job.shown):
             job.deliver(Event("text", text[len(job.shown) :]))
             job.shown = text
 
-    def _release(self, job: Job, status: str, message: str = "") -> None:
-        """Free the job's slot (if it had one) and count it; an error or cancel ends its event stream."""
+    def _release(self, job: Job, status: str, event: Event | None = None) -> None:
+        """Free the job's slot (if it had one), end its event stream with `event` (if any) and count it under
+        `status` (specdec_requests_total)."""
         if job.row is not None:
             with self._cond:
                 heapq.heappush(self._free, job.row.slot)
-        if status == "error":
-            job.deliver(Event("error", message))
-        elif status == "cancelled":
-            job.deliver(Event("error", "cancelled"))
+        if event is not None:
+            job.deliver(event)
         ttft = tpot = None
-        if status == "success" and job.first_token_at is not None:
+        if event is None and job.first_token_at is not None:
             ttft = job.first_token_at - job.arrived
             tokens = job.row.generated
             if tokens > 1:
                 tpot = (time.perf_counter() - job.first_token_at) / (tokens - 1)
         self.metrics.observe_finish(status, ttft, tpot)
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self) -> None:
         with self._cond:
             pending, self._pending = list(self._pending), deque()
         for job in pending + self._active:
-            self._release(job, "error", message)
+            self._release(job, "error", SHUTTING_DOWN)
         self._active = []

@@ -1,14 +1,26 @@
-"""ServeOptions: what `specdec serve` and `build_app` accept, checked once."""
+"""ServeOptions: what `specdec serve` and `build_app` accept, checked once (γ against the bundle's γ_max when the
+engine opens the bundle: RequestLayer.gamma)."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
 from specdec.errors import ConfigError
-from specdec.runtime.config import CPU_BACKENDS
+from specdec.runtime.config import CPU_BACKENDS, checked_int
+from specdec.runtime.generator import check_threads
 
 SPECULATION = ("adaptive", "fixed", "off")
 API_KEY_ENV = "SPECDEC_API_KEY"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def key_from_env() -> str | None:
+    """SPECDEC_API_KEY, or None where it is unset; set but empty (or blank) is refused rather than read as no key."""
+    key = os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise ConfigError(f"{API_KEY_ENV} is set but empty, which would turn the API key check off",
+                          f"set {API_KEY_ENV} to the key, or unset it to serve without one")
+    return key
 
 
 @dataclass(frozen=True)
@@ -21,12 +33,17 @@ class ServeOptions:
     api_key: str | None = None  # None: the SPECDEC_API_KEY environment variable, if set
     model_name: str | None = None  # None: the bundle directory's name
     speculation: str = "adaptive"  # γ per round from measured goodput; "fixed": the bundle's γ; "off": γ = 0
-    gamma: int | None = None  # the fixed γ (default: the bundle's)
+    gamma: int | None = None  # the fixed γ (default: the bundle's); at most the bundle's γ_max
     max_body_bytes: int = 1 << 20
     threads: int | None = None  # onnxruntime intra-op / OpenMP threads (None: every core this process may use)
     backend: str = "onnxruntime"  # "native": specdec's own 4-bit kernels (rows one by one); "auto": native where it opens
     verify_files: bool = True  # check the bundle's sha256 sums at start
     retry_after_s: int = 1  # the Retry-After of a 429
+    header_timeout_s: float = 10.0  # a connection sends a request's headers within this (after opening or a response)
+    keep_alive_s: int = 5  # an idle keep-alive connection closes after this
+    max_connections: int = 1000  # open at once (fewer where the open-file limit is lower); at the cap the oldest
+    # connection still waiting for a request's headers makes way for a new one
+    drain_s: float = 5.0  # on SIGTERM: how long running requests may go on before they end with an error event
 
     def __post_init__(self):
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -37,17 +54,34 @@ class ServeOptions:
             raise ConfigError(f"max_queue must be >= 0, got {self.max_queue!r}", "pass --max-queue 0 or more")
         if self.speculation not in SPECULATION:
             raise ConfigError(f"speculation {self.speculation!r} is unknown", f"choose one of {', '.join(SPECULATION)}")
-        if self.gamma is not None and (not isinstance(self.gamma, int) or self.gamma < 1):
-            raise ConfigError(f"gamma must be >= 1, got {self.gamma!r}", "pass --gamma 1 or more")
+        if self.gamma is not None:
+            checked_int("gamma", self.gamma, 1, "pass --gamma 1 or more")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes {self.max_body_bytes} is too small for any request",
                               "pass at least 1024")
         if self.backend not in CPU_BACKENDS:
             raise ConfigError(f"backend {self.backend!r} is unknown", f"choose one of {', '.join(CPU_BACKENDS)}")
-        if self.api_key is not None and not self.api_key:
+        if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("the API key is empty", f"pass a non-empty --api-key or set {API_KEY_ENV}")
+        if self.api_key is None:
+            key_from_env()
+        check_threads(self.threads)
+        self._check_connection_limits()
+
+    def _check_connection_limits(self) -> None:
+        for name, value in (("header_timeout_s", self.header_timeout_s), ("drain_s", self.drain_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 86400:
+                raise ConfigError(f"{name} must be a number of seconds in (0, 86400), got {value!r}",
+                                  "pass a few seconds (the defaults: 10 for headers, 5 for the drain)")
+        checked_int("keep_alive_s", self.keep_alive_s, 1, "pass --keep-alive 1 or more seconds")
+        checked_int("max_connections", self.max_connections, 1, "pass --max-connections 1 or more")
 
     @property
     def key(self) -> str | None:
         """The API key in force: the option, else the environment variable, else none (no check)."""
-        return self.api_key or os.environ.get(API_KEY_ENV) or None
+        return self.api_key or key_from_env()
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the server binds this machine only (then it answers only requests addressed to it by name)."""
+        return self.host in LOOPBACK_HOSTS or self.host.startswith("127.")

@@ -2,7 +2,9 @@
 
 specdec's own options travel in the extension object `specdec` ({"drafter": ..., "gamma": ...}); with the
 `openai` client: `extra_body={"specdec": {"drafter": "model", "gamma": 4}}`. Fields the API defines but specdec
-does not implement are refused with a 400 when set to anything but their no-op value.
+does not implement are refused with a 400 when set to anything but their no-op value. Options that reach a
+GenerationConfig or the request layer as they are (temperature, top_p, top_k, γ, stop strings, the prompt) are
+checked there, once, not here.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ class SpecdecOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     drafter: Literal[DRAFTERS] | None = None  # auto, model, prompt_lookup, none
-    gamma: int | None = Field(None, ge=1)  # the most drafts per round for this request
-    top_k: int = Field(0, ge=0)
+    gamma: int | None = None  # the most drafts per round for this request
+    top_k: int | None = None  # None: the bundle's default; 0: off
 
 
 class StreamOptions(BaseModel):
@@ -36,8 +38,8 @@ class _Sampling(BaseModel):
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float | None = None  # None: the bundle's default (like top_p)
+    top_p: float | None = None
     n: int = 1
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -59,8 +61,8 @@ class _Sampling(BaseModel):
     @classmethod
     def _stops(cls, stop):
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if len(stops) > MAX_STOPS or any(not s for s in stops):
-            raise ValueError(f"give at most {MAX_STOPS} non-empty stop strings")
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"give at most {MAX_STOPS} stop strings")
         return stops
 
     @field_validator("logprobs")
@@ -92,9 +94,7 @@ class CompletionRequest(_Sampling):
             if len(prompt) != 1:
                 raise ValueError("only one prompt per request is supported; send one request per prompt")
             prompt = prompt[0]
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        return prompt
+        return prompt  # an empty one is refused where every prompt is checked (specdec.runtime.requests)
 
 
 class TextPart(BaseModel):

@@ -126,6 +126,39 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": content})
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+def host_name(header: bytes) -> str:
+    """The host of a Host header, without its port: b"localhost:8000" -> "localhost", b"[::1]:80" -> "[::1]"."""
+    text = header.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[: text.find("]") + 1] if "]" in text else text
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
+class HostCheck:
+    """ASGI middleware of a server bound to loopback: a request whose Host header names anything but localhost,
+    127.0.0.1 or [::1] (any port) is answered 400. A web page's script that reaches 127.0.0.1 through a DNS name it
+    rebound sends that name as its Host, so it gets nothing (DNS rebinding)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            host = dict(scope.get("headers") or []).get(b"host")
+            if host is not None and host_name(host) not in LOOPBACK_NAMES:
+                content = error_bytes(400, "the Host header names a host this server does not serve (it answers only "
+                                      "localhost, 127.0.0.1 and [::1])", "invalid_host")
+                await send({"type": "http.response.start", "status": 400,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(content)).encode())]})
+                await send({"type": "http.response.body", "body": content})
+                return None
+        return await self.app(scope, receive, send)
+
+
 def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 

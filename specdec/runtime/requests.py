@@ -1,0 +1,222 @@
+"""The request layer (DESIGN §8): how `Generator` and the serving engine turn a request into rows, in one place.
+
+Each option a request brings is checked here once, with one message and one hint (GenerationConfig has checked
+each option's own range already):
+- the prompt: text (valid Unicode; through the chat template when asked), UTF-8 bytes, or token ids; at least one
+  token; every id inside the target's vocabulary, the ids a text prompt's tokenizer gives included (a tokenizer.json
+  that does not belong to the models gives ids they do not have); at most S tokens;
+- γ: the request's own, else the bundle's, at most the bundle's γ_max (`serve --gamma` goes through the same check);
+- the drafter: a kind this generator can run (`model` needs a draft model).
+
+Rows are built here: tokens, config, KV slot, drafter kind, the `auto` gate, the random stream row_rng(seed, row)
+and the Gumbel noise key. A seeded sampled request gets a gate of its own (fixed bundle data) and a γ policy of its
+own, so its tokens depend on nothing but the request: not on earlier requests, not on requests interleaved with
+it, and not on its batch-mates in the server (the serving engine keeps its policy and runs its calls alone).
+Refusals are OptionError / RequestCapacityError, whose `public` text a server sends instead of the message.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.manifest import Manifest
+from specdec.runtime import drafters as drafter_classes
+from specdec.runtime.adaptive_gamma import GammaStart
+from specdec.runtime.config import DRAFTER_KINDS, GenerationConfig, OptionError, RequestCapacityError
+from specdec.runtime.drafters import ModelDrafter, ModelGate, PromptLookupDrafter
+from specdec.runtime.state import Row, row_rng
+from specdec.runtime.text import TextCodec, holdback
+
+DEFAULT_ALPHA, DEFAULT_COST = 0.7, 0.5  # priors of sampled requests where the bundle has no γ calibration
+NO_TEMPLATE_HINT = "pass the prompt as raw text (chat=False; drop --chat; or POST it to /v1/completions)"
+
+
+class RequestLayer:
+    """The request preparation of one generator: its bundle's manifest and tokenizer, whether it has a draft model,
+    and its measured gate (which greedy requests share: their tokens do not depend on it)."""
+
+    def __init__(self, manifest: Manifest, codec: TextCodec, gate: ModelGate, has_draft: bool):
+        self.manifest = manifest
+        self.codec = codec
+        self.gate = gate
+        self.has_draft = has_draft
+
+    # --- the prompt ------------------------------------------------------------------------------------------
+    def prompt_ids(self, prompt, chat: bool = False) -> list:
+        """Checked token ids of a prompt: text (wrapped in the chat template when `chat`), UTF-8 bytes or token ids."""
+        if isinstance(prompt, bytes):
+            prompt = _utf8(prompt)
+        if isinstance(prompt, str):
+            if not prompt:
+                raise OptionError("the prompt is empty", "pass at least one character or token",
+                                  "the prompt is empty", "prompt")
+            _check_text(prompt, "the prompt", "prompt")
+            if chat:
+                return self.chat_ids([{"role": "user", "content": prompt}])
+            return self._checked(self.codec.encode(prompt), from_text=True)
+        return self._checked(_token_ids(prompt), from_text=False)
+
+    def chat_ids(self, messages: list) -> list:
+        """Checked token ids of a conversation ({"role", "content"} dicts) through the chat template, with the
+        assistant's turn opened."""
+        if not self.codec.has_chat_template:
+            raise OptionError("this bundle's tokenizer has no chat template, so a prompt cannot be wrapped as a chat "
+                              "turn", NO_TEMPLATE_HINT, "this model has no chat template", "messages",
+                              "no_chat_template")
+        for message in messages:
+            _check_text(message["content"], "a message", "messages")
+        try:
+            rendered = self.codec.template.render(messages=messages, add_generation_prompt=True, **self.codec.special)
+        except Exception as exc:  # noqa: BLE001 - a template may raise anything on an odd conversation (jinja2 errors)
+            raise OptionError(f"the chat template refused these messages ({type(exc).__name__}: {exc})",
+                              "check the roles and their order", "the chat template refused these messages",
+                              "messages") from None
+        return self._checked(self.codec.encode(rendered, special=False), from_text=True)
+
+    def _checked(self, ids: list, from_text: bool) -> list:
+        if not ids:
+            raise OptionError("the prompt has no token ids", "pass at least one token id", "the prompt is empty",
+                              "prompt")
+        vocab, size = self.manifest.target.dims.vocab_size, self.manifest.target.max_seq_len
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            where = "the tokenizer gave token id" if from_text else "token id"
+            hint = ("this bundle's tokenizer files do not belong to its models: restore them or re-export the bundle"
+                    if from_text else "check the tokenizer used")
+            raise OptionError(f"{where} {bad}, outside the vocabulary 0..{vocab - 1}", hint,
+                              f"a token id of the prompt is outside the vocabulary 0..{vocab - 1}", "prompt")
+        if len(ids) > size:
+            raise RequestCapacityError(f"the prompt has {len(ids)} tokens; the bundle's max_seq_len is {size}",
+                                       "shorten the prompt or re-export with a larger --max-seq-len",
+                                       f"the prompt is longer than this model's context of {size} tokens", "prompt")
+        return ids
+
+    # --- γ, drafter, policy, gate ------------------------------------------------------------------------------
+    def gamma(self, gamma: int | None) -> int:
+        """γ of a request or of `serve --gamma` (None: the bundle's): the one check against the bundle's γ_max."""
+        defaults = self.manifest.defaults
+        chosen = defaults.gamma if gamma is None else gamma
+        if chosen > defaults.gamma_max:
+            raise OptionError(f"gamma {chosen} exceeds this bundle's gamma_max {defaults.gamma_max}",
+                              f"pass gamma <= {defaults.gamma_max}, or re-export with a larger --gamma-max",
+                              f"gamma exceeds this model's gamma_max {defaults.gamma_max}", "gamma")
+        return chosen
+
+    def check(self, config: GenerationConfig) -> None:
+        """What a request's options need from this generator: γ <= γ_max, a drafter it can run."""
+        self.gamma(config.gamma)
+        if config.drafter_kind.needs_model and not self.has_draft:
+            raise OptionError(f"drafter {config.drafter!r} needs a draft model, and this bundle has no draft model",
+                              "use drafter 'prompt_lookup', 'auto' or 'none', or re-export with a draft",
+                              "this model has no draft model", "drafter")
+
+    @property
+    def gamma_record(self):
+        """The draft's γ calibration (a GammaRecord), or None."""
+        draft = self.manifest.draft
+        return draft.calibration.gamma if draft is not None else None
+
+    def policy(self, config: GenerationConfig):
+        """The γ policy of a request. Adaptive starts from the bundle's γ calibration; without one, greedy requests
+        start from what the generator measured (its gate), sampled ones from fixed priors (seeds reproduce)."""
+        alpha, cost = DEFAULT_ALPHA, DEFAULT_COST
+        if config.greedy:
+            alpha, cost = self.gate.alpha, self.gate.cost_ratio or DEFAULT_COST
+        start = GammaStart(self.gamma(config.gamma), self.manifest.defaults.gamma_max, self.gamma_record, alpha, cost)
+        return config.gamma_policy_kind.build(start)
+
+    def own_policy(self, config: GenerationConfig):
+        """The γ policy a request keeps to itself where others share an engine: a seeded sampled request's (its
+        tokens depend on γ); None for the rest, whose γ the engine may choose."""
+        return self.policy(config) if config.seeded_sample else None
+
+    def gate_for(self, config: GenerationConfig) -> ModelGate:
+        """The `auto` gate of a request: the measured one for greedy requests, a fixed one of its own otherwise."""
+        if config.greedy:
+            return self.gate
+        record = self.gamma_record
+        return ModelGate(cost_ratio=record.cost_ratio if record is not None else DEFAULT_COST)
+
+    def eos_ids(self, config: GenerationConfig) -> tuple:
+        given = config.eos_token_ids
+        return tuple(given if given is not None else self.manifest.tokenizer.eos_token_ids)
+
+    # --- rows and drafters ------------------------------------------------------------------------------------
+    @property
+    def max_rows(self) -> int:
+        """Rows the backends hold at once: the target's max_batch, and the draft's where there is one."""
+        target, draft = self.manifest.target, self.manifest.draft
+        return min(target.max_batch, draft.max_batch) if draft is not None else target.max_batch
+
+    def rows(self, prompts: list, config: GenerationConfig) -> list:
+        """The rows of a request of one or more prompts, on slots 0..n-1."""
+        self.check(config)
+        if not prompts:
+            raise OptionError("the batch is empty", "pass at least one prompt", "the batch is empty", "prompt")
+        if len(prompts) > self.max_rows:
+            raise RequestCapacityError(f"batch of {len(prompts)} exceeds max_batch {self.max_rows}",
+                                       "split the batch or re-export with a larger --max-batch",
+                                       f"a batch holds at most {self.max_rows} prompts", "prompt")
+        return [self.row(self.prompt_ids(prompt, config.chat), config, slot=index, index=index)
+                for index, prompt in enumerate(prompts)]
+
+    def row(self, ids: list, config: GenerationConfig, slot: int, index: int = 0) -> Row:
+        """Row `index` of a request, on KV slot `slot`; its random stream and noise come from (seed, index)."""
+        return Row(tokens=list(ids), prompt_len=len(ids), rng=row_rng(config.seed, index), config=config, slot=slot,
+                   gate=self.gate_for(config), noise_key=_noise_key(config, index), drafter=config.drafter_kind)
+
+    def drafters(self, draft, target) -> dict:
+        """DrafterKind -> drafter for every kind that drafts here. `draft`: the draft backend as the caller times or
+        meters it, or None; `target`: the target backend, whose KV a derived draft may copy."""
+        lookup = PromptLookupDrafter()
+        model = None
+        if draft is not None:
+            model = ModelDrafter(draft, self.manifest.defaults.max_prefill_chunk, self.gate.observe_draft_step,
+                                 kv_source=target)
+        built = {kind: kind.build(drafter_classes, lookup, model) for kind in DRAFTER_KINDS.values()}
+        return {kind: drafter for kind, drafter in built.items() if drafter is not None}
+
+    # --- text ----------------------------------------------------------------------------------------------------
+    def text(self, row: Row) -> str:
+        """The text of a row's generated tokens that may be shown: up to its stop string once it stopped; while it is
+        active, without a tail that could still grow into a stop string or is an incomplete UTF-8 sequence. Each
+        call's text starts with the previous call's, so streamed pieces add up to the final text."""
+        text = self.codec.decode(row.tokens[row.prompt_len :])
+        if row.finish == "stop":
+            return text[: row.stop_at]
+        if row.active:
+            text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence: the next token may complete it
+            text = text[: len(text) - holdback(text, row.config.stop)]
+        return text
+
+
+def _utf8(prompt: bytes) -> str:
+    try:
+        return prompt.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise OptionError(f"the prompt is not valid UTF-8 ({exc.reason} at byte {exc.start})",
+                          "pass text, or bytes in UTF-8", "the prompt is not valid UTF-8", "prompt") from exc
+
+
+def _check_text(text: str, what: str, option: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise OptionError(f"{what} holds {text[exc.start]!r} at {exc.start}, which is not valid Unicode text (a lone "
+                          "surrogate)", "pass valid UTF-8 text", f"{what} is not valid Unicode text (a lone surrogate)",
+                          option) from None
+
+
+def _token_ids(prompt) -> list:
+    try:
+        return [int(t) for t in prompt]
+    except (TypeError, ValueError) as exc:
+        raise OptionError(f"the prompt is neither text nor token ids ({type(prompt).__name__})",
+                          "pass a string, a list of token ids, or a list of either (a batch)",
+                          "the prompt is neither text nor token ids", "prompt") from exc
+
+
+def _noise_key(config: GenerationConfig, row: int) -> tuple | None:
+    if config.greedy or config.coupling != "gumbel":
+        return None
+    seed = config.seed if config.seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+    return (seed, row)
