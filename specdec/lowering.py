@@ -244,10 +244,11 @@ class Lowering:
                                 f"{max_seq_len}, lowering {self.name})",
                                 "the manifest does not match its graph (edited or mixed bundles); re-export the bundle")
 
-    def check_quantization(self, method: str, backend: str) -> None:
-        """ModelOpt and TensorRT read standard ONNX only; raise ConfigError where this graph stops them."""
-        if self.contrib_ops and (backend == "tensorrt" or method.startswith("modelopt")):
-            who = "the tensorrt back end" if backend == "tensorrt" else "ModelOpt"
+    def check_quantization(self, method: str, backend: str, standard_onnx: bool) -> None:
+        """ModelOpt and a back end that reads standard ONNX only (standard_onnx: TensorRT) stop at contrib ops; raise
+        ConfigError where this graph has them."""
+        if self.contrib_ops and (standard_onnx or method.startswith("modelopt")):
+            who = f"the {backend} back end" if standard_onnx else "ModelOpt"
             raise ConfigError(f"{method} for {who} needs the plain lowering; this graph is {self.name} "
                               "(onnxruntime contrib ops)", "export with specdec-export --lowering plain, then quantize that")
 

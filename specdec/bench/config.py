@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import ConfigError
-from specdec.runtime.config import DRAFTERS, NAMED_CPU_BACKENDS
+from specdec.runtime.config import DRAFTER_KINDS, DRAFTERS, NAMED_CPU_BACKENDS
 
 BASELINE = "target-only"
 
@@ -79,7 +79,7 @@ def plan_modes(config: BenchConfig, has_draft: bool, gamma_default: int, gamma_m
     model: model and auto (the default drafter, whose best γ need not be the model's)."""
     modes = [Mode(BASELINE, "none")]
     for drafter in config.drafters:
-        if drafter == "model" and not has_draft:
+        if DRAFTER_KINDS[drafter].needs_model and not has_draft:
             continue
         modes.append(Mode(f"{drafter} γ={gamma_default}", drafter, gamma_default))
     swept = [d for d in ("model", "auto") if d in config.drafters] if has_draft else []

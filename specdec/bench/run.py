@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specdec.bench.config import BenchConfig, Mode, plan_modes
 from specdec.bench.prompts import read_prompts, select_prompts
+from specdec.runtime.config import DRAFTER_KINDS
 
 log = logging.getLogger(__name__)
 SYSTEM = "specdec"
@@ -19,7 +20,7 @@ def record_from_result(result, elapsed: float, mode: Mode, gamma: int, prompt, r
     ttft = stats.first_token_s
     proposed, passes = stats.proposed, stats.verify_passes
     return dict(
-        system=SYSTEM, mode=mode.name, drafter=mode.drafter, gamma=gamma if mode.drafter != "none" else 0,
+        system=SYSTEM, mode=mode.name, drafter=mode.drafter, gamma=gamma if DRAFTER_KINDS[mode.drafter].drafts else 0,
         note="", status="ok", prompt_id=prompt.id, cls=prompt.cls, repeat=repeat, seed=seed,
         prompt_tokens=len(result.prompt_ids), new_tokens=new, finish_reason=result.finish_reason,
         ttft_s=ttft, tpot_s=(elapsed - ttft) / (new - 1) if new > 1 else 0.0, e2e_s=elapsed,
@@ -45,7 +46,7 @@ def run_one(generator, config: BenchConfig, mode: Mode, prompt, ids: list, repea
 
     gamma = mode.gamma or generator.manifest.defaults.gamma
     request = GenerationConfig(max_new_tokens=new_tokens, temperature=config.temperature, seed=seed,
-                               gamma=gamma if mode.drafter != "none" else None, drafter=mode.drafter,
+                               gamma=gamma if DRAFTER_KINDS[mode.drafter].drafts else None, drafter=mode.drafter,
                                gamma_policy=mode.gamma_policy)
     started = time.perf_counter()
     result = generator.generate(ids, request)

@@ -34,10 +34,22 @@ METHODS = {  # method -> (manifest precision, needs calibration data)
     "int4-q41": ("int4", False), "int8-qdq": ("int8-qdq", True), "modelopt-int8": ("int8-qdq", True),
     "modelopt-fp8": ("fp8-qdq", True),
 }
-BACKENDS = {
-    "onnxruntime": ("int4-rtn", "int4-hqq", "int4-gptq", "int4-q41", "int8-qdq", "modelopt-int8"),
-    "tensorrt": ("int8-qdq", "modelopt-int8", "modelopt-fp8"),
-}
+@dataclass(frozen=True)
+class QuantTarget:
+    """A back end a quantized graph is made for: the methods it runs, and what its kernels take."""
+
+    name: str
+    methods: tuple
+    zero_points: bool  # asymmetric (uint8 + zero point) activations; TensorRT takes symmetric int8 only
+    standard_onnx: bool  # reads standard ONNX only (no onnxruntime contrib ops)
+
+
+QUANT_TARGETS = {target.name: target for target in (
+    QuantTarget("onnxruntime", ("int4-rtn", "int4-hqq", "int4-gptq", "int4-q41", "int8-qdq", "modelopt-int8"), True,
+                False),
+    QuantTarget("tensorrt", ("int8-qdq", "modelopt-int8", "modelopt-fp8"), False, True),
+)}
+BACKENDS = {name: target.methods for name, target in QUANT_TARGETS.items()}
 ROLES = ("draft", "target")
 
 
@@ -88,7 +100,7 @@ class QuantizeConfig:
 
 def check_lowering(config: QuantizeConfig, lowering: str) -> None:
     """TensorRT and ModelOpt read standard ONNX only: a lowering with onnxruntime contrib ops (gqa) stops them."""
-    lowering_for(lowering).check_quantization(config.method, config.backend)
+    lowering_for(lowering).check_quantization(config.method, config.backend, QUANT_TARGETS[config.backend].standard_onnx)
 
 
 def _gptq_block(model) -> int:
@@ -159,7 +171,7 @@ def _int8_static(source: Path, dest: Path, reader, backend: str) -> dict:
     # onnxruntime: uint8 asymmetric activations x int8 weights in 7 bits. Full-range int8 weights overflow the
     # u8s8 int16 accumulation of AVX2 CPUs without VNNI; on SmolLM2 one layer alone then cost 25 % top-1.
     # TensorRT: int8 symmetric activations (it supports no zero point), full-range weights.
-    trt = backend == "tensorrt"
+    trt = not QUANT_TARGETS[backend].zero_points
     quantize_static(  # a ModelProto, not a path: given a path, quantize_static writes model-inferred.onnx beside it
         model, str(dest), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
         nodes_to_exclude=kept, per_channel=True, reduce_range=not trt,

@@ -7,6 +7,8 @@ import sys
 
 from specdec.runtime.config import NAMED_CPU_BACKENDS
 
+DEFAULT_BACKEND = NAMED_CPU_BACKENDS[0]  # onnxruntime: every bundle
+
 
 def _ints(text: str) -> tuple:
     try:
@@ -36,7 +38,7 @@ def add_bench_parser(commands) -> None:
     parser.add_argument("--gamma-policies", type=_names, default=(),
                         help="γ policies of the model drafter to add: adaptive,heuristic (default none)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
-    parser.add_argument("--backend", choices=NAMED_CPU_BACKENDS, default="onnxruntime",
+    parser.add_argument("--backend", choices=NAMED_CPU_BACKENDS, default=DEFAULT_BACKEND,
                         help="onnxruntime (default), or native: the target on specdec's own 4-bit kernels")
     parser.add_argument("--peers", default=None, help="folder of peer results (*.jsonl) to merge into the table")
     parser.add_argument("--quick", action="store_true", help="smoke run: shortest prompt per class, 12 tokens, "
@@ -75,7 +77,7 @@ def command_from_args(args: argparse.Namespace) -> str:
     for flag, value in (("--prompts", args.prompts), ("--threads", args.threads), ("--peers", args.peers)):
         if value is not None and not (flag == "--prompts" and value == "benchmarks/prompts"):
             parts += [flag, str(value)]
-    if args.backend != "onnxruntime":
+    if args.backend != DEFAULT_BACKEND:
         parts += ["--backend", args.backend]
     if args.temperature:
         parts += ["--temperature", str(args.temperature), "--seed", str(args.seed)]

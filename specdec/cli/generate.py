@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.runtime.config import COUPLINGS, CPU_BACKENDS, DRAFTERS, GAMMA_POLICIES
+from specdec.runtime.config import AUTO_BACKEND, COUPLINGS, CPU_BACKENDS, DRAFTERS, GAMMA_POLICIES
 
 
 def add_generate_parser(commands) -> None:
@@ -48,6 +48,6 @@ def run_generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         sys.stdout.write("\n")
         print(f"[{args.drafter}, {generator.backend}] {generator.last_stats.summary()}", file=sys.stderr)
-        if args.backend == "auto" and generator.backend_note:
+        if args.backend == AUTO_BACKEND and generator.backend_note:
             print(f"(onnxruntime: {generator.backend_note})", file=sys.stderr)
     return 0

@@ -5,7 +5,7 @@ import argparse
 import sys
 import time
 
-from specdec.runtime.config import CPU_BACKENDS
+from specdec.runtime.config import AUTO_BACKEND, CPU_BACKENDS
 from specdec.serving.options import API_KEY_ENV, SPECULATION, ServeOptions
 
 
@@ -27,10 +27,9 @@ def add_serve_parser(commands) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="threads per model call (default: every core; at most 4 per core)")
     _add_connection_args(parser)
-    parser.add_argument("--backend", choices=CPU_BACKENDS, default="onnxruntime",
-                        help="onnxruntime (default: it runs a batch's rows in one pass, the native backend one "
-                             "after another), native: specdec's own 4-bit kernels (bundles exported from a Q4_1 GGUF, "
-                             "such as the default model's), or auto: native where it opens, else onnxruntime")
+    parser.add_argument("--backend", choices=CPU_BACKENDS, default=AUTO_BACKEND,
+                        help="auto (default): native where it opens, else onnxruntime; native: specdec's own kernels "
+                             "over the bundle's native weights; onnxruntime: every bundle")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     ray = parser.add_argument_group("scale-out on Ray Serve (the [ray] extra)")
     ray.add_argument("--ray", action="store_true", help="deploy as Ray Serve replicas behind Ray's HTTP proxy")

@@ -144,11 +144,9 @@ class ModelGate:
 
     Acceptance is counted by position: α_j, how often draft j was accepted where drafts 1..j−1 were (each position's
     prior the overall α). A round of γ drafts then emits 1 + A_1 + ... + A_γ tokens (A_j = α_1···α_j). Acceptances
-    come in runs (easy stretches take every draft), so this is more than the paper's constant-α formula gives. On
-    the native backend's suite (benchmarks/lockstep.py, 2026-12-03) rounds emitted 4.35–4.42 tokens where α = 0.88
-    gives 3.94. With that formula the gate drafted in 25 % of the rounds (1.05× over plain) in one run, and in 97 %
-    (1.11×) in the run before, whose code differed only in the kernel of a one-token prompt piece; counting by
-    position, in 99 % (1.12×).
+    come in runs (easy stretches take every draft), so this is more than the paper's constant-α formula gives, and
+    a gate on that formula declines rounds where the model pays (benchmarks/lockstep.py shows both: the tokens a
+    round emitted against the formula's, and how often the gate drafted; docs/choices.md).
 
     Two kinds (DESIGN §5): a *measured* gate lives as long as its generator and learns α, c (the draft's time
     per one-token step over the target's time per verify pass, both from rounds that drafted with the model) and

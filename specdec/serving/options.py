@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from specdec.errors import ConfigError
-from specdec.runtime.config import CPU_BACKENDS, checked_int
+from specdec.runtime.config import AUTO_BACKEND, CPU_BACKENDS, checked_int
 from specdec.runtime.generator import check_threads
 
 SPECULATION = ("adaptive", "fixed", "off")
@@ -36,7 +36,7 @@ class ServeOptions:
     gamma: int | None = None  # the fixed γ (default: the bundle's); at most the bundle's γ_max
     max_body_bytes: int = 1 << 20
     threads: int | None = None  # onnxruntime intra-op / OpenMP threads (None: every core this process may use)
-    backend: str = "onnxruntime"  # "native": specdec's own 4-bit kernels (rows one by one); "auto": native where it opens
+    backend: str = AUTO_BACKEND  # native where it opens (a batch's rows in one call on either), else onnxruntime
     verify_files: bool = True  # check the bundle's sha256 sums at start
     retry_after_s: int = 1  # the Retry-After of a 429
     header_timeout_s: float = 10.0  # a connection sends a request's headers within this (after opening or a response)
