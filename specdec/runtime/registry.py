@@ -66,7 +66,7 @@ def open_pair(cls: type[Backend], root: Path, manifest: Manifest, device: str, t
 def _native_off() -> bool:
     value = os.environ.get(BACKEND_ENV, "").strip()
     if value and value not in (AUTO, *BACKENDS):
-        raise BackendError(f"{BACKEND_ENV}={value!r} names no backend", f"set it to onnxruntime, or unset it")
+        raise BackendError(f"{BACKEND_ENV}={value!r} names no backend", "set it to onnxruntime, or unset it")
     return value == OrtBackend.name
 
 
