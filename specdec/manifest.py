@@ -343,14 +343,14 @@ def validate_manifest(manifest: Manifest) -> None:
 def sampling_problem(temperature, top_k, top_p) -> tuple[str, str] | None:
     """(message, hint) of the first sampling option out of range, or None: the rules of a request's options
     (runtime.config.GenerationConfig), kept here, in the stdlib layer, so that a manifest's defaults meet them."""
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:  # GenerationConfig's order
+        return f"top_k must be an integer >= 0, got {top_k!r}", "use 0 to turn top-k off"
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not math.isfinite(temperature):
         return f"temperature must be a finite number, got {temperature!r}", "use 0 for greedy decoding"
     if temperature < 0:
         return f"temperature must be >= 0, got {temperature}", "use 0 for greedy decoding"
     if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
         return f"top_p must be in (0, 1], got {top_p!r}", "use 1.0 to turn top-p off"
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
-        return f"top_k must be an integer >= 0, got {top_k!r}", "use 0 to turn top-k off"
     return None
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.errors import ConfigError
 from specdec.manifest import Manifest
 from specdec.runtime import drafters as drafter_classes
 from specdec.runtime.adaptive_gamma import GammaStart
@@ -64,10 +65,12 @@ class RequestLayer:
                               "no_chat_template")
         for message in messages:
             _check_text(message["content"], "a message", "messages")
-        try:
-            rendered = self.codec.template.render(messages=messages, add_generation_prompt=True, **self.codec.special)
-        except Exception as exc:  # noqa: BLE001 - a template may raise anything on an odd conversation (jinja2 errors)
-            raise OptionError(f"the chat template refused these messages ({type(exc).__name__}: {exc})",
+        try:  # in the sandbox; an unsafe template raises ManifestError: the bundle's fault, not the request's
+            rendered = self.codec.render_chat(messages)
+        except OptionError:
+            raise
+        except ConfigError as exc:  # the template refused or failed on this conversation
+            raise OptionError(f"the chat template refused these messages ({exc.message})",
                               "check the roles and their order", "the chat template refused these messages",
                               "messages") from None
         return self._checked(self.codec.encode(rendered, special=False), from_text=True)

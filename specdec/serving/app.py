@@ -12,7 +12,7 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 
-from specdec.errors import CapacityError, SpecDecError
+from specdec.errors import CapacityError, ManifestError, SpecDecError
 from specdec.runtime.config import GenerationConfig
 from specdec.serving.engine import Engine, EngineClosedError, QueueFullError
 from specdec.serving.metrics import Metrics
@@ -144,6 +144,8 @@ async def _off_loop(prepare, prompt) -> list:
     holds up the event loop and the streams it serves; a refusal becomes a 400."""
     try:
         return await asyncio.to_thread(prepare, prompt)
+    except ManifestError:  # the model's chat template, refused by the sandbox: the server's fault, not the client's
+        raise ApiError(500, "this model's chat template cannot be rendered safely", "server_error", None) from None
     except SpecDecError as exc:
         raise _refuse(exc) from None
 
