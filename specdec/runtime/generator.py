@@ -129,13 +129,16 @@ class Generator:
         if self._closed:
             raise BackendError("this Generator is closed", "open the bundle again with specdec.load(...)")
 
-    def _take_models(self, request: Request) -> None:
-        """Give the backends to `request`: (re)set its slots and prefill its committed tokens."""
+    def _take_models(self, request: Request):
+        """Give the backends to `request`: (re)set its slots and prefill its committed tokens; -> the Round of its
+        rows' first tokens (a new request's prefill gives them), or None."""
         self.target.reset(len(request.rows))
         if self.draft is not None:
             self.draft.reset(len(request.rows))
-        request.stats.prefill_s += request.loop.prefill(request.rows)
+        seconds, first = request.loop.prefill(request.rows)
+        request.stats.prefill_s += seconds
         self._owner = request
+        return first
 
     def rounds(self, request: Request) -> Iterator:
         """Run `request` round by round, yielding each Round record; its stats are final when this ends."""
@@ -143,9 +146,8 @@ class Generator:
         while any(row.active for row in request.rows):
             with self._lock:
                 self._check_open()
-                if self._owner is not request:
-                    self._take_models(request)
-                record = request.loop.step(request.rows)
+                record = self._take_models(request) if self._owner is not request else None
+                record = record or request.loop.step(request.rows)
                 request.stats.forward_s += self._forward_seconds() - forward_before
                 forward_before = self._forward_seconds()
             request.rounds += 1

@@ -1,4 +1,5 @@
-"""The speculative loop of DESIGN §1: prefill both models, then rounds of draft -> verify -> accept -> commit.
+"""The speculative loop of Leviathan et al.: the prefill, whose last logits give each request's first token, then
+rounds of draft -> verify -> accept -> commit.
 
 Rows of a batch are verified together: proposals are padded to a common T, each row has its own cache_len, KV
 slot and request options (sampling, seed, stops, max_new_tokens, drafter), and acceptance is ragged. Rollback is
@@ -27,15 +28,28 @@ class SpeculativeLoop:
         self.eos_ids = frozenset(eos_ids)
         self.stops = stops
 
-    def prefill(self, rows: list) -> float:
-        """Target KV for every token but the last, which the first verify pass feeds; -> seconds."""
+    def prefill(self, rows: list) -> tuple[float, Round | None]:
+        """Target KV of every row's committed tokens; -> (seconds, the Round of the first tokens or None).
+
+        A row with no generated token yet is fed whole, and the logits of its last prompt position give its first
+        token, as a verify pass of no drafts would: the first token costs the prefill and nothing more, in every
+        mode, and the first drafted round starts from it. A row that has generated tokens (its request resumed
+        after another used the models) is fed all but its pending last token, which its next round verifies."""
         started = time.perf_counter()
-        seqs = [row.tokens[:-1] if row.active else None for row in rows]
-        feed_chunks(self.target, rows, seqs, [0] * len(rows), self.chunk)
-        for row in rows:
-            row.target_len = len(row.tokens) - 1
-            row.draft_len = row.kv_copied = 0
-        return time.perf_counter() - started
+        fresh = [row.active and row.generated == 0 for row in rows]
+        seqs = [None if not row.active else row.tokens if new else row.tokens[:-1] for row, new in zip(rows, fresh)]
+        logits = feed_chunks(self.target, rows, seqs, [0] * len(rows), self.chunk)  # [V] of each row's last
+        records = []
+        for row, new, last in zip(rows, fresh, logits):
+            row.target_len, row.draft_len, row.kv_copied = len(row.tokens) - 1, 0, 0
+            if not new:
+                records.append(None)
+                continue
+            _, token = self.accept(row, EMPTY, last[None])
+            committed = self.commit(row, EMPTY, 0, token)
+            records.append(RowRound(0, 0, committed, EMPTY.source, row.finish))
+        seconds = time.perf_counter() - started
+        return seconds, Round(0, records, 0.0, 0.0) if any(fresh) else None
 
     def limits(self, rows: list, gamma: int) -> list:
         """Drafts each row may get: γ (capped by the row's own gamma), what max_new_tokens leaves, what S leaves

@@ -245,7 +245,7 @@ class Engine:
             self._release(job, "cancelled", CANCELLED)
             return
         try:
-            self.loop.prefill([job.row])
+            _, first = self.loop.prefill([job.row])  # the prefill gives the row its first token
         except SpecDecError as exc:
             self._release(job, "error", Event("error", exc.message))
             return
@@ -256,6 +256,8 @@ class Engine:
         self.metrics.prompt_tokens.inc(job.row.prompt_len)
         self._active.append(job)
         self.metrics.active_rows.set(len(self._active))
+        self.metrics.generation_tokens.inc(len(first.rows[0].committed))
+        self._progress(job, first.rows[0])
 
     def _drop_cancelled(self) -> None:
         for job in [job for job in self._active if job.cancelled]:
@@ -272,15 +274,12 @@ class Engine:
             self.metrics.active_rows.set(0)
 
     def _plan(self) -> None:
-        """γ for this round: the controller's for most rows, their own policy's for seeded sampled rows, and
-        (adaptive) 0 for a row's first round, so its first token costs one step after its prefill rather than the
-        draft's prefill and a verify pass. Rows with a policy of their own also run their calls alone."""
+        """γ for this round: the controller's for most rows, their own policy's for seeded sampled rows (a row's
+        first token came from its prefill). Rows with a policy of their own also run their calls alone."""
         free = [job.row for job in self._active if job.pinned is None and job.row.drafter.drafts]
         self.controller.plan(len(self._active), len(free))
         self.loop.gammas = {job.row.slot: job.pinned.gamma for job in self._active if job.pinned is not None}
         self.loop.alone = set(self.loop.gammas)
-        if self.controller.mode == "adaptive":
-            self.loop.gammas.update({row.slot: 0 for row in free if row.generated == 0})
 
     def _round(self) -> None:
         rows = [job.row for job in self._active]

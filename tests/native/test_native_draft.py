@@ -23,7 +23,7 @@ from specdec.runtime.backend import unwrapped
 from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
 from specdec.runtime.registry import open_pair
-from tests.runtime.test_distribution import PROMPT, TOKENS, TOP_K, exact_joint, p_value, sampled
+from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 from tests.native.conftest import HEAD_TOKENS
@@ -151,8 +151,8 @@ def test_greedy_identical_to_target_only(q41_bundle, drafter, gamma):
 
 def test_sampling_matches_the_target_distribution(q41_bundle):
     """The draft's q is 0 where its head does not score; acceptance uses that q: the output stays exact."""
-    config = GenerationConfig(max_new_tokens=TOKENS + 1, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
-    with load(q41_bundle, backend="native") as gen:  # no EOS: every sample has TOKENS tokens, as exact_joint counts
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
+    with load(q41_bundle, backend="native") as gen:  # no EOS: every sample has NEW_TOKENS tokens, as exact_joint counts
         prompt_ids = gen.codec.encode(PROMPT)
         counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
         assert proposed[2] > 100 and accepted[1] > 50, (proposed, accepted)

@@ -17,7 +17,7 @@ from specdec.runtime.backend import unwrapped
 from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
 from tests.native.conftest import HEAD_TOKENS, _gqa_export
-from tests.runtime.test_distribution import PROMPT, TOKENS, TOP_K, exact_joint, p_value, sampled
+from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
@@ -102,7 +102,7 @@ def test_greedy_identical_to_target_only(half_bundle, drafter, gamma):
 
 def test_sampling_matches_the_target_distribution(half_bundle):
     _, _, q41 = half_bundle
-    config = GenerationConfig(max_new_tokens=TOKENS + 1, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
     with load(q41, backend="native") as gen:
         prompt_ids = gen.codec.encode(PROMPT)
         counts, (proposed, accepted) = sampled(gen, prompt_ids, config)

@@ -20,7 +20,7 @@ import pytest
 import specdec
 from specdec import GenerationConfig
 from specdec.errors import ConfigError, SpecDecError
-from tests.runtime.test_distribution import PROMPT, SAMPLES, TOKENS, TOP_K, exact_joint, p_value
+from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, SAMPLES, TOP_K, exact_joint, p_value, window
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Once upon a time", "a + b\n", "Summarize the following text"]
 DRAFTERS = ["model", "prompt_lookup", "auto", "none"]
@@ -123,7 +123,7 @@ def test_interleaved_seeded_requests_keep_the_target_distribution_at_every_draft
     """χ² of the first three tokens (γ = 3: drafts verified at positions 0, 1, 2) of seeded model-drafted requests
     whose every round alternates with another request's (each resumes with a prefill again)."""
     samples = SAMPLES
-    config = GenerationConfig(max_new_tokens=TOKENS + 1, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
     ids, other_ids = gen.requests.prompt_ids(PROMPT), gen.requests.prompt_ids(PROMPTS[2])
     counts, proposed, accepted = {}, [0] * 3, [0] * 3
     for seed in range(samples):
@@ -131,7 +131,7 @@ def test_interleaved_seeded_requests_keep_the_target_distribution_at_every_draft
         other = gen.request([other_ids], GenerationConfig(max_new_tokens=2, drafter="none"))
         for _ in zip_longest(gen.rounds(request), gen.rounds(other)):
             pass
-        key = tuple(request.rows[0].tokens[len(ids) : len(ids) + TOKENS])
+        key = window(request.rows[0].tokens[len(ids) :])
         counts[key] = counts.get(key, 0) + 1
         for i in range(min(3, len(request.stats.position_proposed))):
             proposed[i] += request.stats.position_proposed[i]

@@ -21,7 +21,8 @@ from specdec import GenerationConfig
 from specdec.runtime.sampling import accept_sampled, sample, warp
 
 SAMPLES = 1500
-TOKENS = 3
+TOKENS = 3  # the window tested: the tokens a round of γ = 3 drafts after the prefill's first token
+NEW_TOKENS = TOKENS + 2  # the first token, the window, and that round's own token
 TOP_K = dict(temperature=1.0, top_k=3)
 TOP_P = dict(temperature=0.7, top_p=0.5)
 PROMPT = "The quick brown fox"
@@ -33,8 +34,14 @@ def chi_square_p_value(stat: float, dof: int) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
+def window(token_ids: list) -> tuple:
+    """The tokens after the first (which the prefill gives, undrafted): the ones drafts can propose."""
+    return tuple(token_ids[1 : 1 + TOKENS])
+
+
 def exact_joint(gen, prompt_ids: list, config: GenerationConfig, depth: int = TOKENS) -> dict:
-    """{(t1..t_depth): probability} under the warped target, by enumeration of its support."""
+    """{window: probability}: the joint of generated tokens 2..depth+1 under the warped target (the first one
+    summed out), by enumeration of its support."""
     target = gen.target
     target.reset(1)
 
@@ -43,18 +50,21 @@ def exact_joint(gen, prompt_ids: list, config: GenerationConfig, depth: int = TO
         return warp(logits[0, -1], config)
 
     joint = {(): 1.0}
-    for _ in range(depth):
+    for _ in range(depth + 1):
         joint = {prefix + (int(t),): mass * p for prefix, mass in joint.items()
                  for t, p in enumerate(probs(prompt_ids + list(prefix))) if p > 0}
-    return joint
+    marginal = {}
+    for tokens, mass in joint.items():
+        marginal[tokens[1:]] = marginal.get(tokens[1:], 0.0) + mass
+    return marginal
 
 
 def sampled(gen, prompt_ids, config: GenerationConfig) -> tuple[dict, tuple]:
-    """(counts of the first TOKENS tokens, (drafts proposed, drafts accepted) per position over all runs)."""
+    """(counts of the window, (drafts proposed, drafts accepted) per position over all runs)."""
     counts, proposed, accepted = {}, [0] * 3, [0] * 3
     for seed in range(SAMPLES):
         result = gen.generate(prompt_ids, dataclasses.replace(config, seed=seed))
-        key = tuple(result.token_ids[:TOKENS])
+        key = window(result.token_ids)
         counts[key] = counts.get(key, 0) + 1
         for i in range(min(3, len(result.stats.position_proposed))):
             proposed[i] += result.stats.position_proposed[i]
@@ -127,7 +137,7 @@ CASES = [  # (drafter, model, warp)
 
 @pytest.mark.parametrize("drafter, model, warp_options", CASES)
 def test_speculative_sampling_matches_the_target_distribution(gen, copy_gen, drafter, model, warp_options):
-    config = GenerationConfig(max_new_tokens=TOKENS + 1, gamma=3, drafter=drafter, **warp_options)
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter=drafter, **warp_options)
     generator = gen if model == "int4" else copy_gen
     prompt_ids = generator.codec.encode(PROMPT) if model == "int4" else _repetitive(generator)
     counts, (proposed, accepted) = sampled(generator, prompt_ids, config)
@@ -138,7 +148,7 @@ def test_speculative_sampling_matches_the_target_distribution(gen, copy_gen, dra
 
 @pytest.mark.parametrize("rule", [broken_rule, broken_after_first])
 def test_a_broken_acceptance_rule_is_detected(gen, monkeypatch, rule):
-    config = GenerationConfig(max_new_tokens=TOKENS + 1, gamma=3, drafter="model", **TOP_K)
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", **TOP_K)
     prompt_ids = gen.codec.encode(PROMPT)
     expected = exact_joint(gen, prompt_ids, config)
     monkeypatch.setattr(loop_module, "accept_sampled", rule)

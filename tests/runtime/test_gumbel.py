@@ -11,7 +11,7 @@ import pytest
 from specdec import GenerationConfig
 from specdec.errors import ConfigError
 from specdec.runtime.sampling import gumbel_choice
-from tests.runtime.test_distribution import PROMPT, SAMPLES, TOKENS, exact_joint, p_value
+from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, SAMPLES, exact_joint, p_value, window
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Once upon a time", "a + b\n"]
 
@@ -52,13 +52,13 @@ def test_gumbel_choice_is_a_sample_of_p():
 
 
 def test_gumbel_coupling_matches_the_target_distribution(gen):
-    config = GenerationConfig(max_new_tokens=TOKENS + 1, gamma=3, drafter="model", temperature=1.0, top_k=3,
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", temperature=1.0, top_k=3,
                               coupling="gumbel")
     prompt_ids = gen.codec.encode(PROMPT)
     counts, accepted = {}, 0
     for seed in range(SAMPLES):
         result = gen.generate(prompt_ids, dataclasses.replace(config, seed=seed))
-        key = tuple(result.token_ids[:TOKENS])
+        key = window(result.token_ids)
         counts[key] = counts.get(key, 0) + 1
         accepted += result.stats.accepted
     assert accepted > SAMPLES  # drafts were accepted, so positions past the first came from verification
