@@ -9,6 +9,7 @@ from specdec.calibration.quantize import QuantizeConfig
 from specdec.export.bundle import export_bundle
 from specdec.export.config import ExportConfig
 from specdec.export.tiny import save_tiny, save_tiny_on_grids
+from specdec.native import build
 
 HEAD_TOKENS = 48  # of the tiny vocabulary: the int4-q41 draft's trimmed head leaves tokens out
 
@@ -39,3 +40,12 @@ def q41_bundle(grid_bundle, tmp_path_factory):
     """grid_bundle with make demo's kind of draft: int4-q41, its head trimmed to HEAD_TOKENS (and special) tokens."""
     config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
     return quantized_bundle(grid_bundle, tmp_path_factory.mktemp("q41") / "q41", config)
+
+
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    """A kernels cache of this test's own (SPECDEC_CACHE), and no library loaded yet in this process."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    build.load_kernels.cache_clear()
+    yield tmp_path
+    build.load_kernels.cache_clear()

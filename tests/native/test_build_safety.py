@@ -25,14 +25,6 @@ from specdec.runtime.registry import BACKEND_ENV
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
 
-@pytest.fixture
-def fresh_build(monkeypatch, tmp_path):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    build.load_kernels.cache_clear()
-    yield tmp_path
-    build.load_kernels.cache_clear()
-
-
 class Records(logging.Handler):
     """The WARNING records of one logger (the suite runs with -p no:logging: no caplog)."""
 

@@ -158,14 +158,6 @@ def test_cli_names_the_backend_auto_chose(grid_bundle, gqa_int4_bundle):
         assert ("no native weights" in done.stderr) == (chosen == "onnxruntime")
 
 
-@pytest.fixture
-def fresh_build(monkeypatch, tmp_path):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    build.load_kernels.cache_clear()
-    yield tmp_path
-    build.load_kernels.cache_clear()
-
-
 def test_no_compiler(fresh_build, monkeypatch):
     monkeypatch.setenv("CC", str(fresh_build / "no-such-cc"))
     monkeypatch.setenv("PATH", str(fresh_build))
