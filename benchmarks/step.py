@@ -167,8 +167,20 @@ def step_bytes(bundle: Path, entry, cache_len: int) -> tuple:
     return sum(sizes[name] for name in read), kv
 
 
+def native_step_bytes(entry) -> int | None:
+    """Weight bytes a native step reads: every tensor of the target's native weights but the tables it reads one row
+    of (an untied embedding, the rotary tables), or None without native weights."""
+    if entry.native is None:
+        return None
+    from specdec.blocks import DTYPES
+
+    return sum(int(np.prod(spec["shape"])) * DTYPES[spec["kind"]].itemsize
+               for name, spec in entry.native.tensors.items() if name not in ("embedding", "cos", "sin"))
+
+
 def floor_table(bundle: Path, manifest, cache_len: int, gib: float, repeats: int) -> tuple:
     weights, kv = step_bytes(bundle, manifest.target, cache_len)
+    native = native_step_bytes(manifest.target)
     numpy_gbs, gemv_gbs = numpy_read_gbs(gib, repeats), gemv_read_gbs(gib, repeats)
     total = weights + kv
     rows = [["weight bytes a step reads (ONNX graph)", f"{weights / 1e6:.1f} MB"],
@@ -177,9 +189,12 @@ def floor_table(bundle: Path, manifest, cache_len: int, gib: float, repeats: int
             ["read bandwidth, onnxruntime fp32 GEMV", f"{gemv_gbs:.1f} GB/s"],
             ["floor at the numpy bandwidth", f"{total / numpy_gbs / 1e6:.2f} ms"],
             ["floor at the GEMV bandwidth", f"{total / gemv_gbs / 1e6:.2f} ms"]]
+    if native is not None:
+        rows += [[f"weight bytes a native step reads ({manifest.target.native.layout})", f"{native / 1e6:.1f} MB"],
+                 ["native floor at the numpy bandwidth", f"{(native + kv) / numpy_gbs / 1e6:.2f} ms"]]
     text = f"Bandwidth floor of {Path(bundle).name}'s target step\n\n" + tables.markdown(["quantity", "value"], rows)
-    return text, {"weight_bytes": weights, "kv_bytes": kv, "numpy_gbs": round(numpy_gbs, 2),
-                  "gemv_gbs": round(gemv_gbs, 2)}
+    return text, {"weight_bytes": weights, "native_weight_bytes": native, "kv_bytes": kv,
+                  "numpy_gbs": round(numpy_gbs, 2), "gemv_gbs": round(gemv_gbs, 2)}
 
 
 # --- where the time goes, by op (onnxruntime) ----------------------------------------------------------------------
