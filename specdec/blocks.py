@@ -1,8 +1,10 @@
 """The native engine's weight blocks, owned once (numpy only; the ground floor, beside manifest.py).
 
 This module mirrors specdec/native/specdec_native.h: the block structs as numpy dtypes, the block size, the ABI
-version that the kernels' loader checks against the library it opened, the fitters that put a float weight on a
-GGUF grid, and the native weights file that export writes and the engine memory-maps.
+version that the kernels' loader checks against the library it opened, the version of the weights' format that a
+bundle records, the fitters that put a float weight on a GGUF grid, and the native weights file that export writes
+and the engine memory-maps. The two versions move apart: a change of the library's exports or of model_t (an
+in-process struct) needs no re-export; a change of a block or of the file does.
 
 A GGUF block holds 32 weights along K. Q4_1: w = d·q + m (q in 0..15, float scale d and minimum m). Q8_0: w = d·q
 (q in −127..127). A weight that lies on one of these grids (a GGUF's, dequantized on export) is stored as its blocks,
@@ -16,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-ABI_VERSION = 3  # specdec_native.h's SPECDEC_ABI_VERSION: any change to a struct, an export or a status code
+ABI_VERSION = 3  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
+FORMAT_VERSION = 2  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
 BLOCK = 32  # weights per block along K
 BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1; qs[j] = q[j] | q[j + 16] << 4
 BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # blk8: Q8_0
@@ -188,7 +191,7 @@ def write_tensors(path: Path, tensors: dict) -> dict:
     """Write `tensors` (name -> array of a DTYPES kind) to `path`, each aligned; -> {name: TensorEntry}."""
     index, offset = {}, len(MAGIC) + 16
     with open(path, "wb") as handle:
-        handle.write(MAGIC + np.array([ABI_VERSION, 0, 0, 0], "<u4").tobytes())
+        handle.write(MAGIC + np.array([FORMAT_VERSION, 0, 0, 0], "<u4").tobytes())
         for name, array in tensors.items():
             offset = -(-offset // ALIGN) * ALIGN
             handle.write(b"\0" * (offset - handle.tell()))
@@ -208,8 +211,8 @@ def read_tensors(path: Path, index: dict) -> dict:
     if head[: len(MAGIC)] != MAGIC:
         raise ValueError(f"{path} is not a native weights file (no magic)")
     abi = int(np.frombuffer(head[len(MAGIC) :], "<u4")[0]) if len(head) == len(MAGIC) + 4 else -1
-    if abi != ABI_VERSION:
-        raise ValueError(f"{path} holds native weights of ABI {abi}, this specdec reads ABI {ABI_VERSION}")
+    if abi != FORMAT_VERSION:
+        raise ValueError(f"{path} holds native weights of format {abi}, this specdec reads format {FORMAT_VERSION}")
     end = max((entry.offset + entry.nbytes for entry in index.values()), default=0)
     if end > size:
         raise ValueError(f"{path} has {size} bytes; its index needs {end}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (ABI_VERSION, GridError, float_rows, head_holds, on_grid, q41_blocks, q41_pairs, q8_blocks,
+from specdec.blocks import (FORMAT_VERSION, GridError, float_rows, head_holds, on_grid, q41_blocks, q41_pairs, q8_blocks,
                             row_precision, rows_of, write_tensors)
 from specdec.errors import missing_dependency
 from specdec.manifest import ModelDims, NativeRecord
@@ -154,7 +154,7 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float
 
 def _record(layout: str, root: Path, rel: str, tensors: dict, **scalars) -> NativeRecord:
     index = write_tensors(root / rel, tensors)
-    return NativeRecord(layout=layout, abi=ABI_VERSION, path=rel, tensors={
+    return NativeRecord(layout=layout, abi=FORMAT_VERSION, path=rel, tensors={
         name: {"kind": entry.kind, "shape": list(entry.shape), "offset": entry.offset} for name, entry in index.items()},
         **scalars)
 

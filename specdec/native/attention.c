@@ -129,7 +129,7 @@ typedef struct {
 
 static inline int chunks_of(const attention_t *a, int b) { return (a->pos[b] + a->T + CHUNK - 1) / CHUNK; }
 
-static void attention_task(void *ctx, int task, int worker) {
+static void attention_one(void *ctx, int task, int worker) {
     const job_t *j = ctx;
     const attention_t *a = j->a;
     int b = 0;
@@ -145,6 +145,10 @@ static void attention_task(void *ctx, int task, int worker) {
     (void)worker;
     attend_keys(&s, count, a->keys[b] + head, a->values[b] + head, j0, j1 > j0 ? j1 : j0, a->scale,
                 j->state + (size_t)task * j->rows * (a->D + 2));
+}
+
+static void attention_task(void *ctx, int first, int last, int worker) {
+    for (int task = first; task < last; task++) attention_one(ctx, task, worker);
 }
 
 // each query vector's chunks merged in chunk order, normalized, into out

@@ -14,7 +14,7 @@
 #include "pool.h"
 
 #define MAXR 6      /* rows per read of the weights (the step kernel) */
-#define COLUMNS 16  /* output columns per task of the step kernel */
+#define COLUMNS 16  /* output columns per task of the step kernel (their weights stay in L1 over the row tiles) */
 #define PR 2  /* a prompt tile's rows: 2 x 3 outputs of two chains each, 3 weights and 1 activation in 16 registers */
 #define PC 3  /* ... and columns */
 #define PREFILL_COLUMNS 24  /* columns per task of a prompt: their decoded weights stay in L2 while the rows pass */
@@ -284,12 +284,17 @@ typedef struct {
 #define EACH_R(R, CALL) switch (R) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
                                      case 4: CALL(4); break; case 5: CALL(5); break; default: CALL(6); }
 
-// columns [n0, n1) of every row, MAXR rows at a time: the columns' weights come from memory once, then from cache
-static void step_task(void *ctx, int task, int worker) {
+// a task's columns, COLUMNS at a time, each over every row MAXR rows at a time: the columns' weights come from
+// memory once, then from cache
+static void step_columns(const linear_job *j, int n0, int n1);
+static void step_task(void *ctx, int first, int last, int worker) {
     const linear_job *j = ctx;
-    const int K = j->K, N = j->N, nb = K / 32, np = (nb + 1) / 2, n0 = task * COLUMNS;
-    const int n1 = n0 + COLUMNS < N ? n0 + COLUMNS : N;
     (void)worker;
+    for (int n0 = first * COLUMNS; n0 < last * COLUMNS && n0 < j->N; n0 += COLUMNS)
+        step_columns(j, n0, n0 + COLUMNS < j->N ? n0 + COLUMNS : j->N);
+}
+static void step_columns(const linear_job *j, int n0, int n1) {
+    const int K = j->K, N = j->N, nb = K / 32, np = (nb + 1) / 2;
     for (int m0 = 0; m0 < j->M; m0 += MAXR) {
         const int R = j->M - m0 < MAXR ? j->M - m0 : MAXR;
         const float *xf = (const float *)j->x + (size_t)m0 * K;
@@ -320,8 +325,7 @@ static void step_task(void *ctx, int task, int worker) {
 }
 
 // a prompt's rows: the task's columns decoded to fp32 once (into its worker's buffer), then tiles of PR x PC
-static void prompt_task(void *ctx, int task, int worker) {
-    const linear_job *j = ctx;
+static void prompt_chunk(const linear_job *j, int task, int worker) {
     const int K = j->K, N = j->N, nb = K / 32, n0 = task * PREFILL_COLUMNS;
     const int n1 = n0 + PREFILL_COLUMNS < N ? n0 + PREFILL_COLUMNS : N;
     float *buf = j->decoded + (size_t)worker * linear_decoded_floats(K);
@@ -341,6 +345,9 @@ static void prompt_task(void *ctx, int task, int worker) {
             EACH_RC(R, C, TILE)
         }
     }
+}
+static void prompt_task(void *ctx, int first, int last, int worker) {
+    for (int task = first; task < last; task++) prompt_chunk(ctx, task, worker);
 }
 
 size_t linear_decoded_floats(int K) { return ALIGNED(sizeof(float) * PREFILL_COLUMNS * (size_t)K) / sizeof(float); }

@@ -31,15 +31,17 @@
 #define TASK_BITS 28     // claim word: next task (28 bits) | task count (28 bits) | threads - 1 (8 bits)
 #define TASK_MASK ((1ULL << TASK_BITS) - 1)
 
+// Each atomic on a cache line of its own: the claims, the count of finished tasks and the loop counter the idle
+// threads poll would otherwise move one line between the cores at every claim.
 typedef struct {
-    _Atomic uint64_t claim;
-    _Atomic uint32_t generation;  // bumped for every loop; sleeping threads wait on it
-    _Atomic int done;             // tasks of the running loop finished by pool threads
-    _Atomic int sleepers;
+    _Alignas(64) _Atomic uint64_t claim;
+    _Alignas(64) _Atomic uint32_t generation;  // bumped for every loop; sleeping threads wait on it
+    _Alignas(64) _Atomic int done;             // tasks of the running loop finished by pool threads
+    _Alignas(64) _Atomic int sleepers;
+    _Alignas(64) int workers;                  // pool threads started (1..workers)
     pool_task fn;
     void *ctx;
     pthread_mutex_t lock;  // one loop at a time
-    int workers;           // pool threads started (1..workers)
 } pool_t;
 
 static pool_t P = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -73,16 +75,21 @@ static long now_ns(void) {
     return t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
-// Take the next task of the running loop for `worker`; -1 when none is left or the worker is not one of its threads.
-static int claim(int worker) {
+// Take the next tasks of the running loop for `worker`, [first, *last): a 1 / (2 threads) share of those left, at
+// least one; -1 when none is left or the worker is not one of the loop's threads.
+static int claim(int worker, int *last) {
     uint64_t word = atomic_load_explicit(&P.claim, memory_order_acquire);
     for (;;) {
         const uint64_t next = word & TASK_MASK, n = word >> TASK_BITS & TASK_MASK;
         const int threads = (int)(word >> 2 * TASK_BITS) + 1;
         if (next >= n || worker >= threads) return -1;
-        if (atomic_compare_exchange_weak_explicit(&P.claim, &word, word + 1, memory_order_acq_rel,
-                                                  memory_order_acquire))
+        uint64_t share = (n - next) / (2 * (uint64_t)threads);
+        share = share ? share : 1;
+        if (atomic_compare_exchange_weak_explicit(&P.claim, &word, word + share, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *last = (int)(next + share);
             return (int)next;
+        }
     }
 }
 
@@ -108,10 +115,10 @@ static void *worker_main(void *arg) {
     uint32_t seen = atomic_load(&P.generation);
     for (;;) {
         seen = wait_for_loop(seen);
-        for (int task; (task = claim(worker)) >= 0;) {
-            P.fn(P.ctx, task, worker);  // the loop cannot end before this task is counted: fn and ctx stay valid
-            atomic_fetch_add_explicit(&P.done, 1, memory_order_release);
-        }
+        int mine = 0;
+        for (int first, last; (first = claim(worker, &last)) >= 0; mine += last - first)
+            P.fn(P.ctx, first, last, worker);  // the loop cannot end before these are counted: fn and ctx stay valid
+        if (mine) atomic_fetch_add_explicit(&P.done, mine, memory_order_release);  // once: one line move a loop
     }
     return NULL;
 }
@@ -135,9 +142,7 @@ static void start_workers(int count) {
     pthread_mutex_unlock(&start_lock);
 }
 
-static void run_alone(pool_task fn, void *ctx, int n) {
-    for (int task = 0; task < n; task++) fn(ctx, task, 0);
-}
+static void run_alone(pool_task fn, void *ctx, int n) { fn(ctx, 0, n, 0); }
 
 void pool_run(int threads, pool_task fn, void *ctx, int n) {
     if (threads > SPECDEC_MAX_THREADS) threads = SPECDEC_MAX_THREADS;
@@ -158,7 +163,7 @@ void pool_run(int threads, pool_task fn, void *ctx, int n) {
     atomic_fetch_add(&P.generation, 1);
     if (atomic_load(&P.sleepers) > 0) syscall(SYS_futex, &P.generation, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
     int mine = 0;
-    for (int task; (task = claim(0)) >= 0; mine++) fn(ctx, task, 0);
+    for (int first, last; (first = claim(0, &last)) >= 0; mine += last - first) fn(ctx, first, last, 0);
     // what is left was claimed by pool threads that are running it; a preempted one is waited for, yielding the core
     for (long spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < n - mine; spins++) {
         if (spins < 4096) _mm_pause();

@@ -1,7 +1,8 @@
 // specdec's native engine: the block layouts, the model descriptor and the exported functions, defined once.
 // specdec/blocks.py mirrors the blocks (numpy dtypes) and specdec/native/model.py the model descriptor (ctypes); the
-// loader (specdec/native/build.py) checks SPECDEC_ABI_VERSION and every size below against the library it opened, so
-// bump the version with any change to a struct, an export's signature or a status code.
+// loader (specdec/native/build.py) checks SPECDEC_ABI_VERSION and every size below against the library it opened.
+// Bump SPECDEC_ABI_VERSION with any change to model_t, an export's signature or a status code, and
+// SPECDEC_FORMAT_VERSION (what a bundle's weights file records) with any change to a block layout.
 #ifndef SPECDEC_NATIVE_H
 #define SPECDEC_NATIVE_H
 
@@ -9,6 +10,7 @@
 #include <stdint.h>
 
 #define SPECDEC_ABI_VERSION 3
+#define SPECDEC_FORMAT_VERSION 2
 #define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
 

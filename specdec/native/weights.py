@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import ABI_VERSION, BLOCK, DTYPES, KINDS, TensorEntry, read_tensors
+from specdec.blocks import BLOCK, DTYPES, FORMAT_VERSION, KINDS, TensorEntry, read_tensors
 from specdec.errors import BackendError
 from specdec.manifest import ModelDims, NativeRecord
 
@@ -70,8 +70,9 @@ class DraftWeights:
 
 
 def _tensors(root: Path, record: NativeRecord, role: str) -> dict:
-    if record.abi != ABI_VERSION:
-        raise BackendError(f"the {role}'s native weights have ABI {record.abi}; this specdec reads ABI {ABI_VERSION}",
+    if record.abi != FORMAT_VERSION:
+        raise BackendError(f"the {role}'s native weights have format {record.abi}; this specdec reads format "
+                           f"{FORMAT_VERSION}",
                            HINT)
     try:
         index = {name: TensorEntry(spec["kind"], tuple(spec["shape"]), int(spec["offset"]))

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from specdec.blocks import BLOCK4, ABI_VERSION, SIZES
+from specdec.blocks import ABI_VERSION, BLOCK4, FORMAT_VERSION, SIZES
 from specdec.errors import BackendError, SpecDecError
 from specdec.manifest import read_manifest
 from specdec.native import build
@@ -33,6 +33,7 @@ def test_the_library_reports_the_header_and_the_python_layouts():
     lib = build.load_kernels()
     header = (build.HERE / "specdec_native.h").read_text(encoding="utf-8")
     assert f"#define SPECDEC_ABI_VERSION {ABI_VERSION}\n" in header
+    assert f"#define SPECDEC_FORMAT_VERSION {FORMAT_VERSION}\n" in header
     assert lib.specdec_abi_version() == ABI_VERSION
     assert [lib.specdec_layout_size(i) for i in range(3)] == [SIZES["blk4"], SIZES["blk8"], SIZES["blk4p"]]
     assert [BLOCK4.itemsize, lib.specdec_layout_size(5), lib.specdec_layout_size(6)] == [24, ctypes.sizeof(ModelStruct), -1]
