@@ -134,28 +134,36 @@ PAIRS = (  # (numerator system, mode prefix), (denominator ...): ratio = TPOT of
 
 def pair_table(records: list) -> str:
     """Per-prompt TPOT ratios of PAIRS: median, 10th and 90th percentile over prompts, and the token-weighted ratio
-    (the suite's measure: total decode time over total tokens, of each side)."""
+    (the suite's measure: total decode time over total tokens, of each side); each prompt's least disturbed repeat
+    (its min TPOT over --repeats) stands for it. Beside them the median per-prompt ratio of TTFT (min over repeats)."""
     import numpy as np
 
-    def side(system: str, prefix: str) -> dict:
+    def side(system: str, prefix: str) -> tuple[dict, dict]:
         rows = [r for r in records if r.get("status") == "ok" and r["system"] == system
                 and r["mode"].startswith(prefix) and r["new_tokens"] > 1]
-        return {r["prompt_id"]: r for r in rows}
+        best, first = {}, {}
+        for r in rows:
+            if r["prompt_id"] not in best or r["tpot_s"] < best[r["prompt_id"]]["tpot_s"]:
+                best[r["prompt_id"]] = r
+            first[r["prompt_id"]] = min(first.get(r["prompt_id"], float("inf")), r["ttft_s"])
+        return best, first
 
-    lines = ["| ratio of TPOT | prompts | per prompt: median | p10 | p90 | token-weighted |", "|---|---|---|---|---|---|"]
+    lines = ["| ratio of TPOT | prompts | per prompt: median | p10 | p90 | token-weighted | TTFT ratio: median |",
+             "|---|---|---|---|---|---|---|"]
     for (a_sys, a_mode), (b_sys, b_mode) in PAIRS:
-        a, b = side(a_sys, a_mode), side(b_sys, b_mode)
+        (a, a_first), (b, b_first) = side(a_sys, a_mode), side(b_sys, b_mode)
         common = sorted(set(a) & set(b))
         if not common:
             continue
         ratios = np.array([a[p]["tpot_s"] / b[p]["tpot_s"] for p in common])
+        firsts = np.array([a_first[p] / b_first[p] for p in common])
 
         def weighted(rows: dict) -> float:
             return sum(rows[p]["e2e_s"] - rows[p]["ttft_s"] for p in common) / sum(rows[p]["new_tokens"] - 1
                                                                                    for p in common)
         name = f"{a_sys} {a_mode} / {b_sys} {b_mode}"
         lines.append(f"| {name} | {len(common)} | {np.median(ratios):.3f} | {np.percentile(ratios, 10):.3f} | "
-                     f"{np.percentile(ratios, 90):.3f} | {weighted(a) / weighted(b):.3f} |")
+                     f"{np.percentile(ratios, 90):.3f} | {weighted(a) / weighted(b):.3f} | {np.median(firsts):.3f} |")
     return "\n".join(lines) + "\n\n(below 1: the first is faster)\n"
 
 

@@ -2,12 +2,17 @@
 sizes for short chat answers, and draft-simple with a draft GGUF, each a llama-server of its own
 (llamacpp_peer.py: threads = cores, one slot), request by request against plain decoding.
 
-    python -m benchmarks.peers.llamacpp_sweep BUNDLE --per-class 2 --new-tokens 64 --repeats 2
+    python -m benchmarks.peers.llamacpp_sweep BUNDLE --per-class 2 --new-tokens 64 --repeats 3
+
+`ngram-mod` is tried only at short sizes and with care: its hash pool is shared by every request of a server, so a
+repeated prompt replays the earlier answer (acceptance 1.0 from the second repeat on). Read its rows as an upper
+bound; the kinds compared for lockstep's `ngram` keep their state per request.
 
 The bundle gives the prompts' token ids (its tokenizer and chat template, as lockstep.py sends them); the GGUF is
 --model (default: the default model's Q4_1). Per prompt every mode takes its turn, rotated by one per prompt, after a
-warm-up; greedy, EOS ignored, no prompt cache. Writes sweep.md (per mode: token-weighted TPOT, its ratio to plain
-decoding's, median TTFT, acceptance, agreement with plain decoding's output), requests.csv and record.json under
+warm-up; greedy, EOS ignored, no prompt cache. Writes sweep.md (per mode: each prompt's least disturbed TPOT over the
+repeats, averaged, and the median over prompts of its ratio to plain decoding's; the token-weighted TPOT of every
+request; median TTFT; acceptance; agreement with plain decoding's output), requests.csv and record.json under
 benchmarks/results/llamacpp-sweep/<date>-<commit>/ or --out. The winner is llamacpp_peer.BEST_NGRAM's to set (by
 hand: a measured choice, written in docs/benchmarking.md). No assertions (not a test).
 """
@@ -30,7 +35,7 @@ def candidates(draft: Path, draft_max: int) -> list:
     return [lc.Plain(),
             lc.NGram("ngram-simple"), lc.NGram("ngram-simple", 3, 4), lc.NGram("ngram-simple", 2, 4),
             lc.NGram("ngram-simple", 3, 8), lc.NGram("ngram-map-k", 3, 4), lc.NGram("ngram-map-k4v", 3, 4),
-            lc.NGramMod(), lc.NGramMod(8, 2, 8), lc.NGramMod(4, 1, 4), lc.Draft(draft, n_max=draft_max)]
+            lc.NGramMod(4, 1, 4), lc.Draft(draft, n_max=draft_max)]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -61,30 +66,37 @@ def prompt_ids(bundle: str, folder: str, per_class: int) -> tuple[list, dict]:
 
 
 def summarize(rows: list, plain_name: str) -> list:
-    """Per mode: token-weighted TPOT (ms), ratio to plain, median TTFT (ms), acceptance, identical to plain."""
-    base = {(r["prompt_id"], r["repeat"]): r["token_ids"] for r in rows if r["mode"] == plain_name}
+    """Per mode: TPOT (ms) of each prompt's least disturbed repeat (its min), averaged over prompts, and the median
+    over prompts of plain's over the mode's (speedup); the token-weighted mean of every request beside them (it
+    carries the machine's disturbances); median TTFT; drafts, acceptance; outputs identical to plain's."""
+    best = {}
+    for r in rows:
+        key = (r["mode"], r["prompt_id"])
+        best[key] = min(best.get(key, float("inf")), r["tpot_s"])
     out = []
+    base = {(r["prompt_id"], r["repeat"]): r["token_ids"] for r in rows if r["mode"] == plain_name}
     for mode in dict.fromkeys(r["mode"] for r in rows):
         mine = [r for r in rows if r["mode"] == mode]
-        tpot = sum(r["e2e_s"] - r["ttft_s"] for r in mine) / sum(r["new_tokens"] - 1 for r in mine)
+        prompts = list(dict.fromkeys(r["prompt_id"] for r in mine))
         proposed = sum(r["proposed"] or 0 for r in mine)
         accepted = sum(r["accepted"] or 0 for r in mine)
-        same = sum(r["token_ids"] == base.get((r["prompt_id"], r["repeat"])) for r in mine)
-        out.append(dict(mode=mode, requests=len(mine), tpot_ms=1e3 * tpot,
-                        ttft_ms=1e3 * statistics.median(r["ttft_s"] for r in mine), proposed=proposed,
-                        acceptance=accepted / proposed if proposed else None, identical_to_plain=same))
-    plain = next(s["tpot_ms"] for s in out if s["mode"] == plain_name)
-    for s in out:
-        s["speedup"] = plain / s["tpot_ms"]
+        out.append(dict(
+            mode=mode, requests=len(mine), tpot_min_ms=1e3 * statistics.mean(best[mode, p] for p in prompts),
+            speedup=statistics.median(best[plain_name, p] / best[mode, p] for p in prompts),
+            tpot_weighted_ms=1e3 * sum(r["e2e_s"] - r["ttft_s"] for r in mine) / sum(r["new_tokens"] - 1 for r in mine),
+            ttft_ms=1e3 * statistics.median(r["ttft_s"] for r in mine), proposed=proposed,
+            acceptance=accepted / proposed if proposed else None,
+            identical_to_plain=sum(r["token_ids"] == base.get((r["prompt_id"], r["repeat"])) for r in mine)))
     return out
 
 
 def markdown(summary: list) -> str:
-    rows = [[s["mode"], s["requests"], f"{s['tpot_ms']:.2f}", f"{s['speedup']:.3f}", f"{s['ttft_ms']:.0f}",
-             s["proposed"], "–" if s["acceptance"] is None else f"{s['acceptance']:.2f}", s["identical_to_plain"]]
-            for s in summary]
-    return tables.markdown(["mode", "requests", "TPOT ms (token-weighted)", "speedup vs plain", "TTFT ms (median)",
-                            "drafted", "acceptance", "identical to plain"], rows)
+    rows = [[s["mode"], s["requests"], f"{s['tpot_min_ms']:.2f}", f"{s['speedup']:.3f}",
+             f"{s['tpot_weighted_ms']:.2f}", f"{s['ttft_ms']:.0f}", s["proposed"],
+             "–" if s["acceptance"] is None else f"{s['acceptance']:.2f}", s["identical_to_plain"]] for s in summary]
+    return tables.markdown(["mode", "requests", "TPOT ms (per prompt min, mean)", "speedup vs plain (median)",
+                            "TPOT ms (all requests, token-weighted)", "TTFT ms (median)", "drafted", "acceptance",
+                            "identical to plain"], rows)
 
 
 def main(argv=None) -> int:
