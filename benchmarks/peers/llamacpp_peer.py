@@ -170,8 +170,9 @@ class Draft:
                 "n_min": self.n_min, "p_min": self.p_min}
 
 
-# the n-gram kind measured best for the default model (docs/benchmarking.md, llama.cpp): used by lockstep's `ngram`
-BEST_NGRAM = NGram("ngram-simple", size_n=3, size_m=4)
+# lockstep's `ngram`: the kind llamacpp_sweep.py measured best for the default model on the suite's prompts among
+# those that keep their state per request (benchmarks/results/llamacpp-sweep/); none beat plain decoding there
+BEST_NGRAM = NGram("ngram-map-k", size_n=3, size_m=4)
 
 
 @dataclass(frozen=True)
