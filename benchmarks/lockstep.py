@@ -328,7 +328,7 @@ def main() -> int:
         run = record.run_record(EXPERIMENT, settings, None, __file__, None, prompts=len(prompts),
                                 new_tokens=args.new_tokens, repeats=args.repeats, ignore_eos=args.ignore_eos,
                                 order="per prompt, every (system, mode) in turn, rotated by one per prompt",
-                                load_average_start=os.getloadavg())
+                                load_average_start=os.getloadavg(), niceness=os.nice(0))
         records = run_turns(generators, peers, turns, prompts, ids, args)
         pair = describe_pair(generator.manifest)
     folder = record.run_dir(EXPERIMENT, run, args.out)
