@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import time
 from pathlib import Path
@@ -106,7 +107,9 @@ def main(argv=None) -> int:
     prompts, ids = prompt_ids(args.bundle, args.prompts, args.per_class)
     settings = {spec.name: lc.ServerSettings(model, spec) for spec in modes}
     run = record.run_record(EXPERIMENT, {n: s.describe() for n, s in settings.items()}, lc.cores(), __file__, argv,
-                            prompts=len(prompts), new_tokens=args.new_tokens, repeats=args.repeats, ignore_eos=True)
+                            prompts=len(prompts), new_tokens=args.new_tokens, repeats=args.repeats, ignore_eos=True,
+                            load_average_start=os.getloadavg(), niceness=os.nice(0))
+    run["command"] = run["command"].replace("python benchmarks/peers/llamacpp_sweep.py", "python -m " + __spec__.name)
     rows = []
     with contextlib.ExitStack() as stack:
         folder = lc.peers_dir() / "llama.cpp"
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
     out = record.run_dir(EXPERIMENT, run, args.out)
     tables.write_text(out / "sweep.md", markdown(summary))
     tables.write_csv(out / "requests.csv", [{k: v for k, v in r.items() if k != "token_ids"} for r in rows])
-    record.write_record(out, run, summary=summary)
+    record.write_record(out, run, summary=summary, load_average_end=os.getloadavg())
     print(markdown(summary))
     print(f"written: {out}")
     return 0
