@@ -171,8 +171,9 @@ class Draft:
 
 
 # lockstep's `ngram`: the kind llamacpp_sweep.py measured best for the default model on the suite's prompts among
-# those that keep their state per request (benchmarks/results/llamacpp-sweep/); none beat plain decoding there
-BEST_NGRAM = NGram("ngram-map-k", size_n=3, size_m=4)
+# those that keep their state per request, over two runs (benchmarks/results/llamacpp-sweep/); none beat plain
+# decoding there, and this one cost the least
+BEST_NGRAM = NGram("ngram-map-k4v", size_n=3, size_m=4)
 
 
 @dataclass(frozen=True)

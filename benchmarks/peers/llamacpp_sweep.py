@@ -109,7 +109,8 @@ def main(argv=None) -> int:
     run = record.run_record(EXPERIMENT, {n: s.describe() for n, s in settings.items()}, lc.cores(), __file__, argv,
                             prompts=len(prompts), new_tokens=args.new_tokens, repeats=args.repeats, ignore_eos=True,
                             load_average_start=os.getloadavg(), niceness=os.nice(0))
-    run["command"] = run["command"].replace("python benchmarks/peers/llamacpp_sweep.py", "python -m benchmarks.peers.llamacpp_sweep")
+    module = "python -m benchmarks.peers.llamacpp_sweep"  # how it runs: it imports benchmarks.harness
+    run["command"] = run["command"].replace("python benchmarks/peers/llamacpp_sweep.py", module)
     rows = []
     with contextlib.ExitStack() as stack:
         folder = lc.peers_dir() / "llama.cpp"
