@@ -211,6 +211,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--llama-draft", default=None,
                         help="llama.cpp's draft GGUF for `draft` (default: the default model's Q4_1 GGUF)")
     parser.add_argument("--llama-draft-max", type=int, default=3, help="its --spec-draft-n-max (default 3, its own)")
+    parser.add_argument("--llama-ngram", default=None,
+                        help="llama.cpp's `ngram` as KIND:N:M, e.g. ngram-simple:3:8 (default: the one its sweep "
+                             "measured best for the default model, llamacpp_peer.BEST_NGRAM)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="every request makes --new-tokens tokens (specdec and llama.cpp; not onnxruntime-genai)")
     parser.add_argument("--pause", type=float, default=0.05, help="seconds between requests")
@@ -249,7 +252,11 @@ def open_llama(args):
                          "--llama-modes none")
     model = Path(args.llama_model) if args.llama_model else lc.default_gguf()
     draft = lc.Draft(Path(args.llama_draft) if args.llama_draft else lc.default_gguf(), n_max=args.llama_draft_max)
-    kinds = {"plain": lc.Plain(), "ngram": lc.BEST_NGRAM, "draft": draft}
+    try:
+        ngram = lc.ngram_from_text(args.llama_ngram) if args.llama_ngram else lc.BEST_NGRAM
+    except ValueError as exc:
+        raise SystemExit(f"--llama-ngram: {exc}") from None
+    kinds = {"plain": lc.Plain(), "ngram": ngram, "draft": draft}
     return LlamaPeer({name: kinds[name] for name in names}, model, args.ignore_eos)
 
 

@@ -170,6 +170,18 @@ class Draft:
                 "n_min": self.n_min, "p_min": self.p_min}
 
 
+NGRAM_KINDS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")  # the n-gram map kinds NGram takes
+
+
+def ngram_from_text(text: str) -> NGram:
+    """'KIND:N:M' (e.g. 'ngram-simple:3:8') -> NGram; ValueError with what was seen otherwise."""
+    kind, _, sizes = text.partition(":")
+    parts = sizes.split(":")
+    if kind not in NGRAM_KINDS or len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{text!r} is not KIND:N:M with KIND among {', '.join(NGRAM_KINDS)} and N, M > 0")
+    return NGram(kind, int(parts[0]), int(parts[1]))
+
+
 # lockstep's `ngram`: the kind llamacpp_sweep.py measured best for the default model on the suite's prompts among
 # those that keep their state per request, over two runs (benchmarks/results/llamacpp-sweep/); none beat plain
 # decoding there, and this one cost the least

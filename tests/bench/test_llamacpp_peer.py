@@ -47,6 +47,13 @@ def test_speculation_flags():
         "none", "prompt_lookup", "model"]
 
 
+def test_ngram_from_text():
+    assert lc.ngram_from_text("ngram-simple:3:8") == lc.NGram("ngram-simple", 3, 8)
+    for bad in ("ngram-mod:3:8", "ngram-simple:3", "ngram-simple:0:4", "ngram-simple:a:4"):
+        with pytest.raises(ValueError, match="KIND:N:M"):
+            lc.ngram_from_text(bad)
+
+
 def test_record_settings_and_request_body():
     settings = lc.ServerSettings(Path("/x/m.gguf"), lc.Draft(Path("/x/d.gguf"), n_max=4), threads=2, parallel=2)
     described = settings.describe()
