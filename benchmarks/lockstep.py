@@ -1,27 +1,38 @@
-"""The suite against peers: specdec and onnxruntime-genai request by request. Every (system, mode) takes its turn on
-the same prompt before the next prompt starts, so a drift of the machine (a neighbour, the memory bus) falls on all
-of them alike. The only entry point for ratios between systems.
+"""The suite against peers: specdec, onnxruntime-genai and llama.cpp request by request. Every (system, mode) takes
+its turn on the same prompt before the next prompt starts, so a drift of the machine (a neighbour, the memory bus)
+falls on all of them alike. The only entry point for ratios between systems.
 
     benchmarks/peers/setup.sh                                 # once: the peer's venv and models, tuned as its docs say
     python benchmarks/lockstep.py bundles/smollm2-q41 --backends onnxruntime,native --modes target-only,auto
     python benchmarks/lockstep.py BUNDLE --per-class 2 --modes target-only,auto --peer-modes none   # specdec only
+    benchmarks/peers/setup_llamacpp.sh                        # once: llama.cpp built from source, native flags
+    python benchmarks/lockstep.py BUNDLE --backends native --modes target-only,auto --peer-modes none \
+        --llama-modes plain,ngram,draft --ignore-eos         # against llama.cpp's llama-server
 
 specdec runs in this process (specdec.load, the runtime's own options), one system per --backends value.
 onnxruntime-genai runs in a worker process of its own virtual environment (benchmarks/.peers/ortgenai: its model
 builder's fp32 graph of the same weights, intra_op_num_threads = cores, inter_op_num_threads = 1, as its docs tell CPU
-users to tune it), which waits on a pipe while specdec runs. Per prompt the order of the (system, mode) pairs is
-rotated by one, with a short pause between requests so no system's spinning workers overlap the next. Greedy; EOS
-ends a request.
+users to tune it), which waits on a pipe while specdec runs. llama.cpp runs one llama-server per --llama-modes value
+on 127.0.0.1 (benchmarks/peers/llamacpp_peer.py: threads = cores, one slot, the same GGUF specdec's default bundle
+is exported from; `ngram` is its n-gram kind measured best for this model, `draft` its draft-simple with
+--llama-draft), all started before the run and idle while another system runs. Per prompt the order of the (system,
+mode) pairs is rotated by one, with a short pause between requests so no system's spinning workers overlap the next.
+Greedy; EOS ends a request unless --ignore-eos (every request then makes --new-tokens tokens; onnxruntime-genai
+cannot). The machine's load average at the start and the end goes into the record: llama.cpp's threads wait at
+their barriers by spinning, so a busy neighbour slows it far more than the others (threads = cores assumes a quiet
+machine).
 
 Writes `specdec bench`'s tables with every system in one (summary.md; summary.csv, which the docs' performance page
 reads; requests.csv), pairs.md (per-prompt ratios of time per output token between pairs of modes, whose spread
-shows how much of a ratio is the prompt and how much the machine) and record.json. No assertions (not a test).
+shows how much of a ratio is the prompt and how much the machine; and each mode's greedy agreement with the first
+system's target-only output) and record.json. No assertions (not a test).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -64,6 +75,41 @@ class Peer:
         self.proc.wait()
 
 
+class LlamaPeer:
+    """llama.cpp: one llama-server per mode (benchmarks/peers/llamacpp_peer.py), all started before the run."""
+
+    def __init__(self, modes: dict, model: Path, ignore_eos: bool):
+        from peers import llamacpp_peer as lc
+
+        self.lc, self.ignore_eos, self.servers = lc, ignore_eos, {}
+        try:
+            for name, spec in modes.items():  # one at a time: each loads its model on a quiet machine
+                self.servers[name] = lc.LlamaServer(lc.ServerSettings(model, spec),
+                                                    log=lc.peers_dir() / "llama.cpp" / f"server-{name}.log").start()
+                self.servers[name].complete([1, 2, 3], 4)  # warm-up
+        except BaseException:
+            self.close()
+            raise
+        self.notes = {name: server.settings.describe() for name, server in self.servers.items()}
+
+    def run(self, mode: str, ids: list, new_tokens: int, prompt=None, repeat: int = 0) -> dict:
+        server = self.servers[mode]
+        pid, cls = (prompt.id, prompt.cls) if prompt is not None else ("-", "-")
+        try:
+            done = server.complete(ids, new_tokens, ignore_eos=self.ignore_eos)
+        except OSError as exc:  # a request the server refused or dropped: reported as failed, never left out
+            spec = server.settings.spec
+            return dict(system=LLAMA_SYSTEM, mode=spec.name, drafter=spec.drafter, gamma=spec.gamma, status="failed",
+                        note=f"failed: {type(exc).__name__}: {exc}"[:400], prompt_id=pid, cls=cls, repeat=repeat)
+        return self.lc.record(server.settings, done, pid, cls, repeat, ids)
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
+
+
+LLAMA_SYSTEM = "llama.cpp"
+LLAMA_MODES = ("plain", "ngram", "draft")
 NATIVE_SYSTEM = "specdec native"  # specdec with --backends native: the target on specdec's own kernels
 SYSTEMS = {"onnxruntime": "specdec", "native": NATIVE_SYSTEM}  # --backends value -> system name in the tables
 PAIRS = (  # (numerator system, mode prefix), (denominator ...): ratio = TPOT of the first / TPOT of the second
@@ -76,34 +122,72 @@ PAIRS = (  # (numerator system, mode prefix), (denominator ...): ratio = TPOT of
     (("specdec", "model"), ("specdec", "target-only")),
     (("specdec", "auto"), (PEER_SYSTEM, "n-gram")),
     ((PEER_SYSTEM, "n-gram"), (PEER_SYSTEM, "target-only")),
+    ((NATIVE_SYSTEM, "target-only"), (LLAMA_SYSTEM, "target-only")),
+    ((NATIVE_SYSTEM, "auto"), (LLAMA_SYSTEM, "target-only")),
+    ((NATIVE_SYSTEM, "auto"), (LLAMA_SYSTEM, "n-gram")),
+    ((NATIVE_SYSTEM, "auto"), (LLAMA_SYSTEM, "draft")),
+    ((NATIVE_SYSTEM, "auto"), (NATIVE_SYSTEM, "target-only")),
+    ((LLAMA_SYSTEM, "n-gram"), (LLAMA_SYSTEM, "target-only")),
+    ((LLAMA_SYSTEM, "draft"), (LLAMA_SYSTEM, "target-only")),
 )
 
 
 def pair_table(records: list) -> str:
     """Per-prompt TPOT ratios of PAIRS: median, 10th and 90th percentile over prompts, and the token-weighted ratio
-    (the suite's measure: total decode time over total tokens, of each side)."""
+    (the suite's measure: total decode time over total tokens, of each side); each prompt's least disturbed repeat
+    (its min TPOT over --repeats) stands for it. Beside them the median per-prompt ratio of TTFT (min over repeats)."""
     import numpy as np
 
-    def side(system: str, prefix: str) -> dict:
+    def side(system: str, prefix: str) -> tuple[dict, dict]:
         rows = [r for r in records if r.get("status") == "ok" and r["system"] == system
                 and r["mode"].startswith(prefix) and r["new_tokens"] > 1]
-        return {r["prompt_id"]: r for r in rows}
+        best, first = {}, {}
+        for r in rows:
+            if r["prompt_id"] not in best or r["tpot_s"] < best[r["prompt_id"]]["tpot_s"]:
+                best[r["prompt_id"]] = r
+            first[r["prompt_id"]] = min(first.get(r["prompt_id"], float("inf")), r["ttft_s"])
+        return best, first
 
-    lines = ["| ratio of TPOT | prompts | per prompt: median | p10 | p90 | token-weighted |", "|---|---|---|---|---|---|"]
+    lines = ["| ratio of TPOT | prompts | per prompt: median | p10 | p90 | token-weighted | TTFT ratio: median |",
+             "|---|---|---|---|---|---|---|"]
     for (a_sys, a_mode), (b_sys, b_mode) in PAIRS:
-        a, b = side(a_sys, a_mode), side(b_sys, b_mode)
+        (a, a_first), (b, b_first) = side(a_sys, a_mode), side(b_sys, b_mode)
         common = sorted(set(a) & set(b))
         if not common:
             continue
         ratios = np.array([a[p]["tpot_s"] / b[p]["tpot_s"] for p in common])
+        firsts = np.array([a_first[p] / b_first[p] for p in common])
 
         def weighted(rows: dict) -> float:
             return sum(rows[p]["e2e_s"] - rows[p]["ttft_s"] for p in common) / sum(rows[p]["new_tokens"] - 1
                                                                                    for p in common)
         name = f"{a_sys} {a_mode} / {b_sys} {b_mode}"
         lines.append(f"| {name} | {len(common)} | {np.median(ratios):.3f} | {np.percentile(ratios, 10):.3f} | "
-                     f"{np.percentile(ratios, 90):.3f} | {weighted(a) / weighted(b):.3f} |")
+                     f"{np.percentile(ratios, 90):.3f} | {weighted(a) / weighted(b):.3f} | {np.median(firsts):.3f} |")
     return "\n".join(lines) + "\n\n(below 1: the first is faster)\n"
+
+
+def agreement_table(records: list, base_system: str) -> str:
+    """Each (system, mode)'s greedy output against `base_system` target-only on the same prompt (first repeat):
+    prompts identical, and the mean common prefix over the longer output."""
+    from specdec.bench.table import common_prefix
+
+    base = {}
+    for r in records:
+        if r.get("status") == "ok" and r["system"] == base_system and r["mode"] == "target-only":
+            base.setdefault(r["prompt_id"], r["token_ids"])
+    rows = {}
+    for r in records:
+        ref = base.get(r.get("prompt_id"))
+        if r.get("status") == "ok" and ref is not None and r.get("token_ids") is not None:
+            same, prefix = rows.setdefault((r["system"], r["mode"]), ([], []))
+            same.append(list(r["token_ids"]) == list(ref))
+            prefix.append(common_prefix(r["token_ids"], ref) / max(len(r["token_ids"]), len(ref), 1))
+    lines = [f"| greedy output vs {base_system} target-only | requests | identical | mean common prefix |",
+             "|---|---|---|---|"]
+    lines += [f"| {system} {mode} | {len(same)} | {sum(same)} | {sum(prefix) / len(prefix):.3f} |"
+              for (system, mode), (same, prefix) in rows.items()]
+    return "\n".join(lines) + "\n"
 
 
 def parse_args() -> argparse.Namespace:
@@ -121,6 +205,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peer-gamma", type=int, default=4, help="the peer's n-gram max_draft_tokens")
     parser.add_argument("--peer-modes", default=",".join(PEER_MODES), help="'none' to run specdec alone")
     parser.add_argument("--peers-dir", default=str(HERE / ".peers"), help="venvs and models from peers/setup.sh")
+    parser.add_argument("--llama-modes", default="none",
+                        help=f"llama.cpp's modes, comma-separated among {', '.join(LLAMA_MODES)} (default none)")
+    parser.add_argument("--llama-model", default=None, help="llama.cpp's GGUF (default: the default model's Q4_1)")
+    parser.add_argument("--llama-draft", default=None,
+                        help="llama.cpp's draft GGUF for `draft` (default: the default model's Q4_1 GGUF)")
+    parser.add_argument("--llama-draft-max", type=int, default=3, help="its --spec-draft-n-max (default 3, its own)")
+    parser.add_argument("--llama-ngram", default=None,
+                        help="llama.cpp's `ngram` as KIND:N:M, e.g. ngram-simple:3:8 (default: the one its sweep "
+                             "measured best for the default model, llamacpp_peer.BEST_NGRAM)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="every request makes --new-tokens tokens (specdec and llama.cpp; not onnxruntime-genai)")
     parser.add_argument("--pause", type=float, default=0.05, help="seconds between requests")
     parser.add_argument("--out", default=None,
                         help="output folder (default: benchmarks/results/lockstep/<date>-<commit>/)")
@@ -142,6 +237,29 @@ def open_peer(args) -> tuple:
     return Peer(python, Path(args.peers_dir) / "models", args.peer_gamma), peer_modes
 
 
+def open_llama(args):
+    """llama.cpp's servers, one per --llama-modes value, or None."""
+    names = [] if args.llama_modes == "none" else [m.strip() for m in args.llama_modes.split(",") if m.strip()]
+    unknown = [m for m in names if m not in LLAMA_MODES]
+    if unknown:
+        raise SystemExit(f"unknown llama.cpp mode {unknown[0]!r}; choose from {', '.join(LLAMA_MODES)} or none")
+    if not names:
+        return None
+    from peers import llamacpp_peer as lc
+
+    if not lc.built():
+        raise SystemExit(f"no llama-server at {lc.binary()}; run benchmarks/peers/setup_llamacpp.sh first, or pass "
+                         "--llama-modes none")
+    model = Path(args.llama_model) if args.llama_model else lc.default_gguf()
+    draft = lc.Draft(Path(args.llama_draft) if args.llama_draft else lc.default_gguf(), n_max=args.llama_draft_max)
+    try:
+        ngram = lc.ngram_from_text(args.llama_ngram) if args.llama_ngram else lc.BEST_NGRAM
+    except ValueError as exc:
+        raise SystemExit(f"--llama-ngram: {exc}") from None
+    kinds = {"plain": lc.Plain(), "ngram": ngram, "draft": draft}
+    return LlamaPeer({name: kinds[name] for name in names}, model, args.ignore_eos)
+
+
 def specdec_modes(args, gamma: int) -> list:
     from specdec.bench.config import BASELINE, Mode
 
@@ -149,17 +267,20 @@ def specdec_modes(args, gamma: int) -> list:
             for m in (part.strip() for part in args.modes.split(",")) if m]
 
 
-def run_turns(generators: dict, peer, turns: list, prompts: list, ids: dict, args) -> list:
+def run_turns(generators: dict, peers: dict, turns: list, prompts: list, ids: dict, args) -> list:
     """Warm-up (not recorded), then repeats × prompts × turns, the turns rotated by one per prompt."""
     from tqdm import tqdm
 
     from specdec.bench.run import record_from_result
     from specdec.runtime.config import GenerationConfig
 
+    eos = () if args.ignore_eos else None  # (): no EOS ids; None: the bundle's
+
     def one(system, mode, prompt, repeat: int, new_tokens: int) -> dict:
         if system not in generators:
-            return peer.run(mode, ids[prompt.id], new_tokens, prompt, repeat)
-        config = GenerationConfig(max_new_tokens=new_tokens, drafter=mode.drafter, gamma=mode.gamma)
+            return peers[system].run(mode, ids[prompt.id], new_tokens, prompt, repeat)
+        config = GenerationConfig(max_new_tokens=new_tokens, drafter=mode.drafter, gamma=mode.gamma,
+                                  eos_token_ids=eos)
         began = time.perf_counter()
         result = generators[system].generate(ids[prompt.id], config)
         elapsed = time.perf_counter() - began
@@ -187,8 +308,16 @@ def main() -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not backends or any(b not in SYSTEMS for b in backends):
         raise SystemExit(f"unknown backend in {args.backends!r}; choose from {', '.join(SYSTEMS)}")
-    peer, peer_modes = open_peer(args)
+    if args.ignore_eos and args.peer_modes != "none":
+        raise SystemExit("onnxruntime-genai cannot ignore EOS: pass --peer-modes none with --ignore-eos")
     with contextlib.ExitStack() as stack:
+        peer, peer_modes = open_peer(args)
+        if peer is not None:
+            stack.callback(peer.close)
+        llama = open_llama(args)
+        if llama is not None:
+            stack.callback(llama.close)
+        peers = {name: p for name, p in ((PEER_SYSTEM, peer), (LLAMA_SYSTEM, llama)) if p is not None}
         generators = {SYSTEMS[b]: stack.enter_context(opening.open_bundle(args.bundle, b)) for b in backends}
         generator = next(iter(generators.values()))
         modes = specdec_modes(args, args.gamma or generator.manifest.defaults.gamma)
@@ -197,16 +326,18 @@ def main() -> int:
         room = generator.manifest.target.max_seq_len - args.new_tokens - 1
         prompts = select_prompts(every, {k: len(v) for k, v in ids.items()}, args.per_class, room)
         turns = [(s, m) for s in generators for m in modes] + [(PEER_SYSTEM, m) for m in peer_modes]
+        turns += [(LLAMA_SYSTEM, m) for m in (llama.servers if llama is not None else ())]
         settings = {system: opening.describe(g) for system, g in generators.items()}
         if peer is not None:
             settings[PEER_SYSTEM] = {"modes": peer.notes, "max_draft_tokens": args.peer_gamma}
+        if llama is not None:
+            settings[LLAMA_SYSTEM] = {"modes": llama.notes}
         run = record.run_record(EXPERIMENT, settings, None, __file__, None, prompts=len(prompts),
-                                new_tokens=args.new_tokens, repeats=args.repeats,
-                                order="per prompt, every (system, mode) in turn, rotated by one per prompt")
-        records = run_turns(generators, peer, turns, prompts, ids, args)
+                                new_tokens=args.new_tokens, repeats=args.repeats, ignore_eos=args.ignore_eos,
+                                order="per prompt, every (system, mode) in turn, rotated by one per prompt",
+                                load_average_start=os.getloadavg(), niceness=os.nice(0))
+        records = run_turns(generators, peers, turns, prompts, ids, args)
         pair = describe_pair(generator.manifest)
-    if peer is not None:
-        peer.close()
     folder = record.run_dir(EXPERIMENT, run, args.out)
     info = dict(bundle=args.bundle, prompts=len(prompts), classes=sorted({p.cls for p in prompts}),
                 modes=[f"{s}: {m if isinstance(m, str) else m.name}" for s, m in turns], repeats=args.repeats,
@@ -214,9 +345,9 @@ def main() -> int:
                 models=pair, date=run["started"])
     paths = write_outputs(records, folder, info, plots=False)
     paths["run"].unlink()  # record.json replaces it
-    pairs = pair_table(records)
+    pairs = pair_table(records) + "\n" + agreement_table(records, next(iter(generators)))
     tables.write_text(folder / "pairs.md", pairs)
-    record.write_record(folder, run, models=pair)
+    record.write_record(folder, run, models=pair, load_average_end=os.getloadavg())
     print(paths["markdown"].read_text(encoding="utf-8"))
     print(pairs)
     print(f"written: {folder}")

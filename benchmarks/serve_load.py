@@ -12,6 +12,12 @@ server counted them, and the server's RSS. Greedy outputs are compared across mo
     specdec-export --out bundles/smollm2-b8 --max-batch 8
     specdec calibrate quantize bundles/smollm2-b8 --method int4-q41 --head-tokens 24576 --out bundles/smollm2-b8-q41
     python benchmarks/serve_load.py --bundle bundles/smollm2-b8-q41 --requests 60 --repeats 3
+    python benchmarks/serve_load.py --bundle B --llama-modes plain,ngram     # with llama.cpp's llama-server beside
+
+llama.cpp takes part as a peer server (benchmarks/peers/llamacpp_peer.py, built by peers/setup_llamacpp.sh): one
+llama-server per --llama-modes value on the default model's Q4_1 GGUF, threads = cores, one slot per client of the
+highest concurrency (`-np`), continuous batching; the same streamed chat requests through its OpenAI-compatible
+endpoint (its GGUF's chat template), with `cache_prompt: false` so that no request reuses an earlier one's prefill.
 
 Results: summary.md, summary.csv (the plot and the docs read it), requests.csv, throughput.png and record.json, under
 benchmarks/results/serve-load/<date>-<commit>/ or --out. Not a test: it asserts nothing about timings.
@@ -37,6 +43,8 @@ import psutil
 from harness import record
 
 MODES = {"plain": "off", "fixed": "fixed", "adaptive": "adaptive"}
+LLAMA_MODES = ("plain", "ngram", "draft")  # llama.cpp's, named "llama.cpp <mode>" in the tables
+ORDER = list(MODES) + [f"llama.cpp {m}" for m in LLAMA_MODES]
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "serve-load"
 
@@ -57,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=None, help="γ of the fixed mode (default: the bundle's)")
     parser.add_argument("--drafter", default="model", help="the requests' drafter (specdec extension)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
+    parser.add_argument("--llama-modes", default="none",
+                        help=f"llama.cpp peer servers, comma-separated among {', '.join(LLAMA_MODES)} (default none)")
+    parser.add_argument("--llama-draft", default=None, help="llama.cpp's draft GGUF (default: the default Q4_1 GGUF)")
     return parser.parse_args(argv)
 
 
@@ -78,6 +89,7 @@ class Server:
 
     def __init__(self, mode: str, args: argparse.Namespace):
         self.mode, self.args = mode, args
+        self.extra = {"specdec": {"drafter": args.drafter}}  # the requests' extension fields
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = None
@@ -97,11 +109,14 @@ class Server:
                 raise RuntimeError(f"the {self.mode} server exited with {self.process.returncode}")
             try:
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    threading.Thread(target=self._sample, daemon=True).start()
+                    self._watch()
                     return self
             except httpx.TransportError:
                 time.sleep(0.5)
         raise RuntimeError(f"the {self.mode} server did not start")
+
+    def _watch(self) -> None:
+        threading.Thread(target=self._sample, daemon=True).start()
 
     def _sample(self) -> None:
         process, started = psutil.Process(self.process.pid), time.monotonic()
@@ -122,10 +137,44 @@ class Server:
             self.process.wait(timeout=60)
 
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: dict, args) -> dict:
+class LlamaServe(Server):
+    """llama.cpp's llama-server as a peer server: -np = the highest concurrency, continuous batching."""
+
+    def __init__(self, mode: str, args: argparse.Namespace):
+        super().__init__(mode, args)
+        self.extra = {"cache_prompt": False}  # llama-server's: no prefill reused across requests
+        self.server = None
+
+    def settings(self):
+        from peers import llamacpp_peer as lc
+
+        draft = Path(self.args.llama_draft) if self.args.llama_draft else lc.default_gguf()
+        spec = {"plain": lc.Plain(), "ngram": lc.BEST_NGRAM, "draft": lc.Draft(draft)}[self.mode.split()[-1]]
+        parallel = max(int(c) for c in self.args.concurrency.split(","))
+        return lc.ServerSettings(lc.default_gguf(), spec, threads=self.args.threads or 0, parallel=parallel)
+
+    def start(self) -> "LlamaServe":
+        from peers import llamacpp_peer as lc
+
+        log = lc.peers_dir() / "llama.cpp" / f"serve-{self.mode.split()[-1]}.log"
+        self.server = lc.LlamaServer(self.settings(), max_s=6 * 3600, log=log).start()
+        self.process, self.url = self.server.process, self.server.url
+        self._watch()
+        return self
+
+    def rounds_by_gamma(self) -> dict:
+        return {}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.server is not None:
+            self.server.close()
+
+
+async def one_request(client: httpx.AsyncClient, url: str, prompt: dict, args, extra: dict) -> dict:
     body = {"model": Path(args.bundle).resolve().name, "messages": [{"role": "user", "content": prompt["prompt"]}],
             "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "specdec": {"drafter": args.drafter}}
+            "stream_options": {"include_usage": True}, **extra}
     record = {"prompt_id": prompt["id"], "status": 0, "tokens": 0, "text": "", "error": ""}
     sent, first, last, pieces = time.perf_counter(), None, None, []
     try:
@@ -152,13 +201,13 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: dict, args) -
     return record
 
 
-async def run_phase(url: str, prompts: list, concurrency: int, count: int, args) -> tuple[list, float]:
+async def run_phase(server: Server, prompts: list, concurrency: int, count: int, args) -> tuple[list, float]:
     """`count` requests from `concurrency` closed-loop clients; -> (records, wall seconds)."""
     records, next_index = [None] * count, iter(range(count))
 
     async def worker(client):
         for index in next_index:
-            records[index] = await one_request(client, url, prompts[index % len(prompts)], args)
+            records[index] = await one_request(client, server.url, prompts[index % len(prompts)], args, server.extra)
 
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
     async with httpx.AsyncClient(limits=limits) as client:
@@ -181,8 +230,8 @@ def summarize(mode: str, concurrency: int, records: list, wall: float, gammas: d
         "tpot_p50_ms": 1e3 * _pct([r["tpot_s"] for r in ok], 50), "tpot_p90_ms": 1e3 * _pct([r["tpot_s"] for r in ok], 90),
         "tokens": sum(r["tokens"] for r in ok), "wall_s": wall,
         "tokens_per_s": sum(r["tokens"] for r in ok) / wall if wall else 0.0,
-        "gamma0_share": gammas.get(0, 0.0) / rounds,
-        "mean_gamma": sum(g * n for g, n in gammas.items()) / rounds,
+        "gamma0_share": gammas.get(0, 0.0) / rounds if gammas else float("nan"),  # nan: no count (llama.cpp)
+        "mean_gamma": sum(g * n for g, n in gammas.items()) / rounds if gammas else float("nan"),
         "rss_mb": rss_mb,
     }
 
@@ -194,8 +243,8 @@ def _delta(after: dict, before: dict) -> dict:
 def warm_up(servers: dict, prompts: list, args) -> None:
     """One request alone, then max_batch together, on every server (allocates what the run will use)."""
     for server in servers.values():
-        asyncio.run(run_phase(server.url, prompts, 1, 1, args))
-        asyncio.run(run_phase(server.url, prompts, args.max_batch, args.max_batch, args))
+        asyncio.run(run_phase(server, prompts, 1, 1, args))
+        asyncio.run(run_phase(server, prompts, args.max_batch, args.max_batch, args))
 
 
 def run_all(servers: dict, prompts: list, args) -> tuple[list, list]:
@@ -214,7 +263,7 @@ def run_all(servers: dict, prompts: list, args) -> tuple[list, list]:
             for mode in order:
                 server = servers[mode]
                 before = server.rounds_by_gamma()
-                records, wall = asyncio.run(run_phase(server.url, part, concurrency, share, args))
+                records, wall = asyncio.run(run_phase(server, part, concurrency, share, args))
                 records_so_far, wall_so_far, gammas, spells = pooled[mode]
                 for gamma, count in _delta(server.rounds_by_gamma(), before).items():
                     gammas[gamma] = gammas.get(gamma, 0.0) + count
@@ -233,11 +282,11 @@ def run_all(servers: dict, prompts: list, args) -> tuple[list, list]:
     return requests, summary
 
 
-def identical_outputs(requests: list) -> tuple[int, int]:
-    """(prompts whose greedy text is the same in every mode and concurrency, prompts compared)."""
+def identical_outputs(requests: list, system: str = "specdec") -> tuple[int, int]:
+    """(prompts whose greedy text is the same in every mode and concurrency of `system`, prompts compared)."""
     texts = {}
     for r in requests:
-        if r["ok"]:
+        if r["ok"] and (r["mode"].startswith("llama.cpp") == (system == "llama.cpp")):
             texts.setdefault(r["prompt_id"], set()).add(r["text"])
     return sum(len(t) == 1 for t in texts.values()), len(texts)
 
@@ -248,7 +297,7 @@ def markdown(summary: list) -> str:
     rows = [f"| {s['mode']} | {s['concurrency']} | {s['requests']} | {s['errors']} | {s['ttft_p50_ms']:.0f} | "
             f"{s['ttft_p90_ms']:.0f} | {s['tpot_p50_ms']:.1f} | {s['tpot_p90_ms']:.1f} | {s['tokens_per_s']:.1f} | "
             f"{100 * s['gamma0_share']:.0f}% | {s['mean_gamma']:.2f} | {s['rss_mb']:.0f} | {s.get('spells_tokens_per_s', '')} |"
-            for s in sorted(summary, key=lambda s: (list(MODES).index(s["mode"]), s["concurrency"]))]
+            for s in sorted(summary, key=lambda s: (ORDER.index(s["mode"]), s["concurrency"]))]
     return head + "\n".join(rows) + "\n"
 
 
@@ -267,7 +316,7 @@ def plot(summary: list, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for mode in MODES:
+    for mode in ORDER:
         rows = sorted((s for s in summary if s["mode"] == mode), key=lambda s: s["concurrency"])
         if rows:
             levels = [s["concurrency"] for s in rows]
@@ -283,21 +332,40 @@ def plot(summary: list, path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
-def server_settings(args) -> dict:
+def server_settings(args, modes: list) -> dict:
     return {mode: {"speculation": MODES[mode], "backend": args.backend, "max_batch": args.max_batch, "gamma":
                    args.gamma, "threads": args.threads, "requests": f"streamed greedy chat, drafter {args.drafter}, "
-                   f"max_tokens {args.max_tokens}"} for mode in args.modes.split(",")}
+                   f"max_tokens {args.max_tokens}"} for mode in modes}
+
+
+def chosen_modes(args) -> tuple[list, list]:
+    """(specdec's modes, llama.cpp's), checked; 'none' for either means no server of that kind."""
+    ours = [m.strip() for m in args.modes.split(",") if m.strip() and m.strip() != "none"]
+    llama = [m.strip() for m in args.llama_modes.split(",") if m.strip() and m.strip() != "none"]
+    for given, known in ((ours, list(MODES)), (llama, list(LLAMA_MODES))):
+        unknown = [m for m in given if m not in known]
+        if unknown:
+            raise SystemExit(f"unknown mode {unknown[0]!r}; choose from {', '.join(known)} or none")
+    if not ours + llama:
+        raise SystemExit("no server to measure: pass --modes or --llama-modes")
+    return ours, llama
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    run = record.run_record(EXPERIMENT, server_settings(args), args.threads, __file__, argv,
+    ours, llama = chosen_modes(args)
+    run = record.run_record(EXPERIMENT, server_settings(args, ours), args.threads, __file__, argv,
                             concurrency=args.concurrency, repeats=args.repeats, requests=args.requests)
     prompts = load_prompts()
     servers = {}
     try:
-        for mode in args.modes.split(","):
+        for mode in ours:
             servers[mode] = Server(mode, args).start()  # one at a time: each measures its costs on a quiet machine
+        for mode in llama:
+            server = servers[f"llama.cpp {mode}"] = LlamaServe(f"llama.cpp {mode}", args).start()
+            run["settings"][server.mode] = dict(server.server.settings.describe(), requests="streamed greedy chat "
+                                                f"(its OpenAI-compatible endpoint), cache_prompt false, max_tokens "
+                                                f"{args.max_tokens}")
         warm_up(servers, prompts, args)
         rss_start = {mode: s.rss[-1][1] / 2**20 if s.rss else float("nan") for mode, s in servers.items()}
         requests, summary = run_all(servers, prompts, args)
@@ -305,16 +373,18 @@ def main(argv=None) -> int:
     finally:
         for server in servers.values():
             server.stop()
-    same, compared = identical_outputs(requests)
+    same = {system: identical_outputs(requests, system) for system in ("specdec", "llama.cpp")}
     out = record.run_dir(EXPERIMENT, run, args.out)
     write_csv(out / "requests.csv", requests)
     write_csv(out / "summary.csv", summary)
     (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
     plot(summary, out / "throughput.png")
-    record.write_record(out, run, identical_greedy_outputs=[same, compared], rss_mb_after_warmup=rss_start,
+    record.write_record(out, run, identical_greedy_outputs=same["specdec"],
+                        identical_greedy_outputs_llama=same["llama.cpp"], rss_mb_after_warmup=rss_start,
                         rss_mb_end=rss_end)
     print(markdown(summary))
-    print(f"identical greedy outputs across modes and concurrency: {same}/{compared}; RSS MB {rss_start} -> {rss_end}")
+    print(f"identical greedy outputs across modes and concurrency (specdec, llama.cpp): {same}; "
+          f"RSS MB {rss_start} -> {rss_end}")
     print(f"written: {out}")
     return 0
 

@@ -8,6 +8,8 @@
 #   models/ortgenai-int4  the same builder's INT4 graph (-p int4, its CPU defaults: MatMulNBits, accuracy level 4)
 #   models/ortgenai-layersK  the same for the K-layer copy; models/ortgenai-spec-layersK a composite
 #                         genai_config (target + model.draft) for its draft-model speculative decoding
+#   llama.cpp/         llama-server and llama-bench built from source with native flags (setup_llamacpp.sh)
+#   models/SmolLM2-135M-Instruct.bf16.gguf  the default model in bf16 by llama.cpp's converter (make_bf16_gguf.py)
 # Idempotent: a step whose output exists is skipped. Usage: benchmarks/peers/setup.sh [--layers K]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -62,4 +64,10 @@ fi
 # its documented CPU tuning: intra-op threads = cores (see tune_config.py); the spec folder links the tuned ones
 python3 "$here/tune_config.py" "$peers/models/ortgenai-fp32" "$peers/models/ortgenai-int4" \
   "$peers/models/ortgenai-layers$layers" "$peers/models/ortgenai-spec-layers$layers"
+echo "[setup] llama.cpp" >&2
+PYTHON=$python SPECDEC_PEERS_DIR=$peers "$here/setup_llamacpp.sh"
+if [ ! -f "$peers/models/SmolLM2-135M-Instruct.bf16.gguf" ]; then
+  echo "[setup] bf16 GGUF (llama.cpp's converter)" >&2
+  SPECDEC_PEERS_DIR=$peers "$peers/hf/bin/python" "$here/make_bf16_gguf.py"
+fi
 echo "[setup] done: $peers" >&2
