@@ -48,17 +48,18 @@ def specdec_system(bundle: Path, backend: str, threads: int | None, tokens: int)
     return decode, opening.describe(generator)
 
 
-def llamacpp_system(tokens: int, threads: int):
-    """llama.cpp's plain decoding through benchmarks/peers/llamacpp_peer.py, or None where it is not built."""
+def llamacpp_system(stack: contextlib.ExitStack, tokens: int, threads: int):
+    """(llama.cpp's plain decoding of `tokens` tokens: seconds per token after the first, by its server's own timings;
+    its settings) on the default model's GGUF, or None where benchmarks/peers/setup.sh did not build it."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    try:
-        from peers import llamacpp_peer
-    except ImportError:
+    from peers import llamacpp_peer as peer
+
+    if not peer.built():
         return None
-    if not llamacpp_peer.available():
-        return None
-    server = llamacpp_peer.plain_decoder(threads=threads)
-    return (lambda: server.decode_ms_per_token(PROMPT, tokens) / 1e3), server.settings
+    settings = peer.ServerSettings(peer.default_gguf(), peer.Plain(), threads=threads)
+    server = stack.enter_context(peer.LlamaServer(settings, max_s=3600.0))
+    server.complete(PROMPT, 8)
+    return (lambda: server.complete(PROMPT, tokens).tpot_s), settings.describe()
 
 
 def main() -> None:
@@ -76,10 +77,10 @@ def main() -> None:
         systems[f"specdec {name}"], settings[f"specdec {name}"] = specdec_system(args.bundle, name, args.threads,
                                                                                  args.tokens)
     with contextlib.ExitStack() as stack:
-        peer = None if args.no_llamacpp else llamacpp_system(args.tokens, args.threads or len(os.sched_getaffinity(0)))
+        threads = args.threads or len(os.sched_getaffinity(0))  # llama.cpp's first tuning rule: threads = cores
+        peer = None if args.no_llamacpp else llamacpp_system(stack, args.tokens, threads)
         if peer is not None:
             systems["llama.cpp"], settings["llama.cpp"] = peer
-            stack.callback(getattr(peer[0], "close", lambda: None))
         levels = [int(n) for n in args.busy.split(",")]
         results = {}
         for index, level in enumerate(levels + [0]):
