@@ -1,6 +1,7 @@
-"""Plain decoding beside other work: ms per token of each system idle and beside N busy processes (each spins on
-one core), as the slowdown against idle, measured in one run. Systems: specdec on each backend, and llama.cpp on
-the same model's GGUF where benchmarks/peers/setup.sh built it (threads = cores, its documented first setting).
+"""Plain decoding beside other work: ms per token (after the first) of each system idle and beside N busy processes
+(each spins on one core), as the slowdown against idle, measured in one run. Systems: specdec on each backend, and
+llama.cpp on the same model's GGUF where benchmarks/peers/setup_llamacpp.sh built it (threads = cores, its documented
+first setting).
 
     python benchmarks/contention.py bundles/smollm2-q41 --busy 0,1,3 --tokens 48 --rounds 3
     python benchmarks/contention.py bundles/smollm2-q41 --backends native --busy 0,3 --no-llamacpp
@@ -50,7 +51,7 @@ def specdec_system(bundle: Path, backend: str, threads: int | None, tokens: int)
 
 def llamacpp_system(stack: contextlib.ExitStack, tokens: int, threads: int):
     """(llama.cpp's plain decoding of `tokens` tokens: seconds per token after the first, by its server's own timings;
-    its settings) on the default model's GGUF, or None where benchmarks/peers/setup.sh did not build it."""
+    its settings) on the default model's GGUF, or None where benchmarks/peers/setup_llamacpp.sh did not build it."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from peers import llamacpp_peer as peer
 
@@ -85,7 +86,7 @@ def main() -> None:
         results = {}
         for index, level in enumerate(levels + [0]):
             with busy(level):
-                samples = timer.interleave(systems, args.rounds, warmup=1)
+                samples = timer.interleave(systems, args.rounds, warmup=1, reported=True)
             results[(index, level)] = {name: timer.summarize(got) for name, got in samples.items()}
     idle = results[(0, levels[0])]
     header = ["system"] + [f"{'idle' if level == 0 else f'{level} busy'} ms/token" for _, level in results]
@@ -98,11 +99,11 @@ def main() -> None:
         rows.append(row)
     run = record.run_record(EXPERIMENT, settings, args.threads, __file__, busy=levels, tokens=args.tokens)
     folder = record.run_dir(EXPERIMENT, run, args.out)
-    text = (f"plain decoding of {args.tokens} tokens, ms/token (min / median of {args.rounds} rounds) beside busy "
-            f"processes, each spinning on one core; {len(os.sched_getaffinity(0))} cores; the last column set is "
-            f"idle again\n\n" + tables.markdown(header, rows))
+    text = (f"plain decoding of {args.tokens} tokens, ms/token after the first (min / median of {args.rounds} rounds) "
+            f"beside busy processes, each spinning on one core; {len(os.sched_getaffinity(0))} cores; the last column "
+            f"set is idle again\n\n" + tables.markdown(header, rows))
     if "llama.cpp" not in systems:
-        text += "\n\nllama.cpp: not measured (not built: benchmarks/peers/setup.sh, or --no-llamacpp)\n"
+        text += "\n\nllama.cpp: not measured (not built: benchmarks/peers/setup_llamacpp.sh, or --no-llamacpp)\n"
     tables.write_text(folder / "contention.md", text)
     record.write_record(folder, run)
     print(text)

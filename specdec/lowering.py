@@ -1,4 +1,4 @@
-"""The lowerings of the ONNX contract (DESIGN §4) as objects. Each owns its I/O names and dtypes, the numpy +
+"""The lowerings of the ONNX contract (docs/export.md) as objects. Each owns its I/O names and dtypes, the numpy +
 onnxruntime driver that the backends, the export's parity check and the calibration reader all use, and what it
 accepts (TensorRT, quantization methods). No other code compares lowering names: it asks `lowering_for(name)`.
 

@@ -42,11 +42,12 @@ def summarize(samples: list) -> Spread:
 
 
 def interleave(cases: dict, rounds: int, warmup: int = 1, calls: int = 1,
-               clock: Callable[[], float] = time.perf_counter) -> dict:
+               clock: Callable[[], float] = time.perf_counter, reported: bool = False) -> dict:
     """{name: [seconds per call]} for `cases` ({name: a callable of no arguments}).
 
     Each case runs `warmup` times first (not recorded); then `rounds` rounds, in each every case `calls` times in
-    a row, the case order rotated by one per round."""
+    a row, the case order rotated by one per round. `reported`: a sample is the seconds the callable returns (a time
+    it measured itself, such as seconds per token after the first), not the call's wall time."""
     if rounds < 1 or warmup < 0 or calls < 1:
         raise ValueError(f"need rounds >= 1, warmup >= 0, calls >= 1; got {rounds}, {warmup}, {calls}")
     names = list(cases)
@@ -58,6 +59,6 @@ def interleave(cases: dict, rounds: int, warmup: int = 1, calls: int = 1,
         for name in rotated(names, index):
             for _ in range(calls):
                 started = clock()
-                cases[name]()
-                samples[name].append(clock() - started)
+                got = cases[name]()
+                samples[name].append(float(got) if reported else clock() - started)
     return samples

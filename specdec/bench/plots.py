@@ -37,7 +37,7 @@ def plot_latency(requests, path: Path) -> Path:
 
 
 def plot_speedup_vs_gamma(summary, path: Path) -> Path:
-    """specdec's model drafter: measured same-run speedup and the DESIGN §1 prediction against γ."""
+    """specdec's model drafter: measured same-run speedup and the docs/design.md prediction against γ."""
     rows = summary.filter((summary["system"] == "specdec") & (summary["drafter"] == "model")).sort("gamma")
     figure, (axes,) = _figure(6.5, 4.2)
     gammas = rows["gamma"].to_list()

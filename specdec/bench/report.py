@@ -69,7 +69,7 @@ def markdown(summary, positions: dict, info: dict) -> str:
             f"temperature {info['temperature']}, seed {info['seed']}",
             *([f"- prompts as: {info['prompt_format']}"] if info.get("prompt_format") else []), "",
             "TPOT = (E2E − TTFT) / (new tokens − 1). speedup = target-only's token-weighted TPOT over the mode's, "
-            "same system, same run. predicted = DESIGN §1 with the verify cost, (1 − α^(γ+1)) / ((1 − α)(γ·d/P + r)): "
+            "same system, same run. predicted = docs/design.md's formula with the verify cost, (1 − α^(γ+1)) / ((1 − α)(γ·d/P + r)): "
             "α the measured acceptance rate, d the draft time per drafted token, P the system's target-only time per "
             "step, r = a drafted round's verify pass / P, all measured in this run; applied to the rounds as they "
             "ran (a share f of verify passes drafted, on average g tokens; the rest were plain steps, 1 token for P): "

@@ -1,4 +1,4 @@
-"""Per-mode summary: percentiles, same-run speedup over target-only, the DESIGN §1 prediction, agreement."""
+"""Per-mode summary: percentiles, same-run speedup over target-only, the docs/design.md prediction, agreement."""
 from __future__ import annotations
 
 from specdec.bench.config import BASELINE
@@ -40,7 +40,7 @@ def _aggregations(pl) -> list:
 
 
 def predicted(alpha, drafted: float, share: float, draft_s, verify_s, plain_s, mode: str):
-    """DESIGN §1 from measured α, c and r, over the rounds as they ran: a share f of rounds drafted g tokens on
+    """docs/design.md from measured α, c and r, over the rounds as they ran: a share f of rounds drafted g tokens on
     average (tokens (1 − α^(g+1))/(1 − α)), the others were plain steps (1 token). Costs in seconds, all measured in
     the same run: a drafted round costs g·draft_s (per drafted token) plus its verify pass V, a plain round one
     target step P (the system's target-only seconds per pass); V comes from the mode's mean pass time

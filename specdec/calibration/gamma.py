@@ -1,5 +1,5 @@
 """γ calibration: per-position acceptance on calibration prompts and the draft/target step-time ratio c on this
-machine -> the γ of DESIGN §1, written into the manifest's defaults.gamma."""
+machine -> the γ of docs/design.md's expected speed, written into the manifest's defaults.gamma."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""An INT4 draft that keeps a Q4_1 model's float block minimum (DESIGN §7).
+"""An INT4 draft that keeps a Q4_1 model's float block minimum (docs/calibration.md).
 
 A GGUF Q4_1 weight block is w = d·q + m (32 values along K, float scale d and float minimum m, q in 0..15).
 MatMulNBits dequantizes (q − zp)·d with an integer zp, which moves each block by up to half a step. Here every

@@ -1,4 +1,4 @@
-"""A CalibrationDataReader that feeds real token windows through the static-KV contract (DESIGN §4).
+"""A CalibrationDataReader that feeds real token windows through the static-KV contract (docs/export.md).
 
 For each batch of windows it yields a prefill-shaped feed (cache_len 0, empty KV) and, after running the fp32
 graph on that prefill to fill the KV, a verify-shaped feed (T = verify_len) at cache_len = prefill length. The

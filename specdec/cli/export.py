@@ -1,6 +1,6 @@
 """`specdec-export` / `specdec export`: the composition of export, quantization and engine builds.
 
-Export never imports calibration (DESIGN §2): `--quantize` is composed here, as the fp32 export into a staging
+Export never imports calibration (docs/design.md): `--quantize` is composed here, as the fp32 export into a staging
 directory followed by `specdec calibrate quantize` of it into --out. Every option is checked, and TensorRT's
 presence with --engine, before any model loads.
 """

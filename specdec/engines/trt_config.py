@@ -3,7 +3,7 @@
 No GPU module: the builder (specdec.engines.tensorrt) and the runtime (specdec.runtime.trt_backend) share it, and
 every function here is testable without TensorRT or a GPU.
 
-One engine serves one model with two optimization profiles (DESIGN §5), B from 1 to max_batch and S static:
+One engine serves one model with two optimization profiles (docs/backends.md), B from 1 to max_batch and S static:
   profile 0 "prefill": T 1..max_prefill_chunk (opt max_prefill_chunk)
   profile 1 "step":    T 1..gamma_max+1 (opt gamma+1 for the target, 1 for the draft, which decodes one token)
 """

@@ -1,6 +1,6 @@
 """Pick the TensorRT plan of a model entry that runs on this GPU and this TensorRT, or say why none does.
 
-A plan runs where its compute capability and TensorRT version fit (DESIGN §3):
+A plan runs where its compute capability and TensorRT version fit (docs/backends.md, TensorRT):
 - compute capability: equal, unless built with hardware_compatibility="ampere_plus" (then any GPU >= 8.0);
 - TensorRT version: equal, unless built version-compatible (then any later runtime version).
 Stdlib only; the GPU facts are passed in, so every rule is testable on a CPU.

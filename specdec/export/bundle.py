@@ -250,7 +250,7 @@ def sources_read(config: ExportConfig) -> list[Path]:
 
 
 def export_bundle(config: ExportConfig) -> Path:
-    """Build the bundle of DESIGN §3 at config.out; nothing is left behind on error, nothing else is replaced."""
+    """Build the bundle of docs/export.md at config.out; nothing is left behind on error, nothing else is replaced."""
     check_destination(config.out, config.overwrite, sources_read(config))
     source, draft_source, tokenizer = _preflight(config)
     with staged_bundle(config.out) as tmp:

@@ -1,4 +1,4 @@
-"""A torch module that implements the ONNX contract of DESIGN §4 on top of an HF model's weights.
+"""A torch module that implements the ONNX contract of docs/export.md on top of an HF model's weights.
 
 forward(input_ids[B,T], cache_len[B], past_keys[L,B,Hkv,S,D], past_values[L,B,Hkv,S,D])
     -> logits[B,T,V], new_keys[L,B,Hkv,T,D], new_values[L,B,Hkv,T,D]

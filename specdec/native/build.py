@@ -11,6 +11,7 @@ A file lock makes processes that start together compile once.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import fcntl
@@ -114,8 +115,11 @@ def _usable_dir(folder: Path) -> bool:
 
 @functools.cache
 def _private_tmp() -> Path:
-    """A directory only this process uses, for a cache that is not private or not writable."""
-    return Path(tempfile.mkdtemp(prefix="specdec-native-"))
+    """A directory only this process uses, for a cache that is not private or not writable; removed at exit (a
+    library already mapped stays usable)."""
+    folder = Path(tempfile.mkdtemp(prefix="specdec-native-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def library_dir(key: str) -> Path:

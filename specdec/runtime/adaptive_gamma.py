@@ -1,9 +1,9 @@
 """Draft-length (γ) policies, numpy only.
 
-DESIGN §1 with per-position acceptance: let α_i be the probability that draft i is accepted given drafts 1..i−1
-were, and A_j = α_1···α_j. A round with γ drafts emits E(γ) = 1 + A_1 + ... + A_γ tokens on average and costs
-γ·c + r(γ) target-pass units (c: draft step / target step; r(γ): verify pass of γ+1 tokens / one-token pass,
-1 in the paper's model). With a constant α this is the paper's (1 − α^(γ+1)) / ((1 − α)(γc + 1)).
+The formula of docs/design.md with per-position acceptance: let α_i be the probability that draft i is accepted given
+drafts 1..i−1 were, and A_j = α_1···α_j. A round with γ drafts emits E(γ) = 1 + A_1 + ... + A_γ tokens on average and
+costs γ·c + r(γ) target-pass units (c: draft step / target step; r(γ): verify pass of γ+1 tokens / one-token pass, 1
+in the paper's model). With a constant α this is the paper's (1 − α^(γ+1)) / ((1 − α)(γc + 1)).
 
 Policies share one interface: `gamma` (drafts to ask for next round) and `observe(round)`, which learns from the
 rows of a round record (specdec.runtime.state.Round) whose drafts came from the model.
@@ -37,7 +37,7 @@ def speedup_table(cumulative, cost_ratio: float, verify_cost=None) -> np.ndarray
 
 
 def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
-    """DESIGN §1 with a constant α: (1 - α^(γ+1)) / ((1 - α)(γc + 1)), the speedup over plain decoding."""
+    """The formula with a constant α: (1 - α^(γ+1)) / ((1 - α)(γc + 1)), the speedup over plain decoding."""
     cumulative = float(alpha) ** np.arange(1, gamma + 1)  # A_j = α^j
     return float(speedup_table(cumulative, cost_ratio)[-1]) if gamma > 0 else 1.0
 

@@ -1,4 +1,4 @@
-"""The Backend contract every engine implements (DESIGN §5), and the onnxruntime session options.
+"""The Backend contract every engine implements (docs/backends.md), and the onnxruntime session options.
 
 forward(input_ids[B,T], cache_len[B], last_only=False, slots=None) -> logits[B,T,V] ([B,1,V] if last_only).
 A backend owns static KV buffers for `batch` slots (set by reset); row b of a call uses slot slots[b]
@@ -209,7 +209,7 @@ def steady_malloc() -> None:
 
 
 def session_options(threads: int | None = None):
-    """onnxruntime options for alternating draft/target sessions on few cores (DESIGN §5). Workers spin while a
+    """onnxruntime options for alternating draft/target sessions on few cores (docs/backends.md). Workers spin while a
     Run lasts (a step is hundreds of short kernels: waking sleeping workers for each cost 15 % of plain decoding
     on 2 cores) and stop spinning when it returns, so an idle session never takes cores from the one running
     (benchmarks/results/issue11/threads.md)."""

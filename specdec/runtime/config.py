@@ -155,7 +155,7 @@ class GenerationConfig:
 
     @property
     def seeded_sample(self) -> bool:
-        """A sampled request with a seed: its tokens must not depend on anything but the request (DESIGN §5)."""
+        """A sampled request with a seed: its tokens must not depend on anything but the request (docs/generation.md)."""
         return not self.greedy and self.seed is not None
 
     @property

@@ -148,7 +148,7 @@ class ModelGate:
     a gate on that formula declines rounds where the model pays (benchmarks/lockstep.py shows both: the tokens a
     round emitted against the formula's, and how often the gate drafted; docs/choices.md).
 
-    Two kinds (DESIGN §5): a *measured* gate lives as long as its generator and learns α, c (the draft's time
+    Two kinds (docs/generation.md): a *measured* gate lives as long as its generator and learns α, c (the draft's time
     per one-token step over the target's time per verify pass, both from rounds that drafted with the model) and
     r (the target's fastest such verify pass over its fastest one-token pass, from rounds where no row drafted)
     on this machine; greedy requests share it, since their output does not depend on it. Until it has timed

@@ -1,6 +1,6 @@
 """load() and the Generator: a bundle's models behind one run / generate / stream API (no torch, no transformers).
 
-A Generator serves one request at a time (DESIGN §5). `generate` and `run` hold its lock for the whole request,
+A Generator serves one request at a time (docs/generation.md). `generate` and `run` hold its lock for the whole request,
 so concurrent callers are served one after another. A `stream` holds the lock one round at a time: when another
 request used the models while a stream was suspended, the stream prefills its own tokens again before its next
 round. Its draft then holds the target's KV at every committed position, as it does in an uninterrupted run

@@ -1,4 +1,4 @@
-"""The request layer (DESIGN §8): how `Generator` and the serving engine turn a request into rows, in one place.
+"""The request layer (docs/generation.md): how `Generator` and the serving engine turn a request into rows, in one place.
 
 Each option a request brings is checked here once, with one message and one hint (GenerationConfig has checked
 each option's own range already):

@@ -1,4 +1,4 @@
-"""Logits warping, sampling and the exact acceptance rule of DESIGN §1 (numpy only).
+"""Logits warping, sampling and the exact acceptance rule of docs/design.md (numpy only).
 
 The same `warp` is applied to the draft's and the target's logits, so acceptance is exact for the warped target
 distribution. A proposal with no distribution (prompt lookup) is a point mass: q(d) = 1.

@@ -6,7 +6,7 @@ the input shapes and all tensor addresses are bound again. Every call runs all `
 cache_len 0 and no KV write-back, so their KV is untouched. Static KV buffers [L, B, Hkv, S, D] live on the
 device; input_ids, cache_len and logits pass through pinned host buffers on one non-default stream. Each (B, T)
 runs once directly (the warm-up enqueue), then its upload + enqueue + download is captured into a CUDA graph
-that later calls replay. The KV write-back of DESIGN §4 (new_* at [cache_len[b], cache_len[b] + T)) is one
+that later calls replay. The KV write-back of docs/export.md (new_* at [cache_len[b], cache_len[b] + T)) is one
 device-to-device cudaMemcpy3DAsync per row and tensor, after the graph, since its offsets change every call.
 Nothing GPU-related is imported before `open()`.
 """

@@ -1,4 +1,4 @@
-"""specdec serving (DESIGN §5): an OpenAI-compatible HTTP API over one engine loop with continuous batching and
+"""specdec serving (docs/serving.md): an OpenAI-compatible HTTP API over one engine loop with continuous batching and
 load-adaptive speculation, and its Ray Serve scale-out. Depends on the runtime only; the runtime never imports it.
 
 - `options.ServeOptions`: the server's options, checked once.

@@ -133,3 +133,19 @@ def test_gpu_check_on_the_tensorrt_stand_in(tiny_llama, tmp_path, monkeypatch):
     assert gpu_check.main([str(bundle), str(tmp_path / "out"), "--new-tokens", "4", "--repeats", "1"]) == 0
     report = json.loads((tmp_path / "out" / "trt.json").read_text(encoding="utf-8"))
     assert all(report["exact"].values()) and report["exact_no_graphs"]
+
+
+def test_half_checkpoint(tiny_llama, tmp_path):
+    """The half-precision checkpoint a user of a hub model brings: the weights rounded to bf16, the tokenizer kept."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "half"
+    done = run_script("half_checkpoint.py", "--target", tiny_llama, "--dtype", "bfloat16", "--out", out)
+    assert "bfloat16" in done.stdout
+    source = AutoModelForCausalLM.from_pretrained(tiny_llama, torch_dtype=torch.float32)
+    half = AutoModelForCausalLM.from_pretrained(out, torch_dtype="auto")
+    assert half.dtype == torch.bfloat16
+    for (name, weight), (_, rounded) in zip(source.state_dict().items(), half.state_dict().items()):
+        assert torch.equal(weight.to(torch.bfloat16), rounded), name
+    assert AutoTokenizer.from_pretrained(out).vocab_size == AutoTokenizer.from_pretrained(tiny_llama).vocab_size

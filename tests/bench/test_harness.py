@@ -22,6 +22,8 @@ def test_rotation_and_interleaving_order():
     assert all(s == 1 for v in samples.values() for s in v)  # one clock tick per call
     with pytest.raises(ValueError):
         timer.interleave({"a": lambda: None}, rounds=0)
+    reported = timer.interleave({"a": lambda: 0.25, "b": lambda: 2}, rounds=2, warmup=0, reported=True)
+    assert reported == {"a": [0.25, 0.25], "b": [2.0, 2.0]}  # the seconds each call measured itself
 
 
 def test_spread():

@@ -113,3 +113,18 @@ def test_lockstep_with_llama_modes(int4_bundle, tmp_path):
     assert set(modes) == {"plain", "ngram"} and modes["plain"]["threads"] >= 1 and record["ignore_eos"] is True
     text = (out / "summary.md").read_text(encoding="utf-8")
     assert "llama.cpp" in text and "greedy output vs specdec target-only" in (out / "pairs.md").read_text()
+
+
+@needs_build
+def test_llamacpp_sweep(int4_bundle, tmp_path):
+    out = tmp_path / "sweep"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.peers.llamacpp_sweep", str(int4_bundle), "--per-class",
+                           "1", "--new-tokens", "4", "--repeats", "1", "--pause", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=LOCKSTEP.parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((out / "record.json").read_text(encoding="utf-8"))
+    assert len(record["git"]["commit"]) == 40 and record["finished"]
+    text = (out / "sweep.md").read_text(encoding="utf-8")
+    assert "ngram-simple" in text and "| draft SmolLM2" in text
+    assert len([line for line in text.splitlines() if line.startswith("| ")]) == 1 + 9  # the header, 9 modes
+    assert len((out / "requests.csv").read_text(encoding="utf-8").splitlines()) > 1

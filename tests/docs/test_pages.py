@@ -54,6 +54,15 @@ def test_no_page_points_at_a_design_file_outside_the_repository():
         assert not re.search(r"DESIGN(\.md| ?§)", page.read_text(encoding="utf-8")), page
 
 
+def test_library_code_carries_no_dates_and_points_at_no_design_file_outside_the_repository():
+    sources = [path for ext in ("py", "c", "h") for path in (ROOT / "specdec").rglob(f"*.{ext}")]
+    assert len(sources) > 50
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"20\d\d-[01]\d-[0-3]\d", text), f"a date in {path.relative_to(ROOT)}"
+        assert not re.search(r"DESIGN(\.md| ?§)", text), f"{path.relative_to(ROOT)} points at DESIGN"
+
+
 def test_every_error_class_has_a_troubleshooting_entry():
     from specdec import errors
     from specdec.serving import engine

@@ -108,6 +108,17 @@ def test_an_unsafe_or_unusable_cache_builds_privately(fresh_build, monkeypatch, 
     assert "is not a directory only this user can write" in caplog.text
 
 
+def test_a_private_build_folder_is_removed_at_exit(fresh_build):
+    (fresh_build / "cache").write_text("not a directory")
+    code = ("from specdec.native import build; lib = build.compiled(); "
+            "assert lib.specdec_abi_version() > 0; print(build._private_tmp())")
+    env = {**os.environ, "SPECDEC_CACHE": str(fresh_build / "cache")}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    folder = Path(run.stdout.strip())
+    assert folder.name.startswith("specdec-native-") and not folder.exists()
+
+
 def test_processes_that_start_cold_compile_once(fresh_build, monkeypatch):
     monkeypatch.setenv("CC", str(_counting_cc(fresh_build)))
     code = f"from specdec.native import build; assert build.load_kernels().specdec_abi_version() == {ABI_VERSION}"
