@@ -3,10 +3,12 @@ never edited by hand: change a run, then run this script; tests/docs checks that
 
     python benchmarks/make_perf_page.py            # writes docs/performance.md and docs/img/lockstep-tpot.png
     python benchmarks/make_perf_page.py --check    # exit 1 if docs/performance.md is not this script's output
-    python benchmarks/make_perf_page.py --readme   # print the README's performance table (the newest lockstep run)
+    python benchmarks/make_perf_page.py --readme   # print the README's performance tables (newest lockstep runs)
 
-Each section takes the newest run of its experiment (by the date in its folder name, then the folder name), and
-names the command that makes it, its commit, the machine and each system's settings, as its record.json holds them.
+Each section takes the newest run of its experiment (by the time its record says it started), and names the command
+that makes it, its commit, the machine and each system's settings, as its record.json holds them. The suite against
+peers gets one section per bundle it ran on (the default Q4_1 bundle, a bf16 checkpoint's bundle): each answers its
+own question.
 Reads markdown and CSV with the standard library only.
 """
 from __future__ import annotations
@@ -20,20 +22,51 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "performance.md"
-PLOT = ROOT / "docs" / "img" / "lockstep-tpot.png"
-SECTIONS = ("lockstep", "serve-load", "soak", "gamma-policies", "coupling", "drafts", "suite")
+IMAGES = ROOT / "docs" / "img"
+PLOT = IMAGES / "lockstep-tpot.png"  # the default bundle's; another bundle's is lockstep-tpot-<bundle>.png
+DEFAULT_BUNDLE = "smollm2-q41"
+SECTIONS = ("lockstep", "serve-load", "contention", "open-cost", "rows", "step", "soak", "gamma-policies", "coupling",
+            "drafts", "suite")
+
+
+def _started(run: Path) -> tuple:
+    record = json.loads((run / "record.json").read_text(encoding="utf-8"))
+    return record.get("started") or record.get("date") or "", run.name
 
 
 def runs(experiment: str) -> list:
-    """The run folders of an experiment, oldest first."""
+    """The run folders of an experiment, oldest first (by the start time in each record; folder names of one day
+    sort by commit hash, not by time)."""
     folder = RESULTS / experiment
-    return sorted((p for p in folder.iterdir() if (p / "record.json").is_file()), key=lambda p: p.name) \
+    return sorted((p for p in folder.iterdir() if (p / "record.json").is_file()), key=_started) \
         if folder.is_dir() else []
 
 
 def newest(experiment: str) -> Path | None:
     found = runs(experiment)
     return found[-1] if found else None
+
+
+def bundle_of(run: Path) -> str:
+    """The bundle a run measured: the first argument after the script in its command."""
+    words = record_of(run)["command"].split()
+    script = next((i for i, w in enumerate(words) if w.endswith(".py") or w.startswith("benchmarks.")), 0)
+    following = [w for w in words[script + 1:] if not w.startswith("-")]
+    return Path(following[0]).name if following else "?"
+
+
+def lockstep_runs() -> list:
+    """The newest lockstep run of each bundle, the default bundle's first, then the newest first."""
+    latest = {}
+    for run in runs("lockstep"):
+        latest[bundle_of(run)] = run
+    newest_first = sorted(latest.values(), key=_started, reverse=True)
+    return sorted(newest_first, key=lambda run: bundle_of(run) != DEFAULT_BUNDLE)  # a stable sort
+
+
+def plot_path(run: Path) -> Path:
+    bundle = bundle_of(run)
+    return PLOT if bundle == DEFAULT_BUNDLE else IMAGES / f"lockstep-tpot-{bundle}.png"
 
 
 def record_of(run: Path) -> dict:
@@ -92,11 +125,15 @@ def lockstep_rows(run: Path) -> list:
 
 
 def readme_table(run: Path) -> str:
-    """The README's table: TPOT and TTFT of each (system, mode) of the newest lockstep run."""
-    rows = [[r["system"], r["mode"], num(r["tpot_mean_ms"]), num(r["ttft_p50_ms"], "{:.0f}"),
-             num(r["speedup"], "{:.2f}×"), num(r["vs_specdec_plain"], "{:.2f}×")] for r in lockstep_rows(run)]
+    """A README table: TPOT and TTFT of each (system, mode) of a lockstep run, and each one's speed against the
+    first system's plain decoding."""
+    rows = lockstep_rows(run)
+    base = next((r for r in rows if r["mode"] == "target-only"), rows[0])
+    cells = [[r["system"], r["mode"], num(r["tpot_mean_ms"]), num(r["ttft_p50_ms"], "{:.0f}"),
+              num(r["speedup"], "{:.2f}×"), num(float(base["tpot_mean_ms"]) / float(r["tpot_mean_ms"]), "{:.2f}×")]
+             for r in rows]
     return table(["system", "mode", "TPOT ms", "TTFT p50 ms", "speedup over its own plain",
-                  "speed against specdec's onnxruntime plain"], rows)
+                  f"speed against {base['system']} plain"], cells)
 
 
 def lockstep_section(run: Path) -> str:
@@ -108,7 +145,7 @@ def lockstep_section(run: Path) -> str:
              num(r["mean_acceptance_length"], "{:.2f}"), ours(r, "cost_ratio", "{:.3f}"),
              ours(r, "verify_ratio", "{:.2f}"), num(r["identical"], "{:.0%}")] for r in lockstep_rows(run)]
     pairs = (run / "pairs.md").read_text(encoding="utf-8").strip()
-    return ("## The suite against peers, request by request\n\n"
+    return (f"## The suite against peers, request by request: {bundle_of(run)}\n\n"
             "Every (system, mode) takes its turn on a prompt before the next prompt starts. TPOT is token-weighted "
             "over the requests (time after each request's first token over the tokens after it); speedup is over the "
             "same system's plain decoding in this run; predicted is the speedup formula of the design page with α, c "
@@ -117,8 +154,30 @@ def lockstep_section(run: Path) -> str:
             "token for token.\n\n" + provenance(run) + "\n"
             + table(["system", "mode", "n", "TPOT ms", "TTFT p50 ms", "speedup", "predicted", "α", "mean acc. len",
                      "c", "r", "identical"], rows)
-            + f"\n![TPOT by system and mode](img/{PLOT.name})\n\n"
+            + f"\n![TPOT by system and mode](img/{plot_path(run).name})\n\n"
             "Per-prompt ratios of TPOT:\n\n" + pairs + "\n")
+
+
+NATIVE = {  # experiment: (title, what it asks, the table its script writes)
+    "contention": ("Plain decoding beside other work",
+                   "Time per token after the first, idle and beside N processes that each spin on one core, as the "
+                   "slowdown against idle; every system takes its turn each round.", "contention.md"),
+    "open-cost": ("Opening a bundle",
+                  "`specdec.load` in a fresh process: seconds, and peak memory while opening against while "
+                  "generating.", "open_cost.md"),
+    "rows": ("Several rows in one call",
+             "One forward pass of several rows, each at its own cache length, against the rows one call at a time.",
+             "rows.md"),
+    "step": ("One forward pass and its bandwidth floor",
+             "A step, a long-context step and a verify pass of the target, against the time its weights take to "
+             "stream at the bandwidth measured in the same run.", "step.md"),
+}
+
+
+def native_section(experiment: str, run: Path) -> str:
+    title, question, name = NATIVE[experiment]
+    body = (run / name).read_text(encoding="utf-8").strip() if (run / name).is_file() else ""
+    return f"## {title}\n\n{question}\n\n" + provenance(run) + "\n" + body + "\n"
 
 
 def serve_section(run: Path) -> str:
@@ -220,10 +279,10 @@ def render() -> str:
             "between runs: read ratios within one run, not milliseconds across runs.\n\n")
     parts, cited = [head], set()
     for experiment in SECTIONS:
-        run = newest(experiment)
-        if run is not None:
+        chosen = lockstep_runs() if experiment == "lockstep" else [r for r in [newest(experiment)] if r is not None]
+        for run in chosen:
             cited.add(run)
-            parts.append(RENDER[experiment](run))
+            parts.append(RENDER[experiment](run) if experiment in RENDER else native_section(experiment, run))
     parts.append(other_runs(cited))
     return "\n".join(part.rstrip("\n") + "\n" for part in parts)
 
@@ -256,7 +315,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     text = render()
     if args.readme:
-        print(readme_table(newest("lockstep")), end="")
+        print("\n".join(readme_table(run) for run in lockstep_runs()), end="")
         return 0
     if args.check:
         same = PAGE.is_file() and PAGE.read_text(encoding="utf-8") == text
@@ -265,8 +324,10 @@ def main(argv=None) -> int:
         return 0 if same else 1
     PAGE.parent.mkdir(parents=True, exist_ok=True)
     PAGE.write_text(text, encoding="utf-8")
-    plot(newest("lockstep"), PLOT)
-    print(f"wrote {rel(PAGE)} and {rel(PLOT)}")
+    plots = [plot_path(run) for run in lockstep_runs()]
+    for run, path in zip(lockstep_runs(), plots):
+        plot(run, path)
+    print(f"wrote {rel(PAGE)} and {', '.join(rel(path) for path in plots)}")
     return 0
 
 

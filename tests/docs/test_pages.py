@@ -30,14 +30,27 @@ def test_the_performance_page_is_generated_from_the_committed_records():
     module = perf_page()
     committed = (DOCS / "performance.md").read_text(encoding="utf-8")
     assert committed == module.render(), "docs/performance.md is stale: run python benchmarks/make_perf_page.py"
-    assert (DOCS / "img" / module.PLOT.name).is_file()
+    assert all(module.plot_path(run).is_file() for run in module.lockstep_runs())
 
 
-def test_the_readme_table_is_the_newest_lockstep_run():
+def test_the_readme_tables_are_the_newest_lockstep_run_of_each_bundle():
     module = perf_page()
-    run = module.newest("lockstep")
-    assert module.readme_table(run) in README.read_text(encoding="utf-8")
-    assert module.record_of(run)["git"]["short"] in README.read_text(encoding="utf-8")
+    runs = module.lockstep_runs()
+    assert runs and module.bundle_of(runs[0]) == module.DEFAULT_BUNDLE
+    text = README.read_text(encoding="utf-8")
+    for run in runs:
+        assert module.readme_table(run) in text
+        assert module.record_of(run)["git"]["short"] in text
+        assert module.plot_path(run).relative_to(module.ROOT).as_posix() in text
+
+
+def test_runs_are_ordered_by_their_start_not_by_their_folder_name():
+    module = perf_page()
+    for experiment in ("lockstep", "llamacpp-sweep"):
+        found = module.runs(experiment)
+        started = [module.record_of(run).get("started") for run in found]
+        assert started[-1] == max(s for s in started if s)  # the newest is the one that started last
+        assert len({run.name[:10] for run in found}) < len(found)  # folders of one day: their names do not tell
 
 
 def test_the_readme_is_a_short_guide_without_dated_narration():
