@@ -84,4 +84,7 @@ def test_a_frozen_rotary_position_fails_the_comparison(long_bundle, reference, t
     error, flipped = _mismatch(got[:127], want[:127])
     assert error <= TOLERANCE and flipped == 0.0  # the same function before position 127
     error, flipped = _mismatch(got, want)
+    late = _mismatch(got[128:], want[128:])[1]
+    print(f"rotary frozen at 127: max relative logit error {error:.3g} (tolerance {TOLERANCE:g}); the next token "
+          f"differs at {flipped:.0%} of all {len(want)} positions, {late:.0%} of those from 128 on")
     assert error > TOLERANCE and flipped > 0.1, (error, flipped)
