@@ -73,9 +73,9 @@ def open_all(stack: contextlib.ExitStack, bundles: list, backends: list, roles: 
             generator = stack.enter_context(opening.open_bundle(bundle, backend, threads))
             system = f"{name} ({generator.backend})"
             settings[system] = opening.describe(generator) | {"threads": threads}
-            for role, model in opening.models(generator).items():
+            for role, model in opening.models(generator).items():  # the target first: a draft may share its KV
+                model.reset(1)
                 if role in roles:
-                    model.reset(1)
                     models[f"{system} {role}"] = (model, generator.manifest)
     return models, settings
 

@@ -43,3 +43,13 @@ def test_contention(q41_bundle, tmp_path):
     text = (out / "contention.md").read_text(encoding="utf-8")
     assert "| specdec native |" in text and "1 busy / idle" in text and "llama.cpp: not measured" in text
     assert read_record(out, "contention.py")["busy"] == [0, 1]
+
+
+def test_step_of_a_native_draft_alone(q41_bundle, tmp_path):
+    """--roles draft on native: the draft shares its target's KV, so the target's slots are set up too."""
+    out = tmp_path / "step"
+    run_script("step.py", q41_bundle, "--backends", "native", "--roles", "draft", "--cases", "1@8,3@8", "--rounds", "1",
+               "--out", out)
+    text = (out / "step.md").read_text(encoding="utf-8")
+    assert "(native) draft |" in text and "(native) target |" not in text
+    read_record(out, "step.py")
