@@ -44,6 +44,8 @@ def _add_connection_args(parser) -> None:
     group = parser.add_argument_group("connections")
     group.add_argument("--header-timeout", type=float, default=10.0,
                        help="seconds a connection may take to send a request's headers (default 10)")
+    group.add_argument("--body-timeout", type=float, default=30.0,
+                       help="seconds a request's body may take to arrive after its headers (default 30)")
     group.add_argument("--keep-alive", type=int, default=5, help="seconds an idle connection stays open (default 5)")
     group.add_argument("--max-connections", type=int, default=1000,
                        help="open connections at once (default 1000, fewer where the open-file limit is lower); at the "
@@ -57,7 +59,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         max_queue=args.max_queue, api_key=args.api_key, model_name=args.model_name,
                         speculation=args.speculation, gamma=args.gamma, max_body_bytes=args.max_body_bytes,
                         threads=args.threads, verify_files=not args.no_verify, backend=args.backend,
-                        header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
+                        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                        keep_alive_s=args.keep_alive,
                         max_connections=args.max_connections, drain_s=args.drain_timeout)
 
 

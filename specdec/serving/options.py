@@ -40,6 +40,7 @@ class ServeOptions:
     verify_files: bool = True  # check the bundle's sha256 sums at start
     retry_after_s: int = 1  # the Retry-After of a 429
     header_timeout_s: float = 10.0  # a connection sends a request's headers within this (after opening or a response)
+    body_timeout_s: float = 30.0  # a request's body arrives within this of its headers (checked every header_timeout_s)
     keep_alive_s: int = 5  # an idle keep-alive connection closes after this
     max_connections: int = 1000  # open at once (fewer where the open-file limit is lower); at the cap the oldest
     # connection still waiting for a request's headers makes way for a new one
@@ -69,10 +70,11 @@ class ServeOptions:
         self._check_connection_limits()
 
     def _check_connection_limits(self) -> None:
-        for name, value in (("header_timeout_s", self.header_timeout_s), ("drain_s", self.drain_s)):
+        for name, value in (("header_timeout_s", self.header_timeout_s), ("body_timeout_s", self.body_timeout_s),
+                            ("drain_s", self.drain_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 86400:
                 raise ConfigError(f"{name} must be a number of seconds in (0, 86400), got {value!r}",
-                                  "pass a few seconds (the defaults: 10 for headers, 5 for the drain)")
+                                  "pass a few seconds (the defaults: 10 for headers, 30 for a body, 5 for the drain)")
         checked_int("keep_alive_s", self.keep_alive_s, 1, "pass --keep-alive 1 or more seconds")
         checked_int("max_connections", self.max_connections, 1, "pass --max-connections 1 or more")
 

@@ -2,10 +2,11 @@
 benchmark), always on the host the options name (127.0.0.1 unless told otherwise).
 
 Connections are guarded (ConnectionGuard): a connection must send a request's headers within
-`header_timeout_s` of opening or of its previous response, idle keep-alive connections close after `keep_alive_s`,
-and at most `max_connections` are open at once (fewer where the process's file limit is lower): at the cap, a new
-connection closes the oldest one still waiting for a request's headers. So sockets that open and never finish a
-request (slowloris) cannot lock other clients out. A stop (SIGTERM, Ctrl-C) drains the engine before uvicorn
+`header_timeout_s` of opening or of its previous response, and its body within `body_timeout_s` of the headers;
+idle keep-alive connections close after `keep_alive_s`, and at most `max_connections` are open at once (fewer where
+the process's file limit is lower): at the cap, a new connection closes the oldest one still waiting for a request's
+headers. So sockets that open and never finish a request's headers or body (slowloris) cannot lock other clients
+out for longer than those timeouts. A stop (SIGTERM, Ctrl-C) drains the engine before uvicorn
 closes the connections (DrainingServer): waiting requests get a 503, running ones `drain_s` seconds to finish, then
 an error event; every stream ends with `[DONE]`.
 """
@@ -47,9 +48,10 @@ def connection_cap(options: ServeOptions) -> int:
 class ConnectionGuard:
     """The open connections of one server, oldest first, and the cap on them (see the module docstring)."""
 
-    def __init__(self, cap: int, header_timeout_s: float):
+    def __init__(self, cap: int, header_timeout_s: float, body_timeout_s: float = 30.0):
         self.cap = cap
         self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.open = {}  # protocol -> None, in the order the connections opened
 
     def opened(self, protocol) -> bool:
@@ -75,8 +77,14 @@ def waiting_for_request(protocol) -> bool:
     return cycle is None or cycle.response_complete
 
 
+def receiving_body(protocol) -> bool:
+    """Whether a uvicorn HTTP protocol has a request's headers and waits for the rest of its body."""
+    cycle = protocol.cycle
+    return cycle is not None and not cycle.response_complete and cycle.more_body
+
+
 def guarded_protocol(base: type, guard: ConnectionGuard) -> type:
-    """uvicorn's HTTP protocol class `base` with `guard`'s cap and header timeout."""
+    """uvicorn's HTTP protocol class `base` with `guard`'s cap, header timeout and body timeout."""
 
     class GuardedProtocol(base):
         def connection_made(self, transport) -> None:
@@ -96,12 +104,22 @@ def guarded_protocol(base: type, guard: ConnectionGuard) -> type:
             self.idle_since = self.loop.time()
 
         def check_headers(self) -> None:
-            """Close the connection if it has waited `header_timeout_s` for a request's headers; else look again
-            when it could have (a connection busy with a request: a timeout later)."""
+            """Close the connection if it has waited `header_timeout_s` for a request's headers, or
+            `body_timeout_s` (from when a check first saw it waiting) for the rest of a body; else look again when
+            it could have (a connection busy with a request: a header timeout later)."""
             if self.transport.is_closing():
                 return
-            waited = self.loop.time() - self.idle_since
-            if not waiting_for_request(self):
+            now = self.loop.time()
+            waited = now - self.idle_since
+            if receiving_body(self):
+                if getattr(self, "body_cycle", None) is not self.cycle:
+                    self.body_cycle, self.body_since = self.cycle, now
+                left = guard.body_timeout_s - (now - self.body_since)
+                if left <= 0:
+                    self.transport.close()
+                else:
+                    self.loop.call_later(min(left, guard.header_timeout_s), self.check_headers)
+            elif not waiting_for_request(self):
                 self.loop.call_later(guard.header_timeout_s, self.check_headers)
             elif waited >= guard.header_timeout_s:
                 self.transport.close()
@@ -116,7 +134,7 @@ def _server(options: ServeOptions, app):
     uvicorn = _uvicorn()
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    guard = ConnectionGuard(connection_cap(options), options.header_timeout_s)
+    guard = ConnectionGuard(connection_cap(options), options.header_timeout_s, options.body_timeout_s)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning", access_log=False,
                             lifespan="on", timeout_keep_alive=options.keep_alive_s,
                             timeout_graceful_shutdown=int(options.drain_s) + SHUTDOWN_MARGIN_S,

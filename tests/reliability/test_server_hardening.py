@@ -134,6 +134,31 @@ def test_headers_must_come_in_time_and_the_oldest_waiting_connection_makes_way(g
                 sock.close()
 
 
+def test_a_body_must_come_in_time(gqa_int4_bundle):
+    """Headers sent whole, then a body that stops short of its Content-Length: the connection is closed after the
+    body timeout, so such sockets cannot hold the connection cap; a body that comes in time is answered."""
+    options = ServeOptions(bundle=str(gqa_int4_bundle), port=0, header_timeout_s=0.5, body_timeout_s=1.5,
+                           keep_alive_s=30)
+    with BackgroundServer(options) as server:
+        model = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 2}).encode()
+        head = PARTIAL + b"Content-Length: %d\r\n\r\n" % len(body)
+        address = ("127.0.0.1", server.port)
+        stalled = socket.create_connection(address)
+        stalled.sendall(head + body[:5])  # the rest never comes
+        slow = socket.create_connection(address)
+        slow.sendall(head + body[:5])
+        time.sleep(0.6)  # slower than the header timeout, well within the body timeout
+        slow.sendall(body[5:])
+        slow.settimeout(30)
+        assert slow.recv(4096).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        assert _closed_by_server(stalled, 15)
+        assert time.monotonic() - started < 10
+        slow.close()
+        stalled.close()
+
+
 def test_tokenizing_runs_off_the_event_loop(gqa_int4_bundle):
     """A prompt whose tokenizing takes long (held here on purpose) must not stop the server answering others."""
     with BackgroundServer(ServeOptions(bundle=str(gqa_int4_bundle), port=0)) as server:
