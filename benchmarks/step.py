@@ -6,6 +6,7 @@
     python benchmarks/step.py OLD NEW --backends onnxruntime --rounds 8           # two exports of one model
     python benchmarks/step.py bundles/smollm2-q41 --floor                         # against the bandwidth floor
     python benchmarks/step.py bundles/smollm2-q41 --by-op --backends onnxruntime  # where a step spends its time
+    python benchmarks/step.py bundles/smollm2-bf16-q41 --backends native --pages private,shared  # huge pages or not
 
 Models are opened through specdec.load, so a call runs the backend, threads and session options a user gets. Every
 (model, case) takes its turn in each round, the order rotated per round, after a warm-up call of every shape.
@@ -17,6 +18,9 @@ machine, measured two ways in the same run (numpy XOR-reductions, one thread per
 Needs `onnx` (the [native] or [export] extra).
 --by-op adds onnxruntime's profiler view (onnxruntime backend only): per op type, the sum over nodes of each node's
 minimum over the calls, for T = 1 and the widest verify case. The profiler makes small kernels look dearer.
+
+--pages opens the native backend once per way of holding its weights (SPECDEC_NATIVE_PAGES: private copies on huge
+pages, or the bundle's file mapped shared), each a model of its own in the same rounds.
 
 Writes step.md (the tables), steps.csv and record.json. A benchmark, not a test: it asserts nothing.
 """
@@ -32,6 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from harness import opening, record, tables, timer
+from specdec.blocks import PAGES
+from specdec.runtime.native_backend import PAGES_ENV
 
 EXPERIMENT = "step"
 DEFAULT_CASES = "1@64,1@512,1@1000,5@512,64@0"
@@ -63,16 +69,32 @@ def call(backend, case: tuple, gamma_max: int):
     return lambda: backend.forward(ids, cache_len, last_only=last_only)
 
 
-def open_all(stack: contextlib.ExitStack, bundles: list, backends: list, roles: list, threads) -> tuple:
-    """({model label: backend}, {system label: settings}) over bundles × backends × roles."""
+def _opened(stack: contextlib.ExitStack, bundle, backend: str, threads, pages: str | None):
+    """A generator of `bundle`, its native weights held as `pages` says (None: as this process would)."""
+    if pages is None:
+        return stack.enter_context(opening.open_bundle(bundle, backend, threads))
+    before = os.environ.get(PAGES_ENV)
+    os.environ[PAGES_ENV] = pages
+    try:
+        return stack.enter_context(opening.open_bundle(bundle, backend, threads))
+    finally:
+        if before is None:
+            del os.environ[PAGES_ENV]
+        else:
+            os.environ[PAGES_ENV] = before
+
+
+def open_all(stack: contextlib.ExitStack, bundles: list, backends: list, roles: list, threads,
+             pages: list = (None,)) -> tuple:
+    """({model label: backend}, {system label: settings}) over bundles × backends × roles (× pages, native only)."""
     models, settings = {}, {}
     names = [Path(b).name for b in bundles]
     for bundle, name in zip(bundles, names):
         name = name if names.count(name) == 1 else str(bundle)
-        for backend in backends:
-            generator = stack.enter_context(opening.open_bundle(bundle, backend, threads))
-            system = f"{name} ({generator.backend})"
-            settings[system] = opening.describe(generator) | {"threads": threads}
+        for backend, held in ((b, p) for b in backends for p in (pages if b == "native" else (None,))):
+            generator = _opened(stack, bundle, backend, threads, held)
+            system = f"{name} ({generator.backend}{f', {held} pages' if held else ''})"
+            settings[system] = opening.describe(generator) | {"threads": threads} | ({"pages": held} if held else {})
             for role, model in opening.models(generator).items():  # the target first: a draft may share its KV
                 model.reset(1)
                 if role in roles:
@@ -269,6 +291,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--floor-gib", type=float, default=1.0)
     parser.add_argument("--floor-cache-len", type=int, default=64)
     parser.add_argument("--by-op", action="store_true", help="add onnxruntime's per-op profile")
+    parser.add_argument("--pages", default=None, help="native only: private,shared (how its weights are held; "
+                        "default: as SPECDEC_NATIVE_PAGES says, private unless set)")
     parser.add_argument("--by-op-cache-len", type=int, default=200)
     parser.add_argument("--top", type=int, default=12, help="op types shown by --by-op")
     opening.add_common(parser, backend=False)
@@ -283,8 +307,11 @@ def main(argv=None) -> int:
     if unknown or not backends:
         raise SystemExit(f"unknown backend in {args.backends!r}; choose from auto, onnxruntime, native")
     roles = [r.strip() for r in args.roles.split(",") if r.strip()]
+    pages = [p.strip() for p in args.pages.split(",") if p.strip()] if args.pages else [None]
+    if any(p not in PAGES for p in pages if p is not None):
+        raise SystemExit(f"unknown pages in {args.pages!r}; choose from {', '.join(PAGES)}")
     with contextlib.ExitStack() as stack:
-        models, settings = open_all(stack, args.bundles, backends, roles, args.threads)
+        models, settings = open_all(stack, args.bundles, backends, roles, args.threads, pages)
         if not models:
             raise SystemExit(f"no model with a role in {roles!r} in {args.bundles}")
         run = record.run_record(EXPERIMENT, settings, args.threads, __file__, argv,

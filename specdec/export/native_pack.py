@@ -1,5 +1,5 @@
 """The native engine's weights, written into a bundle (specdec.blocks): read once from the exported gqa graph, fitted
-onto the GGUF grids and checked there, so that the runtime only memory-maps them.
+onto the GGUF grids and checked there, so that the runtime only reads them.
 
 The reader accepts the LLaMA layout our gqa export writes and nothing else: per layer a (Skip)SimplifiedLayerNorm,
 one q/k/v MatMul into GroupQueryAttention (rotary inside, not interleaved), the o MatMul, a SkipSimplifiedLayerNorm,

@@ -1,5 +1,5 @@
-"""A bundle's native weights, memory-mapped from the file export wrote (specdec.blocks), checked against the model's
-dims. No onnx, no fitting: opening costs a few page-table entries, and the pages come in as the kernels read them.
+"""A bundle's native weights, read from the file export wrote (specdec.blocks: a private copy on huge pages, or the
+file mapped shared), checked against the model's dims. No onnx, no fitting.
 
 Layouts (the manifest's NativeRecord.layout):
 - "q41": a target whose linear weights lie on a GGUF Q4_1 grid and whose head on a Q8_0 grid. Tensors: per layer
@@ -69,7 +69,7 @@ class DraftWeights:
     fill: float  # the logit of every other token
 
 
-def _tensors(root: Path, record: NativeRecord, role: str) -> dict:
+def _tensors(root: Path, record: NativeRecord, role: str, pages: str) -> dict:
     if record.abi != FORMAT_VERSION:
         raise BackendError(f"the {role}'s native weights have format {record.abi}; this specdec reads format "
                            f"{FORMAT_VERSION}",
@@ -77,7 +77,7 @@ def _tensors(root: Path, record: NativeRecord, role: str) -> dict:
     try:
         index = {name: TensorEntry(spec["kind"], tuple(spec["shape"]), int(spec["offset"]))
                  for name, spec in record.tensors.items()}
-        return read_tensors(root / record.path, index)
+        return read_tensors(root / record.path, index, pages)
     except (KeyError, TypeError, ValueError, OSError) as exc:
         raise BackendError(f"the {role}'s native weights {record.path} cannot be read: {exc}", HINT) from exc
 
@@ -90,11 +90,11 @@ def _expect(tensors: dict, name: str, kind: np.dtype, shape: tuple, role: str) -
     return array
 
 
-def target_weights(root: Path, record: NativeRecord, dims: ModelDims) -> NativeWeights:
+def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str = "shared") -> NativeWeights:
     """The weights of a target (layout "q41", or rows), each tensor's kind and shape checked against `dims`."""
     from specdec.blocks import BLOCK4, BLOCK8
 
-    t = _tensors(root, record, "target")
+    t = _tensors(root, record, "target", pages)
     f32, rows = np.dtype("<f4"), record.layout != "q41"
     H, D, V, layers = dims.hidden_size, dims.head_dim, dims.vocab_size, dims.num_layers
     cos = t.get("cos")
@@ -119,11 +119,12 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims) -> NativeW
                          layout=record.layout)
 
 
-def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: NativeWeights) -> DraftWeights:
+def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: NativeWeights,
+                  pages: str = "shared") -> DraftWeights:
     """The "q41-draft" weights of an int4-q41 draft of `target`."""
     from specdec.blocks import BLOCK4P, BLOCK8
 
-    t = _tensors(root, record, "draft")
+    t = _tensors(root, record, "draft", pages)
     pairs, per = [], BLOCK if target.layout == "q41" else 1
     for i, layer in enumerate(target.layers):
         shapes = [getattr(layer, name).shape for name in LINEARS]  # [N, K / 32] blocks or [N, K] rows

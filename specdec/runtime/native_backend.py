@@ -1,6 +1,8 @@
 """The native CPU backend: specdec's own kernels (specdec.native) over the native weights a bundle carries (written
-by specdec-export for LLaMA-layout gqa targets on a GGUF Q4_1 grid, memory-mapped here).
+by specdec-export for LLaMA-layout gqa targets: GGUF Q4_1 blocks, or rows in a checkpoint's precision).
 
+- The weights are read into private memory on huge pages (SPECDEC_NATIVE_PAGES=private, the default: faster steps)
+  or memory-mapped from the bundle (=shared: one copy in the page cache for every process that opens it).
 - The target computes its graph's function in another summation order, fp32 activations throughout.
 - Its int4-q41 draft (make demo's) runs on the same blocks, read from its own copy in pairs of blocks with fp16
   scales, with activations rounded to two int8 parts per block of 32 and its graph's trimmed head. It reads and
@@ -13,6 +15,7 @@ All rows of a call run in one kernel call (each weight read once for all of them
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +26,18 @@ from specdec.runtime.backend import Backend, default_threads, unwrapped
 
 NATIVE_DRAFT = "int4-q41"  # the derived drafts the native backend runs on the target's blocks
 HINT = "use backend='onnxruntime'"
+PAGES_ENV = "SPECDEC_NATIVE_PAGES"  # "private" (default) or "shared": how the weights are held (specdec.blocks)
+
+
+def pages() -> str:
+    """How this process holds native weights: $SPECDEC_NATIVE_PAGES, else "private"."""
+    from specdec.blocks import PAGES
+
+    value = os.environ.get(PAGES_ENV, "").strip() or "private"
+    if value not in PAGES:
+        raise BackendError(f"{PAGES_ENV}={value!r} is not one of {', '.join(PAGES)}",
+                           "set it to private (the default: faster steps) or shared (one copy for all processes)")
+    return value
 
 
 def drafts_natively(draft: ModelEntry, target: ModelEntry) -> bool:
@@ -70,14 +85,14 @@ class NativeBackend(Backend):
                                f"re-export with --dtype fp32, or {HINT}")
         kernels = load_kernels()
         if self.target is None:
-            weights = target_weights(self.root, record, self.entry.dims)
+            weights = target_weights(self.root, record, self.entry.dims, pages())
             self.model = NativeModel(weights, self.entry.dims, kernels, self.max_seq_len)
         else:
             if self.target.model is None or not drafts_natively(self.entry, self.target.entry):
                 raise BackendError(f"the native backend runs a {NATIVE_DRAFT} draft of an open native target only",
                                    "open the draft on onnxruntime (the pair planner chooses)")
             target = self.target.model
-            draft = draft_weights(self.root, record, self.entry.dims, target.weights)
+            draft = draft_weights(self.root, record, self.entry.dims, target.weights, pages())
             self.model = NativeModel(target.weights, self.entry.dims, kernels, self.max_seq_len, draft=draft,
                                      kv_owner=target)
         self.model.struct  # built and checked now, not on the first call

@@ -45,11 +45,13 @@ def test_contention(q41_bundle, tmp_path):
     assert read_record(out, "contention.py")["busy"] == [0, 1]
 
 
-def test_step_of_a_native_draft_alone(q41_bundle, tmp_path):
-    """--roles draft on native: the draft shares its target's KV, so the target's slots are set up too."""
+def test_step_of_a_native_draft_alone_both_ways_of_holding_weights(q41_bundle, tmp_path):
+    """--roles draft on native: the draft shares its target's KV, so the target's slots are set up too; --pages opens
+    native once per way of holding its weights."""
     out = tmp_path / "step"
     run_script("step.py", q41_bundle, "--backends", "native", "--roles", "draft", "--cases", "1@8,3@8", "--rounds", "1",
-               "--out", out)
+               "--pages", "private,shared", "--out", out)
     text = (out / "step.md").read_text(encoding="utf-8")
-    assert "(native) draft |" in text and "(native) target |" not in text
-    read_record(out, "step.py")
+    assert "(native, private pages) draft |" in text and "(native, shared pages) draft |" in text
+    assert "target |" not in text
+    assert {s.get("pages") for s in read_record(out, "step.py")["settings"].values()} == {"private", "shared"}
