@@ -31,6 +31,10 @@ def describe(generator) -> dict:
         described["draft"] = _entry(manifest.draft)
     if generator.backend_note:
         described["backend_note"] = generator.backend_note
+    if "native" in str(generator.backend):
+        from specdec.native.build import isa
+
+        described["native_isa"] = isa()  # the kernels' instruction set (both compute the same bits)
     return described
 
 

@@ -2,8 +2,8 @@
 
 The sources ship inside the package (package data), so an installed wheel compiles them like a checkout does: a
 prebuilt library would need one wheel per CPU and libc, while the kernels are built for the machine that runs them
-(-mavx2 -mfma -mf16c, checked against /proc/cpuinfo). The library is cached per user, keyed by the sources, flags
-and compiler, and used only if:
+(-mavx2 -mfma -mf16c, checked against /proc/cpuinfo; AVX-512 and VNNI too where the CPU has them, see isa()). The
+library is cached per user, keyed by the sources, flags and compiler, and used only if:
 - the cache directory and the library belong to this user and no one else may write them (else a private
   temporary directory is built into instead);
 - it loads, has every export, and reports this specdec's ABI version and block sizes (else it is rebuilt).
@@ -37,6 +37,11 @@ SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,un
 SANITIZE_ENV = "SPECDEC_NATIVE_SANITIZE"  # "1": build with ASan + UBSan (the CI's sanitizer run; needs LD_PRELOAD)
 LIBRARIES = ("-lm",)
 REQUIRED_FLAGS = ("avx2", "fma", "f16c")  # /proc/cpuinfo names of what FLAGS let the compiler use
+# Wider kernels where the CPU has them: 16-lane products, 32 registers, VNNI's int8 dot products (same results)
+AVX512_FLAGS = ("-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx512vnni")
+AVX512_CPU = ("avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_vnni")
+ISA_ENV = "SPECDEC_NATIVE_ISA"  # auto (default: avx512 where the CPU has it, else avx2), avx2, avx512
+ISAS = ("auto", "avx2", "avx512")
 NO_NATIVE = "use backend='onnxruntime'"
 LIBRARY_NAME = "libspecdec_native.so"
 
@@ -61,13 +66,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec"
 
 
-def missing_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list:
-    """The flags of REQUIRED_FLAGS this CPU lacks (all of them where /proc/cpuinfo cannot be read)."""
+def missing_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), required: tuple = REQUIRED_FLAGS) -> list:
+    """The flags of `required` this CPU lacks (all of them where /proc/cpuinfo cannot be read)."""
     try:
         words = set(cpuinfo.read_text(encoding="utf-8", errors="replace").split())
     except OSError:
-        return list(REQUIRED_FLAGS)
-    return [flag for flag in REQUIRED_FLAGS if flag not in words]
+        return list(required)
+    return [flag for flag in required if flag not in words]
+
+
+def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The instruction set the kernels are built for: $SPECDEC_NATIVE_ISA, where auto (or unset) means avx512 on a
+    CPU with every one of AVX512_CPU, else avx2. Both compute the same bits (tests/native/test_isa.py)."""
+    wanted = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
+    if wanted not in ISAS:
+        raise BackendError(f"{ISA_ENV}={os.environ[ISA_ENV]!r} is not one of {', '.join(ISAS)}",
+                           f"unset it (auto picks the widest this CPU runs), or {NO_NATIVE}")
+    lacking = missing_cpu_flags(cpuinfo, AVX512_CPU)
+    if wanted == "avx512" and lacking:
+        raise BackendError(f"{ISA_ENV}=avx512, but this CPU lacks {', '.join(lacking)}",
+                           f"unset {ISA_ENV} or set it to avx2")
+    return "avx512" if wanted == "avx512" or (wanted == "auto" and not lacking) else "avx2"
 
 
 def compiler() -> str:
@@ -80,7 +99,8 @@ def compiler() -> str:
 
 
 def build_flags() -> tuple:
-    return FLAGS + SANITIZE_FLAGS if os.environ.get(SANITIZE_ENV) == "1" else FLAGS
+    flags = FLAGS + (AVX512_FLAGS if isa() == "avx512" else ())
+    return flags + SANITIZE_FLAGS if os.environ.get(SANITIZE_ENV) == "1" else flags
 
 
 def _compile(cc: str, target: Path) -> None:

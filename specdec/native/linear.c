@@ -13,10 +13,19 @@
 #include "internal.h"
 #include "pool.h"
 
+#ifdef __AVX512F__
+#define MAXR 8      /* rows per read of the weights (the step kernel): one 16-lane accumulator a row */
+#else
 #define MAXR 6      /* rows per read of the weights (the step kernel) */
+#endif
 #define COLUMNS 16  /* output columns per task of the step kernel (their weights stay in L1 over the row tiles) */
+#ifdef __AVX512F__
+#define PR 4  /* a prompt tile's rows: 4 x 6 outputs of one 16-lane accumulator, 6 weights, 1 activation: 31 registers */
+#define PC 6  /* ... and columns */
+#else
 #define PR 2  /* a prompt tile's rows: 2 x 3 outputs of two chains each, 3 weights and 1 activation in 16 registers */
 #define PC 3  /* ... and columns */
+#endif
 #define PREFILL_COLUMNS 24  /* columns per task of a prompt: their decoded weights stay in L2 while the rows pass */
 #ifndef PREFETCH
 #define PREFETCH 2048  /* bytes ahead (benchmarks/kernels_ab.py measures other distances) */
@@ -47,6 +56,58 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
     const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi8_, mask)), d_, m_); \
     const __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(lo8_, 4)), d_, m_); \
     const __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hi8_, 4)), d_, m_)
+#ifdef __AVX512F__
+// The same products with 16 lanes (AVX-512 builds): a row's accumulator holds both chains, lanes 0-7 the first and
+// 8-15 the second. A block's weights are two vectors, elements 0-15 and 16-31, so lane l takes element l and then
+// element 16 + l: the first chain's elements 0-7 then 16-23, the second's 8-15 then 24-31, as with 8 lanes; the
+// halves are added as the two chains are. Same order, same bits, and every row of a call in one read of the weights.
+static inline __attribute__((always_inline)) void rows_times16(const int R, const float *x, int K, __m512 wa,
+                                                               __m512 wb, __m512 *acc) {
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * K;
+        acc[r] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(xr), acc[r]);
+        acc[r] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(xr + 16), acc[r]);
+    }
+}
+static inline float hsum16(__m512 v) {
+    return hsum(_mm256_add_ps(_mm512_castps512_ps256(v),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+#define STEP16(R, nb, FETCH_BLOCK, ...) \
+    for (int n = n0; n < n1; n++) { \
+        __m512 acc[MAXR]; \
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(); \
+        for (int b = 0; b < nb; b++) { \
+            FETCH_BLOCK; \
+            __m512 wa, wb; \
+            __VA_ARGS__ \
+            rows_times16(R, x + b * 32, K, wa, wb, acc); \
+        } \
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum16(acc[r]); \
+    }
+static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, int K, const blk4 *w, float *y,
+                                                          int N, int n0, int n1) {
+    const int nb = K / 32; const __m512i mask = _mm512_set1_epi32(0x0F);
+    STEP16(R, nb, FETCH(w + (size_t)n * nb + b), {
+        const blk4 *blk = w + (size_t)n * nb + b;
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
+        const __m512 d = _mm512_set1_ps(blk->d), m = _mm512_set1_ps(blk->m);
+        wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, mask)), d, m);
+        wb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, m);
+    })
+}
+static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w, float *y,
+                                                          int N, int n0, int n1) {
+    const int nb = K / 32;
+    STEP16(R, nb, FETCH(w + (size_t)n * nb + b), {
+        const blk8 *blk = w + (size_t)n * nb + b;
+        const __m512 d = _mm512_set1_ps(blk->d);
+        wa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))), d);
+        wb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16)))),
+                           d);
+    })
+}
+#else
 static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, int K, const blk4 *w, float *y,
                                                           int N, int n0, int n1) {
     const int nb = K / 32; const __m256i mask = _mm256_set1_epi32(0x0F);
@@ -78,6 +139,7 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
     }
 }
+#endif
 static inline void decode4(const blk4 *c, int nb, float *out) {
     const __m256i mask = _mm256_set1_epi32(0x0F);
     for (int b = 0; b < nb; b++, out += 32) {
@@ -95,6 +157,29 @@ void decode8_row(const blk8 *c, int nb, float *out) {
         for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(S8(c[b].qs + 8 * j), d));
     }
 }
+#ifdef __AVX512F__
+// ... with 16 lanes: lane l takes element k + l for k = 0, 16, 32, ..., the two chains' elements in their order
+static inline __attribute__((always_inline)) void prefill_tile(const int R, const int C, const float *x, int K,
+                                                               const float *w, float *y, int N) {
+    __m512 acc[PR][PC];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        __m512 wv[PC];
+        for (int c = 0; c < C; c++) wv[c] = _mm512_load_ps(w + (size_t)c * K + k);
+        for (int r = 0; r < R; r++) {
+            const __m512 xv = _mm512_loadu_ps(x + (size_t)r * K + k);
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(wv[c], xv, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[(size_t)r * N + c] = hsum16(acc[r][c]);
+}
+#define EACH_C(R, C, CALL) switch (C) { case 1: CALL(R, 1); break; case 2: CALL(R, 2); break; \
+    case 3: CALL(R, 3); break; case 4: CALL(R, 4); break; case 5: CALL(R, 5); break; default: CALL(R, 6); }
+#define EACH_RC(R, C, CALL) switch (R) { case 1: EACH_C(1, C, CALL) break; case 2: EACH_C(2, C, CALL) break; \
+    case 3: EACH_C(3, C, CALL) break; default: EACH_C(4, C, CALL) }
+#else
 // R rows of x (stride K) times C decoded columns at w (stride K) -> y[r * N + c], in the step kernel's order: two
 // chains per output, elements k..k+7 into the first and k+8..k+15 into the second for k = 0, 16, 32, ...
 static inline __attribute__((always_inline)) void prefill_tile(const int R, const int C, const float *x, int K,
@@ -118,6 +203,7 @@ static inline __attribute__((always_inline)) void prefill_tile(const int R, cons
 #define EACH_RC(R, C, CALL) switch ((R) * 4 + (C)) { \
     case 5: CALL(1, 1); break; case 6: CALL(1, 2); break; case 7: CALL(1, 3); break; \
     case 9: CALL(2, 1); break; case 10: CALL(2, 2); break; default: CALL(2, 3); }
+#endif
 // x [M, K] -> a [M, K / 32]: per block of 32, x ~ d * (128 * qs + lo): qs = round(x / step) (|qs| <= 127, step =
 // max |x| / 127), lo the remainder in 1/128ths of a step (|lo| <= 64), d = step / 128; s the exact block sum
 static inline void quantize_block(const float *xb, float *d, float *s, int8_t *qs, int8_t *lo) {
@@ -164,6 +250,9 @@ static void quantize_pairs(const float *x, int M, int K, blkqp *a) {
 // The integer products of a block: 128 * (u . qs) + u . lo for unsigned u (maddubs' pairs stay within int16: u <= 128,
 // |qs| <= 127), 8 int32 lanes of 4 products each
 static inline __attribute__((always_inline)) __m256i products(__m256i u, __m256i qs, __m256i lo) {
+#ifdef __AVX512VNNI__  // the same integers in three instructions: no pair of products can overflow in either
+    return _mm256_dpbusd_epi32(_mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, qs), 7), u, lo);
+#endif
     return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, qs), _mm256_set1_epi16(128)),
                             _mm256_madd_epi16(_mm256_maddubs_epi16(u, lo), _mm256_set1_epi16(1)));
 }
@@ -242,6 +331,27 @@ static inline __attribute__((always_inline)) void row_block(const int kind, cons
     }
 }
 static inline size_t row_bytes(const int kind) { return kind == W_F32 ? 4 : 2; }
+#ifdef __AVX512F__
+static inline __attribute__((always_inline)) void rows_cols(const int R, const int kind, const float *x, int K,
+                                                            const void *w, float *y, int N, int n0, int n1) {
+    const int nb = K / 32;
+    const size_t block = 32 * row_bytes(kind);
+    STEP16(R, nb, FETCH((const char *)w + (size_t)n * K * row_bytes(kind) + b * block), {
+        const char *p = (const char *)w + (size_t)n * K * row_bytes(kind) + b * block;
+        if (kind == W_F32) {
+            wa = _mm512_loadu_ps(p), wb = _mm512_loadu_ps(p + 64);
+        } else if (kind == W_F16) {
+            wa = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+            wb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        } else {
+            wa = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)),
+                                                       16));
+            wb = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 32))), 16));
+        }
+    })
+}
+#else
 static inline __attribute__((always_inline)) void rows_cols(const int R, const int kind, const float *x, int K,
                                                             const void *w, float *y, int N, int n0, int n1) {
     const int nb = K / 32;
@@ -258,6 +368,7 @@ static inline __attribute__((always_inline)) void rows_cols(const int R, const i
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
     }
 }
+#endif
 void decode_row(int kind, const void *row, int K, float *out) {
     const char *c = row;
     __m256 w0, w1, w2, w3;
@@ -281,8 +392,14 @@ typedef struct {
     float *y, *decoded;
 } linear_job;
 
+#ifdef __AVX512F__
+#define EACH_R_WIDE(CALL) case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8);
+#else
+#define EACH_R_WIDE(CALL) default: CALL(6);
+#endif
 #define EACH_R(R, CALL) switch (R) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
-                                     case 4: CALL(4); break; case 5: CALL(5); break; default: CALL(6); }
+                                     case 4: CALL(4); break; case 5: CALL(5); break; \
+                         EACH_R_WIDE(CALL) }
 
 // a task's columns, COLUMNS at a time, each over every row MAXR rows at a time: the columns' weights come from
 // memory once, then from cache
