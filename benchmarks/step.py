@@ -7,6 +7,7 @@
     python benchmarks/step.py bundles/smollm2-q41 --floor                         # against the bandwidth floor
     python benchmarks/step.py bundles/smollm2-q41 --by-op --backends onnxruntime  # where a step spends its time
     python benchmarks/step.py bundles/smollm2-bf16-q41 --backends native --pages private,shared  # huge pages or not
+    python benchmarks/step.py bundles/smollm2-q41 --backends native --isa avx2,avx512          # the kernels' ISA
 
 Models are opened through specdec.load, so a call runs the backend, threads and session options a user gets. Every
 (model, case) takes its turn in each round, the order rotated per round, after a warm-up call of every shape.
@@ -20,7 +21,8 @@ Needs `onnx` (the [native] or [export] extra).
 minimum over the calls, for T = 1 and the widest verify case. The profiler makes small kernels look dearer.
 
 --pages opens the native backend once per way of holding its weights (SPECDEC_NATIVE_PAGES: private copies on huge
-pages, or the bundle's file mapped shared), each a model of its own in the same rounds.
+pages, or the bundle's file mapped shared), each a model of its own in the same rounds; --isa once per instruction set
+of its kernels (SPECDEC_NATIVE_ISA: avx2, avx512), the same way.
 
 Writes step.md (the tables), steps.csv and record.json. A benchmark, not a test: it asserts nothing.
 """
@@ -37,6 +39,7 @@ import numpy as np
 
 from harness import opening, record, tables, timer
 from specdec.blocks import PAGES
+from specdec.native.build import ISA_ENV, ISAS, load_kernels
 from specdec.runtime.native_backend import PAGES_ENV
 
 EXPERIMENT = "step"
@@ -69,32 +72,41 @@ def call(backend, case: tuple, gamma_max: int):
     return lambda: backend.forward(ids, cache_len, last_only=last_only)
 
 
-def _opened(stack: contextlib.ExitStack, bundle, backend: str, threads, pages: str | None):
-    """A generator of `bundle`, its native weights held as `pages` says (None: as this process would)."""
-    if pages is None:
-        return stack.enter_context(opening.open_bundle(bundle, backend, threads))
-    before = os.environ.get(PAGES_ENV)
-    os.environ[PAGES_ENV] = pages
+def _opened(stack: contextlib.ExitStack, bundle, backend: str, threads, pages: str | None, isa: str | None):
+    """A generator of `bundle`, its native weights held as `pages` says and its kernels built for `isa` (None: as
+    this process would); each instruction set loads a library of its own, so both run in one process."""
+    wanted = {PAGES_ENV: pages, ISA_ENV: isa}
+    before = {name: os.environ.get(name) for name in wanted}
+    os.environ.update({name: value for name, value in wanted.items() if value is not None})
+    if isa is not None:
+        load_kernels.cache_clear()
     try:
         return stack.enter_context(opening.open_bundle(bundle, backend, threads))
     finally:
-        if before is None:
-            del os.environ[PAGES_ENV]
-        else:
-            os.environ[PAGES_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if isa is not None:
+            load_kernels.cache_clear()
 
 
 def open_all(stack: contextlib.ExitStack, bundles: list, backends: list, roles: list, threads,
-             pages: list = (None,)) -> tuple:
-    """({model label: backend}, {system label: settings}) over bundles × backends × roles (× pages, native only)."""
+             pages: list = (None,), isas: list = (None,)) -> tuple:
+    """({model label: backend}, {system label: settings}) over bundles × backends × roles (× pages × instruction
+    sets, native only)."""
     models, settings = {}, {}
     names = [Path(b).name for b in bundles]
+    variants = [(p, i) for p in pages for i in isas]
     for bundle, name in zip(bundles, names):
         name = name if names.count(name) == 1 else str(bundle)
-        for backend, held in ((b, p) for b in backends for p in (pages if b == "native" else (None,))):
-            generator = _opened(stack, bundle, backend, threads, held)
-            system = f"{name} ({generator.backend}{f', {held} pages' if held else ''})"
-            settings[system] = opening.describe(generator) | {"threads": threads} | ({"pages": held} if held else {})
+        for backend, (held, isa) in ((b, v) for b in backends for v in (variants if b == "native" else [(None, None)])):
+            generator = _opened(stack, bundle, backend, threads, held, isa)
+            label = ", ".join([f"{held} pages"] * bool(held) + [isa] * bool(isa))
+            system = f"{name} ({generator.backend}{f', {label}' if label else ''})"
+            settings[system] = (opening.describe(generator) | {"threads": threads} | ({"pages": held} if held else {})
+                                | ({"native_isa": isa} if isa else {}))
             for role, model in opening.models(generator).items():  # the target first: a draft may share its KV
                 model.reset(1)
                 if role in roles:
@@ -293,6 +305,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--by-op", action="store_true", help="add onnxruntime's per-op profile")
     parser.add_argument("--pages", default=None, help="native only: private,shared (how its weights are held; "
                         "default: as SPECDEC_NATIVE_PAGES says, private unless set)")
+    parser.add_argument("--isa", default=None, help="native only: avx2,avx512 (the kernels' instruction sets, each "
+                        "a library of its own; default: as SPECDEC_NATIVE_ISA says, the widest the CPU has unless set)")
     parser.add_argument("--by-op-cache-len", type=int, default=200)
     parser.add_argument("--top", type=int, default=12, help="op types shown by --by-op")
     opening.add_common(parser, backend=False)
@@ -310,8 +324,11 @@ def main(argv=None) -> int:
     pages = [p.strip() for p in args.pages.split(",") if p.strip()] if args.pages else [None]
     if any(p not in PAGES for p in pages if p is not None):
         raise SystemExit(f"unknown pages in {args.pages!r}; choose from {', '.join(PAGES)}")
+    isas = [i.strip() for i in args.isa.split(",") if i.strip()] if args.isa else [None]
+    if any(i not in ISAS for i in isas if i is not None):
+        raise SystemExit(f"unknown instruction set in {args.isa!r}; choose from {', '.join(ISAS)}")
     with contextlib.ExitStack() as stack:
-        models, settings = open_all(stack, args.bundles, backends, roles, args.threads, pages)
+        models, settings = open_all(stack, args.bundles, backends, roles, args.threads, pages, isas)
         if not models:
             raise SystemExit(f"no model with a role in {roles!r} in {args.bundles}")
         run = record.run_record(EXPERIMENT, settings, args.threads, __file__, argv,
