@@ -61,51 +61,84 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
 // 8-15 the second. A block's weights are two vectors, elements 0-15 and 16-31, so lane l takes element l and then
 // element 16 + l: the first chain's elements 0-7 then 16-23, the second's 8-15 then 24-31, as with 8 lanes; the
 // halves are added as the two chains are. Same order, same bits, and every row of a call in one read of the weights.
-static inline __attribute__((always_inline)) void rows_times16(const int R, const float *x, int K, __m512 wa,
-                                                               __m512 wb, __m512 *acc) {
-    for (int r = 0; r < R; r++) {
-        const float *xr = x + (size_t)r * K;
-        acc[r] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(xr), acc[r]);
-        acc[r] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(xr + 16), acc[r]);
-    }
-}
 static inline float hsum16(__m512 v) {
     return hsum(_mm256_add_ps(_mm512_castps512_ps256(v),
                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
-#define STEP16(R, nb, FETCH_BLOCK, ...) \
-    for (int n = n0; n < n1; n++) { \
+// A block's weights as elements 0-15 and 16-31
+static inline __attribute__((always_inline)) void q4_decode16(const blk4 *blk, __m512 *wa, __m512 *wb) {
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs)), mask = _mm512_set1_epi32(0x0F);
+    const __m512 d = _mm512_set1_ps(blk->d), m = _mm512_set1_ps(blk->m);
+    *wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, mask)), d, m);
+    *wb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, m);
+}
+static inline __attribute__((always_inline)) void q8_decode16(const blk8 *blk, __m512 *wa, __m512 *wb) {
+    const __m512 d = _mm512_set1_ps(blk->d);
+    *wa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))), d);
+    *wb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16)))), d);
+}
+static inline __attribute__((always_inline)) void row_decode16(const int kind, const char *p, __m512 *wa, __m512 *wb) {
+    if (kind == W_F32) {
+        *wa = _mm512_loadu_ps(p), *wb = _mm512_loadu_ps(p + 64);
+    } else if (kind == W_F16) {
+        *wa = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        *wb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+    } else {
+        #define BF16X16(v) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(v)), 16))
+        *wa = BF16X16((const __m256i *)p), *wb = BF16X16((const __m256i *)(p + 32));
+        #undef BF16X16
+    }
+}
+// Columns two at a time for 2 rows or more (16 + 4 + 2 registers at 8 rows): a row's activations are loaded once for
+// both (one row goes a column at a time: its step is bound by the decode, not the loads). AT(n, b) is
+// the address of column n's block b, DECODE(address, &wa, &wb) its weights; each output's sums in the order above.
+#define STEP16(R, nb, AT, DECODE) \
+    int n = n0; \
+    for (; R > 1 && n + 2 <= n1; n += 2) { \
+        __m512 acc0[MAXR], acc1[MAXR]; \
+        for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps(); \
+        for (int b = 0; b < nb; b++) { \
+            __m512 wa0, wb0, wa1, wb1; \
+            FETCH(AT(n, b)); FETCH(AT(n + 1, b)); \
+            DECODE(AT(n, b), &wa0, &wb0); DECODE(AT(n + 1, b), &wa1, &wb1); \
+            for (int r = 0; r < R; r++) { \
+                const float *xr = x + (size_t)r * K + b * 32; \
+                const __m512 xa = _mm512_loadu_ps(xr), xb = _mm512_loadu_ps(xr + 16); \
+                acc0[r] = _mm512_fmadd_ps(wb0, xb, _mm512_fmadd_ps(wa0, xa, acc0[r])); \
+                acc1[r] = _mm512_fmadd_ps(wb1, xb, _mm512_fmadd_ps(wa1, xa, acc1[r])); \
+            } \
+        } \
+        for (int r = 0; r < R; r++) { \
+            y[(size_t)r * N + n] = hsum16(acc0[r]); y[(size_t)r * N + n + 1] = hsum16(acc1[r]); \
+        } \
+    } \
+    for (; n < n1; n++) { \
         __m512 acc[MAXR]; \
         for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(); \
         for (int b = 0; b < nb; b++) { \
-            FETCH_BLOCK; \
             __m512 wa, wb; \
-            __VA_ARGS__ \
-            rows_times16(R, x + b * 32, K, wa, wb, acc); \
+            FETCH(AT(n, b)); \
+            DECODE(AT(n, b), &wa, &wb); \
+            for (int r = 0; r < R; r++) { \
+                const float *xr = x + (size_t)r * K + b * 32; \
+                acc[r] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(xr + 16), _mm512_fmadd_ps(wa, _mm512_loadu_ps(xr), acc[r])); \
+            } \
         } \
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum16(acc[r]); \
     }
 static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, int K, const blk4 *w, float *y,
                                                           int N, int n0, int n1) {
-    const int nb = K / 32; const __m512i mask = _mm512_set1_epi32(0x0F);
-    STEP16(R, nb, FETCH(w + (size_t)n * nb + b), {
-        const blk4 *blk = w + (size_t)n * nb + b;
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
-        const __m512 d = _mm512_set1_ps(blk->d), m = _mm512_set1_ps(blk->m);
-        wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, mask)), d, m);
-        wb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, m);
-    })
+    const int nb = K / 32;
+    #define Q4_AT(n, b) (w + (size_t)(n) * nb + (b))
+    STEP16(R, nb, Q4_AT, q4_decode16)
+    #undef Q4_AT
 }
 static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w, float *y,
                                                           int N, int n0, int n1) {
     const int nb = K / 32;
-    STEP16(R, nb, FETCH(w + (size_t)n * nb + b), {
-        const blk8 *blk = w + (size_t)n * nb + b;
-        const __m512 d = _mm512_set1_ps(blk->d);
-        wa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))), d);
-        wb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16)))),
-                           d);
-    })
+    #define Q8_AT(n, b) (w + (size_t)(n) * nb + (b))
+    STEP16(R, nb, Q8_AT, q8_decode16)
+    #undef Q8_AT
 }
 #else
 static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, int K, const blk4 *w, float *y,
@@ -335,21 +368,12 @@ static inline size_t row_bytes(const int kind) { return kind == W_F32 ? 4 : 2; }
 static inline __attribute__((always_inline)) void rows_cols(const int R, const int kind, const float *x, int K,
                                                             const void *w, float *y, int N, int n0, int n1) {
     const int nb = K / 32;
-    const size_t block = 32 * row_bytes(kind);
-    STEP16(R, nb, FETCH((const char *)w + (size_t)n * K * row_bytes(kind) + b * block), {
-        const char *p = (const char *)w + (size_t)n * K * row_bytes(kind) + b * block;
-        if (kind == W_F32) {
-            wa = _mm512_loadu_ps(p), wb = _mm512_loadu_ps(p + 64);
-        } else if (kind == W_F16) {
-            wa = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-            wb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
-        } else {
-            wa = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)),
-                                                       16));
-            wb = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 32))), 16));
-        }
-    })
+    const size_t block = 32 * row_bytes(kind), column = (size_t)K * row_bytes(kind);
+    #define ROW_AT(n, b) ((const char *)w + (size_t)(n) * column + (size_t)(b) * block)
+    #define ROW_DECODE(p, wa, wb) row_decode16(kind, p, wa, wb)
+    STEP16(R, nb, ROW_AT, ROW_DECODE)
+    #undef ROW_AT
+    #undef ROW_DECODE
 }
 #else
 static inline __attribute__((always_inline)) void rows_cols(const int R, const int kind, const float *x, int K,
