@@ -17,7 +17,9 @@ server counted them, and the server's RSS. Greedy outputs are compared across mo
 llama.cpp takes part as a peer server (benchmarks/peers/llamacpp_peer.py, built by peers/setup_llamacpp.sh): one
 llama-server per --llama-modes value on the default model's Q4_1 GGUF, threads = cores, one slot per client of the
 highest concurrency (`-np`), continuous batching; the same streamed chat requests through its OpenAI-compatible
-endpoint (its GGUF's chat template), with `cache_prompt: false` so that no request reuses an earlier one's prefill.
+endpoint (its GGUF's chat template). --prefix-reuse on (the default of both servers) lets a request skip the prefill of
+the prefix its slot holds from the previous one (specdec serve where its backend's K/V are exact by position, llama.cpp's
+`cache_prompt`); off feeds every prompt whole on both.
 
 Results: summary.md, summary.csv (the plot and the docs read it), requests.csv, throughput.png and record.json, under
 benchmarks/results/serve-load/<date>-<commit>/ or --out. Not a test: it asserts nothing about timings.
@@ -65,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=None, help="γ of the fixed mode (default: the bundle's)")
     parser.add_argument("--drafter", default="model", help="the requests' drafter (specdec extension)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
+    parser.add_argument("--prefix-reuse", choices=("on", "off"), default="on",
+                        help="a slot's K/V of the previous request's prompt reused by the next (both servers' default)")
     parser.add_argument("--llama-modes", default="none",
                         help=f"llama.cpp peer servers, comma-separated among {', '.join(LLAMA_MODES)} (default none)")
     parser.add_argument("--llama-draft", default=None, help="llama.cpp's draft GGUF (default: the default Q4_1 GGUF)")
@@ -102,6 +106,7 @@ class Server:
                    "--backend", self.args.backend, "--no-verify"]
         command += ["--gamma", str(self.args.gamma)] if self.args.gamma else []
         command += ["--threads", str(self.args.threads)] if self.args.threads else []
+        command += [] if self.args.prefix_reuse == "on" else ["--no-prefix-reuse"]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -142,7 +147,7 @@ class LlamaServe(Server):
 
     def __init__(self, mode: str, args: argparse.Namespace):
         super().__init__(mode, args)
-        self.extra = {"cache_prompt": False}  # llama-server's: no prefill reused across requests
+        self.extra = {"cache_prompt": args.prefix_reuse == "on"}  # llama-server's reuse of its slot's prompt prefix
         self.server = None
 
     def settings(self):
@@ -334,7 +339,8 @@ def plot(summary: list, path: Path) -> None:
 
 def server_settings(args, modes: list) -> dict:
     return {mode: {"speculation": MODES[mode], "backend": args.backend, "max_batch": args.max_batch, "gamma":
-                   args.gamma, "threads": args.threads, "requests": f"streamed greedy chat, drafter {args.drafter}, "
+                   args.gamma, "threads": args.threads, "prefix_reuse": args.prefix_reuse,
+                   "requests": f"streamed greedy chat, drafter {args.drafter}, "
                    f"max_tokens {args.max_tokens}"} for mode in modes}
 
 
@@ -364,7 +370,8 @@ def main(argv=None) -> int:
         for mode in llama:
             server = servers[f"llama.cpp {mode}"] = LlamaServe(f"llama.cpp {mode}", args).start()
             run["settings"][server.mode] = dict(server.server.settings.describe(), requests="streamed greedy chat "
-                                                f"(its OpenAI-compatible endpoint), cache_prompt false, max_tokens "
+                                                f"(its OpenAI-compatible endpoint), cache_prompt "
+                                                f"{'true' if args.prefix_reuse == 'on' else 'false'}, max_tokens "
                                                 f"{args.max_tokens}")
         warm_up(servers, prompts, args)
         rss_start = {mode: s.rss[-1][1] / 2**20 if s.rss else float("nan") for mode, s in servers.items()}

@@ -31,6 +31,10 @@ def add_serve_parser(commands) -> None:
                         help="auto (default): native where it opens, else onnxruntime; native: specdec's own kernels "
                              "over the bundle's native weights; onnxruntime: every bundle")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
+    parser.add_argument("--no-prefix-reuse", action="store_true",
+                        help="prefill every prompt whole; by default a request skips the prefix whose K/V its slot "
+                             "kept from the previous request (a chat template's system prompt, earlier turns), on "
+                             "backends whose K/V of a position do not depend on how the prompt was fed (native)")
     ray = parser.add_argument_group("scale-out on Ray Serve (the [ray] extra)")
     ray.add_argument("--ray", action="store_true", help="deploy as Ray Serve replicas behind Ray's HTTP proxy")
     ray.add_argument("--replicas", type=int, default=2)
@@ -61,7 +65,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         threads=args.threads, verify_files=not args.no_verify, backend=args.backend,
                         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                         keep_alive_s=args.keep_alive,
-                        max_connections=args.max_connections, drain_s=args.drain_timeout)
+                        max_connections=args.max_connections, drain_s=args.drain_timeout,
+                        reuse_prefix=not args.no_prefix_reuse)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -31,6 +31,10 @@ class Backend:
 
     name = ""  # the `backend=` value of specdec.load
     devices = ("cpu",)  # device prefixes it runs on
+    # Whether a position's K/V depends only on the tokens up to it, bit for bit, however they were fed (whole or in
+    # pieces, alone or batched, by a prompt or a verify pass): then a slot's K/V of an earlier request's tokens may
+    # stand in for a prefill of the same tokens, invisibly (specdec serve reuses a shared prompt prefix so)
+    exact_prefix_kv = False
 
     def __init__(self, root: Path, entry: ModelEntry):
         self.root = Path(root)

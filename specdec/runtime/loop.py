@@ -38,7 +38,11 @@ class SpeculativeLoop:
         started = time.perf_counter()
         fresh = [row.active and row.generated == 0 for row in rows]
         seqs = [None if not row.active else row.tokens if new else row.tokens[:-1] for row, new in zip(rows, fresh)]
-        logits = feed_chunks(self.target, rows, seqs, [0] * len(rows), self.chunk)  # [V] of each row's last
+        starts = [self.reusable(row, seq) if seq else 0 for row, seq in zip(rows, seqs)]
+        for row, start in zip(rows, starts):
+            row.reused = start
+        logits = feed_chunks(self.target, rows, [seq[start:] if seq else seq for seq, start in zip(seqs, starts)],
+                             starts, self.chunk)  # [V] of each row's last
         records = []
         for row, new, last in zip(rows, fresh, logits):
             row.target_len, row.draft_len, row.kv_copied = len(row.tokens) - 1, 0, 0
@@ -50,6 +54,11 @@ class SpeculativeLoop:
             records.append(RowRound(0, 0, committed, EMPTY.source, row.finish))
         seconds = time.perf_counter() - started
         return seconds, Round(0, records, 0.0, 0.0) if any(fresh) else None
+
+    def reusable(self, row, seq: list) -> int:
+        """Leading tokens of `seq` whose target KV the row's slot already holds, so the prefill starts after them
+        (here none; the serving loop keeps what earlier requests left in their slots)."""
+        return 0
 
     def limits(self, rows: list, gamma: int) -> list:
         """Drafts each row may get: γ (capped by the row's own gamma), what max_new_tokens leaves, what S leaves

@@ -103,6 +103,8 @@ class NativeBackend(Backend):
     def kv_layout(self) -> str | None:
         return self.entry.lowering  # the gqa driver's per-layer layout
 
+    exact_prefix_kv = True  # a position's result depends only on its position (docs/backends.md; tested)
+
     def takes_kv_from(self, source) -> bool:
         """A native draft shares its target's KV: copying it is nothing to do."""
         return self.target is not None and unwrapped(source) is self.target

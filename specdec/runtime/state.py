@@ -32,6 +32,7 @@ class Row:
     target_len: int = 0  # valid KV slots in the target
     draft_len: int = 0  # valid KV slots in the draft model (a prefix of tokens)
     kv_copied: int = 0  # draft KV slots [0, kv_copied) hold the target's KV (a draft that copies it)
+    reused: int = 0  # prompt tokens its prefill did not feed: their target KV was already in the slot
     finish: str | None = None
     gate: object = None  # the ModelGate deciding `auto` for this row (specdec.runtime.drafters)
     stop_at: int | None = None  # for finish == "stop": the text length at which the stop string begins

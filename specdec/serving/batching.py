@@ -20,14 +20,43 @@ from specdec.runtime.loop import SpeculativeLoop
 from specdec.runtime.state import forward_rows
 
 
+def common_prefix(first: list, second: list) -> int:
+    n = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 class ServingLoop(SpeculativeLoop):
     """`gammas` maps a KV slot to the γ of the row on it for the next round (the engine sets it every round: a
     seeded sampled request's own policy, a first round's 0); other rows take the policy's γ."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, reuse_prefix: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.gammas = {}  # slot -> γ
         self.alone = set()  # slots whose rows draft and are verified in calls of their own
+        # Prefix reuse: a slot keeps the K/V of the last request it served, its committed tokens at positions below
+        # its target_len (later calls write only at or past a row's target_len). A request admitted to it skips
+        # the prefill of the tokens it shares with them (a chat template's system prompt, an earlier turn of the
+        # conversation) where the backend's K/V of a position depends only on the tokens up to it.
+        self.reuse_prefix = reuse_prefix and getattr(self.target, "exact_prefix_kv", False)
+        self.holders = {}  # slot -> the row whose K/V it holds
+
+    def held(self, slot: int) -> list:
+        """The tokens whose target K/V `slot` holds at positions 0.. (none where reuse is off)."""
+        row = self.holders.get(slot)
+        return row.tokens[: row.target_len] if self.reuse_prefix and row is not None else []
+
+    def best_slot(self, free: list, tokens: list) -> int:
+        """The free slot holding the longest prefix of `tokens` (the lowest of equals)."""
+        return min(free, key=lambda slot: (-common_prefix(self.held(slot), tokens), slot))
+
+    def reusable(self, row, seq: list) -> int:
+        held = self.held(row.slot) if self.holders.get(row.slot) is not row else []
+        self.holders[row.slot] = row  # from now on the slot holds this row's K/V (none, until its prefill ends)
+        return min(common_prefix(held, seq), len(seq) - 1)  # the last token is fed: its logits give the first token
 
     def limits(self, rows: list, gamma: int) -> list:
         # each row as if alone: its own γ, its own room in S (verify passes are per length, not shared)

@@ -149,7 +149,8 @@ class Engine:
         draft = Metered(gen.draft, "draft", self.controller.observe_call) if gen.draft is not None else None
         self.loop = ServingLoop(Metered(gen.target, "target", self.controller.observe_call),
                                 requests.drafters(draft, gen.target), self.controller, defaults.max_prefill_chunk,
-                                gen.manifest.tokenizer.eos_token_ids, StopStrings(gen.codec))
+                                gen.manifest.tokenizer.eos_token_ids, StopStrings(gen.codec),
+                                reuse_prefix=self.options.reuse_prefix)
         self._free = list(range(self.batch))  # a heap: joiners take the lowest free slot (fewer holes in T=1 runs)
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
         self._thread.start()
@@ -237,7 +238,10 @@ class Engine:
 
     def _free_slot_for(self, job: Job) -> None:
         requests = self.gen.requests
-        job.row = requests.row(job.prompt_ids, job.config, slot=heapq.heappop(self._free))
+        slot = self.loop.best_slot(self._free, job.prompt_ids)
+        self._free.remove(slot)
+        heapq.heapify(self._free)
+        job.row = requests.row(job.prompt_ids, job.config, slot=slot)
         job.pinned = requests.own_policy(job.config)
 
     def _admit(self, job: Job) -> None:
@@ -254,6 +258,7 @@ class Engine:
             self._release(job, "error", FAILED)
             return
         self.metrics.prompt_tokens.inc(job.row.prompt_len)
+        self.metrics.prompt_tokens_reused.inc(job.row.reused)
         self._active.append(job)
         self.metrics.active_rows.set(len(self._active))
         self.metrics.generation_tokens.inc(len(first.rows[0].committed))

@@ -21,6 +21,9 @@ class Metrics:
         self.tpot = prom.Histogram("specdec_time_per_output_token_seconds", "Per output token after the first",
                                    buckets=LATENCY_BUCKETS, registry=registry)
         self.prompt_tokens = prom.Counter("specdec_prompt_tokens", "Prompt tokens prefilled", registry=registry)
+        self.prompt_tokens_reused = prom.Counter("specdec_prompt_tokens_reused",
+                                                 "Prompt tokens whose K/V an earlier request left in the slot (not fed)",
+                                                 registry=registry)
         self.generation_tokens = prom.Counter("specdec_generation_tokens", "Tokens generated", registry=registry)
         self.proposed = prom.Counter("specdec_draft_tokens_proposed", "Draft tokens verified", registry=registry)
         self.accepted = prom.Counter("specdec_draft_tokens_accepted", "Draft tokens accepted", registry=registry)

@@ -45,6 +45,7 @@ class ServeOptions:
     max_connections: int = 1000  # open at once (fewer where the open-file limit is lower); at the cap the oldest
     # connection still waiting for a request's headers makes way for a new one
     drain_s: float = 5.0  # on SIGTERM: how long running requests may go on before they end with an error event
+    reuse_prefix: bool = True  # skip the prefill of a prompt's prefix whose K/V the slot holds (exact backends only)
 
     def __post_init__(self):
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -67,6 +68,9 @@ class ServeOptions:
         if self.api_key is None:
             key_from_env()
         check_threads(self.threads)
+        if not isinstance(self.reuse_prefix, bool):
+            raise ConfigError(f"reuse_prefix must be True or False, got {self.reuse_prefix!r}",
+                              "pass --no-prefix-reuse to turn it off")
         self._check_connection_limits()
 
     def _check_connection_limits(self) -> None:

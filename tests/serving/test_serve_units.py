@@ -204,7 +204,7 @@ def test_serve_options_are_checked():
         ServeOptions(bundle="b", speculation="always")
     for bad in ({"port": 70000}, {"max_batch": 0}, {"max_queue": -1}, {"gamma": 0}, {"api_key": ""},
                 {"max_body_bytes": 10}, {"header_timeout_s": 0}, {"body_timeout_s": -1}, {"body_timeout_s": True},
-                {"drain_s": 1e9}, {"keep_alive_s": 0}, {"max_connections": 0}):
+                {"drain_s": 1e9}, {"keep_alive_s": 0}, {"max_connections": 0}, {"reuse_prefix": "no"}):
         with pytest.raises(ConfigError):
             ServeOptions(bundle="b", **bad)
     assert ServeOptions(bundle="b").host == "127.0.0.1"
