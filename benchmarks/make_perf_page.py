@@ -184,7 +184,8 @@ def serve_section(run: Path) -> str:
     record = record_of(run)
     rows = [[r["mode"], r["concurrency"], r["requests"], r["errors"], num(r["ttft_p50_ms"], "{:.0f}"),
              num(r["tpot_p50_ms"]), num(r["tpot_p90_ms"]), num(r["tokens_per_s"]), num(r["gamma0_share"], "{:.0%}"),
-             num(r["mean_gamma"], "{:.2f}"), num(r["rss_mb"], "{:.0f}"), r.get("spells_tokens_per_s", "")]
+             num(r["mean_gamma"], "{:.2f}"), num(r.get("prompt_reused_share", "nan"), "{:.0%}"),
+             num(r["rss_mb"], "{:.0f}"), r.get("spells_tokens_per_s", "")]
             for r in rows_of(run / "summary.csv")]
     same = record.get("result", record).get("identical_greedy_outputs")
     exact = (f"Greedy outputs identical across modes and concurrencies: {same[0]} of {same[1]} prompts.\n\n"
@@ -195,7 +196,7 @@ def serve_section(run: Path) -> str:
             "tokens over wall time, pooled over the spells (each spell in the last column).\n\n"
             + provenance(run) + "\n" + exact
             + table(["mode", "C", "requests", "errors", "TTFT p50 ms", "TPOT p50 ms", "TPOT p90 ms", "tokens/s",
-                     "γ=0 rounds", "mean γ", "RSS MB", "tokens/s per spell"], rows) + "\n")
+                     "γ=0 rounds", "mean γ", "prompt reused", "RSS MB", "tokens/s per spell"], rows) + "\n")
 
 
 def soak_section(run: Path) -> str:

@@ -49,6 +49,7 @@ LLAMA_MODES = ("plain", "ngram", "draft")  # llama.cpp's, named "llama.cpp <mode
 ORDER = list(MODES) + [f"llama.cpp {m}" for m in LLAMA_MODES]
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "serve-load"
+PROMPT, REUSED = -1, -2  # keys of Server.rounds_by_gamma's prompt token counters
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -132,8 +133,13 @@ class Server:
                 return
 
     def rounds_by_gamma(self) -> dict:
+        """γ -> rounds so far, and the prompt tokens so far (-1) and of them reused from a slot's K/V (-2)."""
         text = httpx.get(self.url + "/metrics", timeout=30).text
-        return {int(g): float(n) for g, n in re.findall(r'specdec_rounds_total\{gamma="(\d+)"\} ([0-9.e+]+)', text)}
+        counts = {int(g): float(n) for g, n in re.findall(r'specdec_rounds_total\{gamma="(\d+)"\} ([0-9.e+]+)', text)}
+        for key, name in ((PROMPT, "specdec_prompt_tokens_total"), (REUSED, "specdec_prompt_tokens_reused_total")):
+            found = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+            counts[key] = float(found.group(1)) if found else 0.0
+        return counts
 
     def stop(self) -> None:
         self._stop.set()
@@ -228,6 +234,7 @@ def _pct(values, q) -> float:
 
 def summarize(mode: str, concurrency: int, records: list, wall: float, gammas: dict, rss_mb: float) -> dict:
     ok = [r for r in records if r["ok"]]
+    prompt, reused = gammas.pop(PROMPT, 0.0), gammas.pop(REUSED, 0.0)
     rounds = sum(gammas.values()) or 1.0
     return {
         "mode": mode, "concurrency": concurrency, "requests": len(records), "errors": len(records) - len(ok),
@@ -238,6 +245,7 @@ def summarize(mode: str, concurrency: int, records: list, wall: float, gammas: d
         "gamma0_share": gammas.get(0, 0.0) / rounds if gammas else float("nan"),  # nan: no count (llama.cpp)
         "mean_gamma": sum(g * n for g, n in gammas.items()) / rounds if gammas else float("nan"),
         "rss_mb": rss_mb,
+        "prompt_reused_share": reused / prompt if prompt else float("nan"),  # nan: no count (llama.cpp)
     }
 
 
@@ -246,10 +254,13 @@ def _delta(after: dict, before: dict) -> dict:
 
 
 def warm_up(servers: dict, prompts: list, args) -> None:
-    """One request alone, then max_batch together, on every server (allocates what the run will use)."""
+    """One request alone, then max_batch together, on every server (allocates what the run will use). The warm-up's
+    prompts are the last max_batch of the list, none of the measured requests' where the list is long enough: a
+    slot that kept a measured prompt's K/V would let that request skip its whole prefill."""
+    spare = prompts[-args.max_batch:] if len(prompts) >= args.requests + args.max_batch else prompts
     for server in servers.values():
-        asyncio.run(run_phase(server, prompts, 1, 1, args))
-        asyncio.run(run_phase(server, prompts, args.max_batch, args.max_batch, args))
+        asyncio.run(run_phase(server, spare, 1, 1, args))
+        asyncio.run(run_phase(server, spare, args.max_batch, args.max_batch, args))
 
 
 def run_all(servers: dict, prompts: list, args) -> tuple[list, list]:
@@ -298,10 +309,12 @@ def identical_outputs(requests: list, system: str = "specdec") -> tuple[int, int
 
 def markdown(summary: list) -> str:
     head = ("| mode | C | requests | errors | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms | tokens/s | "
-            "γ=0 rounds | mean γ | RSS MB | tokens/s per spell |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "γ=0 rounds | mean γ | prompt tokens reused | RSS MB | tokens/s per spell |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = [f"| {s['mode']} | {s['concurrency']} | {s['requests']} | {s['errors']} | {s['ttft_p50_ms']:.0f} | "
             f"{s['ttft_p90_ms']:.0f} | {s['tpot_p50_ms']:.1f} | {s['tpot_p90_ms']:.1f} | {s['tokens_per_s']:.1f} | "
-            f"{100 * s['gamma0_share']:.0f}% | {s['mean_gamma']:.2f} | {s['rss_mb']:.0f} | {s.get('spells_tokens_per_s', '')} |"
+            f"{100 * s['gamma0_share']:.0f}% | {s['mean_gamma']:.2f} | {100 * s['prompt_reused_share']:.0f}% | "
+            f"{s['rss_mb']:.0f} | {s.get('spells_tokens_per_s', '')} |"
             for s in sorted(summary, key=lambda s: (ORDER.index(s["mode"]), s["concurrency"]))]
     return head + "\n".join(rows) + "\n"
 

@@ -85,6 +85,8 @@ def test_serve_load(gqa_int4_bundle, tmp_path):
     summary = (out / "summary.csv").read_text(encoding="utf-8").splitlines()
     assert summary[0].startswith("mode,concurrency,requests,errors") and len(summary) == 1 + 2 * 2
     assert all(line.split(",")[3] == "0" for line in summary[1:])  # no errors
+    reused = summary[0].split(",").index("prompt_reused_share")  # onnxruntime's K/V are not exact by position
+    assert all(float(line.split(",")[reused]) == 0.0 for line in summary[1:])
     record = read_record(out, "serve_load.py")
     same, compared = record["identical_greedy_outputs"]
     assert same == compared >= 1
