@@ -61,6 +61,14 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
 // 8-15 the second. A block's weights are two vectors, elements 0-15 and 16-31, so lane l takes element l and then
 // element 16 + l: the first chain's elements 0-7 then 16-23, the second's 8-15 then 24-31, as with 8 lanes; the
 // halves are added as the two chains are. Same order, same bits, and every row of a call in one read of the weights.
+static inline __attribute__((always_inline)) void rows_times16(const int R, const float *x, int K, __m512 wa,
+                                                               __m512 wb, __m512 *acc) {
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * K;
+        acc[r] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(xr), acc[r]);
+        acc[r] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(xr + 16), acc[r]);
+    }
+}
 static inline float hsum16(__m512 v) {
     return hsum(_mm256_add_ps(_mm512_castps512_ps256(v),
                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
@@ -89,12 +97,13 @@ static inline __attribute__((always_inline)) void row_decode16(const int kind, c
         #undef BF16X16
     }
 }
-// Columns two at a time for 2 rows or more (16 + 4 + 2 registers at 8 rows): a row's activations are loaded once for
-// both (one row goes a column at a time: its step is bound by the decode, not the loads). AT(n, b) is
+// Blocks' columns two at a time for 2 rows or more (16 + 4 + 2 registers at 8 rows): a row's activations are loaded
+// once for both. One row goes a column at a time (its step is bound by the decode, not the loads), and so do rows of
+// bf16 / f16 / f32 weights, whose verify passes were slower in pairs where measured. AT(n, b) is
 // the address of column n's block b, DECODE(address, &wa, &wb) its weights; each output's sums in the order above.
-#define STEP16(R, nb, AT, DECODE) \
+#define STEP16(PAIRS, R, nb, AT, DECODE) \
     int n = n0; \
-    for (; R > 1 && n + 2 <= n1; n += 2) { \
+    for (; PAIRS && R > 1 && n + 2 <= n1; n += 2) { \
         __m512 acc0[MAXR], acc1[MAXR]; \
         for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps(); \
         for (int b = 0; b < nb; b++) { \
@@ -119,10 +128,7 @@ static inline __attribute__((always_inline)) void row_decode16(const int kind, c
             __m512 wa, wb; \
             FETCH(AT(n, b)); \
             DECODE(AT(n, b), &wa, &wb); \
-            for (int r = 0; r < R; r++) { \
-                const float *xr = x + (size_t)r * K + b * 32; \
-                acc[r] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(xr + 16), _mm512_fmadd_ps(wa, _mm512_loadu_ps(xr), acc[r])); \
-            } \
+            rows_times16(R, x + b * 32, K, wa, wb, acc); \
         } \
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum16(acc[r]); \
     }
@@ -130,14 +136,14 @@ static inline __attribute__((always_inline)) void q4_cols(const int R, const flo
                                                           int N, int n0, int n1) {
     const int nb = K / 32;
     #define Q4_AT(n, b) (w + (size_t)(n) * nb + (b))
-    STEP16(R, nb, Q4_AT, q4_decode16)
+    STEP16(1, R, nb, Q4_AT, q4_decode16)
     #undef Q4_AT
 }
 static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w, float *y,
                                                           int N, int n0, int n1) {
     const int nb = K / 32;
     #define Q8_AT(n, b) (w + (size_t)(n) * nb + (b))
-    STEP16(R, nb, Q8_AT, q8_decode16)
+    STEP16(1, R, nb, Q8_AT, q8_decode16)
     #undef Q8_AT
 }
 #else
@@ -371,7 +377,7 @@ static inline __attribute__((always_inline)) void rows_cols(const int R, const i
     const size_t block = 32 * row_bytes(kind), column = (size_t)K * row_bytes(kind);
     #define ROW_AT(n, b) ((const char *)w + (size_t)(n) * column + (size_t)(b) * block)
     #define ROW_DECODE(p, wa, wb) row_decode16(kind, p, wa, wb)
-    STEP16(R, nb, ROW_AT, ROW_DECODE)
+    STEP16(0, R, nb, ROW_AT, ROW_DECODE)
     #undef ROW_AT
     #undef ROW_DECODE
 }
