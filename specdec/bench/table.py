@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from specdec.bench.config import BASELINE
 from specdec.errors import missing_dependency
+from specdec.runtime.state import common_prefix
 # column -> polars dtype name, in table order
 COLUMNS = {
     "system": "Utf8", "mode": "Utf8", "drafter": "Utf8", "gamma": "Int64", "note": "Utf8", "status": "Utf8",
@@ -30,15 +31,6 @@ def schema() -> dict:
     scalar = {"Utf8": pl.Utf8, "Int64": pl.Int64, "Float64": pl.Float64, "Boolean": pl.Boolean}
     return {name: pl.List(scalar[kind[5:-1]]) if kind.startswith("List(") else scalar[kind]
             for name, kind in COLUMNS.items()}
-
-
-def common_prefix(a: list, b: list) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def add_agreement(records: list) -> list:

@@ -108,6 +108,16 @@ class Timed:
         return getattr(self.backend, name)
 
 
+def common_prefix(first: list, second: list) -> int:
+    """How many leading items two sequences share."""
+    n = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 def forward_rows(backend, rows: list, seqs: list, starts: list, last_only: bool = False) -> list:
     """One forward of the rows whose seqs[b] is a token list, padded to a common T, on their slots.
     -> per row: logits [T_b, V] (or [1, V] of its last position when last_only), None for rows not fed.

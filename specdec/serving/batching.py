@@ -17,16 +17,7 @@ from __future__ import annotations
 
 from specdec.runtime.drafters import EMPTY
 from specdec.runtime.loop import SpeculativeLoop
-from specdec.runtime.state import forward_rows
-
-
-def common_prefix(first: list, second: list) -> int:
-    n = 0
-    for a, b in zip(first, second):
-        if a != b:
-            break
-        n += 1
-    return n
+from specdec.runtime.state import common_prefix, forward_rows
 
 
 class ServingLoop(SpeculativeLoop):

@@ -12,7 +12,8 @@ import pytest
 import specdec
 from specdec import GenerationConfig
 from specdec.native import build
-from specdec.serving.batching import ServingLoop, common_prefix
+from specdec.runtime.state import common_prefix
+from specdec.serving.batching import ServingLoop
 from tests.serving.conftest import client, metric, start
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
