@@ -97,12 +97,19 @@ def run_record(experiment: str, settings: dict, threads: int | None, script: str
             "packages": package_versions(), "settings": settings, **extra}
 
 
-def run_dir(experiment: str, record: dict, out: str | Path | None = None) -> Path:
-    """`out` when given, else benchmarks/results/<experiment>/<date>-<commit>[-dirty]/; created."""
+def run_dir(experiment: str, record: dict, out: str | Path | None = None, results: Path | None = None) -> Path:
+    """`out` when given, else <results>/<experiment>/<date>-<commit>[-dirty][-N]/ (results: benchmarks/results); created.
+    A default folder that already holds a run (another bundle's, say, at the same commit) gets the next free -N: no
+    run overwrites another."""
     if out is None:
         git = record["git"]
         name = f"{record['date']}-{git['short']}" + ("-dirty" if git["dirty"] else "")
-        out = RESULTS / experiment / name
+        out = (results or RESULTS) / experiment / name
+        taken, n = Path(out), 1
+        while (taken / RECORD).exists():
+            n += 1
+            taken = Path(f"{out}-{n}")
+        out = taken
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     return folder

@@ -49,6 +49,18 @@ def test_run_record_names_commit_machine_settings_and_command(tmp_path):
     assert record.RESULTS == record.ROOT / "benchmarks" / "results"
 
 
+def test_a_second_run_at_one_commit_gets_a_folder_of_its_own(tmp_path):
+    run = {"date": "2026-12-03", "git": {"short": "abc1234", "dirty": False}}
+    first = record.run_dir("exp", run, results=tmp_path)
+    assert first == tmp_path / "exp" / "2026-12-03-abc1234"
+    assert record.run_dir("exp", run, results=tmp_path) == first  # no run there yet: the same folder
+    record.write_record(first, run)
+    second = record.run_dir("exp", run, results=tmp_path)
+    record.write_record(second, run)
+    assert second.name == "2026-12-03-abc1234-2" and record.run_dir("exp", run, results=tmp_path).name.endswith("-3")
+    assert record.read_record(first) and record.read_record(second)
+
+
 def test_tables(tmp_path):
     assert tables.markdown(["a", "b"], [[1, "x"]]) == "| a | b |\n|---|---|\n| 1 | x |\n"
     path = tables.write_csv(tmp_path / "t.csv", [{"a": 1, "b": 2}])
