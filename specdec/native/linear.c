@@ -1,6 +1,7 @@
 // The native engine's products: Q4_1 / Q8_0 weights times fp32 activations (the target), or paired Q4_1 / Q8_0
-// weights times activations rounded to two int8 parts (the draft); AVX2 + FMA + F16C. A loop's tasks are groups of
-// output columns, each over every row, so a weight is read from memory once for all the rows of a call.
+// weights times activations rounded to two int8 parts (the draft); AVX2 + FMA + F16C, and AVX-512 + VNNI in the
+// builds for CPUs that have them (build.py: isa()). A loop's tasks are groups of output columns, each over every row,
+// so a weight is read from memory once for all the rows of a call.
 //
 // Summation order: every output is the sum over its blocks, elements 0-7 and 16-23 of each block in one chain and
 // 8-15 and 24-31 in another, then the two chains added; the same for every row, whatever the number of rows, the
@@ -291,9 +292,10 @@ static void quantize_pairs(const float *x, int M, int K, blkqp *a) {
 static inline __attribute__((always_inline)) __m256i products(__m256i u, __m256i qs, __m256i lo) {
 #ifdef __AVX512VNNI__  // the same integers in three instructions: no pair of products can overflow in either
     return _mm256_dpbusd_epi32(_mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, qs), 7), u, lo);
-#endif
+#else
     return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, qs), _mm256_set1_epi16(128)),
                             _mm256_madd_epi16(_mm256_maddubs_epi16(u, lo), _mm256_set1_epi16(1)));
+#endif
 }
 // two blocks per step (blk4p x blkqp): one load of 64 codes, one conversion of both scales and minimums, both
 // blocks' scales times the activations' in one multiply, the minimums' terms summed in lanes 2 and 3

@@ -41,7 +41,8 @@ class ServingLoop(SpeculativeLoop):
         return row.tokens[: row.target_len] if self.reuse_prefix and row is not None else []
 
     def best_slot(self, free: list, tokens: list) -> int:
-        """The free slot holding the longest prefix of `tokens` (the lowest of equals)."""
+        """The free slot holding the longest prefix of `tokens`; the lowest of equals (fewer holes in a batched
+        T = 1 run over slots 0..max)."""
         return min(free, key=lambda slot: (-common_prefix(self.held(slot), tokens), slot))
 
     def reusable(self, row, seq: list) -> int:

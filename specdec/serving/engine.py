@@ -14,7 +14,6 @@ random stream row_rng(seed, 0), and forward calls of its own (ServingLoop.alone)
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import threading
 import time
@@ -151,7 +150,7 @@ class Engine:
                                 requests.drafters(draft, gen.target), self.controller, defaults.max_prefill_chunk,
                                 gen.manifest.tokenizer.eos_token_ids, StopStrings(gen.codec),
                                 reuse_prefix=self.options.reuse_prefix)
-        self._free = list(range(self.batch))  # a heap: joiners take the lowest free slot (fewer holes in T=1 runs)
+        self._free = list(range(self.batch))  # joiners take the slot ServingLoop.best_slot picks (else the lowest)
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
         self._thread.start()
         return self
@@ -240,7 +239,6 @@ class Engine:
         requests = self.gen.requests
         slot = self.loop.best_slot(self._free, job.prompt_ids)
         self._free.remove(slot)
-        heapq.heapify(self._free)
         job.row = requests.row(job.prompt_ids, job.config, slot=slot)
         job.pinned = requests.own_policy(job.config)
 
@@ -335,7 +333,7 @@ class Engine:
         `status` (specdec_requests_total)."""
         if job.row is not None:
             with self._cond:
-                heapq.heappush(self._free, job.row.slot)
+                self._free.append(job.row.slot)
         if event is not None:
             job.deliver(event)
         ttft = tpot = None
