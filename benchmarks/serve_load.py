@@ -49,7 +49,6 @@ LLAMA_MODES = ("plain", "ngram", "draft")  # llama.cpp's, named "llama.cpp <mode
 ORDER = list(MODES) + [f"llama.cpp {m}" for m in LLAMA_MODES]
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "serve-load"
-PROMPT, REUSED = -1, -2  # keys of Server.rounds_by_gamma's prompt token counters
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -132,11 +131,11 @@ class Server:
             except psutil.Error:
                 return
 
-    def rounds_by_gamma(self) -> dict:
-        """γ -> rounds so far, and the prompt tokens so far (-1) and of them reused from a slot's K/V (-2)."""
+    def counts(self) -> dict:
+        """The server's counters so far: rounds by γ (int keys), and "prompt" tokens, of them "reused" from a slot."""
         text = httpx.get(self.url + "/metrics", timeout=30).text
         counts = {int(g): float(n) for g, n in re.findall(r'specdec_rounds_total\{gamma="(\d+)"\} ([0-9.e+]+)', text)}
-        for key, name in ((PROMPT, "specdec_prompt_tokens_total"), (REUSED, "specdec_prompt_tokens_reused_total")):
+        for key, name in (("prompt", "specdec_prompt_tokens_total"), ("reused", "specdec_prompt_tokens_reused_total")):
             found = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
             counts[key] = float(found.group(1)) if found else 0.0
         return counts
@@ -173,7 +172,7 @@ class LlamaServe(Server):
         self._watch()
         return self
 
-    def rounds_by_gamma(self) -> dict:
+    def counts(self) -> dict:
         return {}
 
     def stop(self) -> None:
@@ -234,7 +233,7 @@ def _pct(values, q) -> float:
 
 def summarize(mode: str, concurrency: int, records: list, wall: float, gammas: dict, rss_mb: float) -> dict:
     ok = [r for r in records if r["ok"]]
-    prompt, reused = gammas.pop(PROMPT, 0.0), gammas.pop(REUSED, 0.0)
+    prompt, reused = gammas.pop("prompt", 0.0), gammas.pop("reused", 0.0)
     rounds = sum(gammas.values()) or 1.0
     return {
         "mode": mode, "concurrency": concurrency, "requests": len(records), "errors": len(records) - len(ok),
@@ -278,11 +277,11 @@ def run_all(servers: dict, prompts: list, args) -> tuple[list, list]:
             part = prompts[repeat * share:] + prompts[: repeat * share]
             for mode in order:
                 server = servers[mode]
-                before = server.rounds_by_gamma()
+                before = server.counts()
                 records, wall = asyncio.run(run_phase(server, part, concurrency, share, args))
                 records_so_far, wall_so_far, gammas, spells = pooled[mode]
-                for gamma, count in _delta(server.rounds_by_gamma(), before).items():
-                    gammas[gamma] = gammas.get(gamma, 0.0) + count
+                for key, count in _delta(server.counts(), before).items():
+                    gammas[key] = gammas.get(key, 0.0) + count
                 spells.append(sum(r["tokens"] for r in records if r["ok"]) / wall if wall else 0.0)
                 pooled[mode] = (records_so_far + records, wall_so_far + wall, gammas, spells)
         for mode, (records, wall, gammas, spells) in pooled.items():
