@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fnmatch
 import json
 import sys
 from pathlib import Path
@@ -27,6 +28,16 @@ PLOT = IMAGES / "lockstep-tpot.png"  # the default bundle's; another bundle's is
 DEFAULT_BUNDLE = "smollm2-q41"
 SECTIONS = ("lockstep", "serve-load", "contention", "open-cost", "rows", "step", "soak", "gamma-policies", "coupling",
             "drafts", "suite")
+
+
+def committed_files(run: Path) -> list:
+    """The files of a run folder that git keeps: not record.json (the page cites it already), and not what
+    benchmarks/results/.gitignore keeps local (parquet copies), so the page reads the same on a fresh clone."""
+    ignore = RESULTS / ".gitignore"
+    patterns = [line.strip() for line in ignore.read_text(encoding="utf-8").splitlines()
+                if line.strip() and not line.startswith("#")] if ignore.is_file() else []
+    return [p for p in sorted(run.iterdir()) if p.name != "record.json"
+            and not any(fnmatch.fnmatch(p.name, pattern) for pattern in patterns)]
 
 
 def _started(run: Path) -> tuple:
@@ -259,7 +270,7 @@ def other_runs(cited: set) -> str:
             if run in cited:
                 continue
             record = record_of(run)
-            files = ", ".join(f"`{p.name}`" for p in sorted(run.iterdir()) if p.name != "record.json")
+            files = ", ".join(f"`{p.name}`" for p in committed_files(run))
             today = f"; the same question today: `{record['equivalent_now']}`" if record.get("equivalent_now") else ""
             lines.append(f"- **{folder.name}** (`{rel(run)}/`, commit `{record['git']['short']}`): "
                          f"`{record['command']}`; {files}{today}")

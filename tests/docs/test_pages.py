@@ -33,6 +33,27 @@ def test_the_performance_page_is_generated_from_the_committed_records():
     assert all(module.plot_path(run).is_file() for run in module.lockstep_runs())
 
 
+def test_the_performance_page_lists_only_files_a_clone_has(tmp_path, monkeypatch):
+    """A run folder may hold local copies git ignores (parquet); the page must read the same on a fresh clone."""
+    module = perf_page()
+    run = tmp_path / "lockstep" / "2026-01-01-abc1234"
+    run.mkdir(parents=True)
+    for name in ("record.json", "summary.csv", "summary.md", "summary.parquet", "requests.parquet"):
+        (run / name).write_text("x", encoding="utf-8")
+    (tmp_path / ".gitignore").write_text("# local copies\n*.parquet\n", encoding="utf-8")
+    monkeypatch.setattr(module, "RESULTS", tmp_path)
+    assert [p.name for p in module.committed_files(run)] == ["summary.csv", "summary.md"]
+    if shutil.which("git") and (ROOT / ".git").exists():
+        monkeypatch.undo()
+        for folder in (p for p in module.RESULTS.iterdir() if p.is_dir()):
+            for real in module.runs(folder.name):
+                tracked = subprocess.run(["git", "ls-files", "--", str(real)], cwd=ROOT, capture_output=True,
+                                         text=True, check=True).stdout.split()
+                if tracked:  # a run not committed yet lists what it has
+                    names = sorted(Path(t).name for t in tracked if Path(t).parent == real.relative_to(ROOT))
+                    assert [p.name for p in module.committed_files(real)] == [n for n in names if n != "record.json"]
+
+
 def test_the_readme_tables_are_the_newest_lockstep_run_of_each_bundle():
     module = perf_page()
     runs = module.lockstep_runs()
