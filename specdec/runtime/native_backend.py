@@ -96,6 +96,7 @@ class NativeBackend(Backend):
             self.model = NativeModel(target.weights, self.entry.dims, kernels, self.max_seq_len, draft=draft,
                                      kv_owner=target)
         self.model.struct  # built and checked now, not on the first call
+        self.workers = self.threads or default_threads()  # once: reading the cgroup quota costs ~0.2 ms a call
         self.driver = self.model  # what a draft's copy_kv reads (geometry, buffers)
         return self
 
@@ -127,7 +128,7 @@ class NativeBackend(Backend):
         if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= vocab):
             raise BackendError(f"token ids {input_ids.min()}..{input_ids.max()} are outside the weights' vocabulary "
                                f"0..{vocab - 1}", "encode the text with the bundle's tokenizer")
-        return self.model.forward(input_ids, cache_len, slots, last_only, self.threads or default_threads())
+        return self.model.forward(input_ids, cache_len, slots, last_only, self.workers)
 
     def close(self) -> None:
         self.model = self.driver = None
