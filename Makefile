@@ -31,12 +31,11 @@ $(DEMO_BUNDLE)/manifest.json: $(BUNDLE)/manifest.json
 
 bundle: $(DEMO_BUNDLE)/manifest.json
 
-# the default model as a bf16 checkpoint (as most hub models ship), exported: the native engine keeps its weights as
-# bf16 rows; its int4-q41 draft is fitted to them (docs/backends.md)
+# the default model with its weights rounded to bf16 (as most hub models ship): the native engine keeps them as bf16
+# rows; its int4-q41 draft is fitted to them (docs/backends.md)
 BF16_BUNDLE := bundles/smollm2-bf16
 $(BF16_BUNDLE)-q41/manifest.json: $(STAMP)
-	$(PY) benchmarks/half_checkpoint.py --out bundles/smollm2-bf16-hf
-	$(VENV)/bin/specdec-export --target bundles/smollm2-bf16-hf --out $(BF16_BUNDLE) --overwrite
+	$(VENV)/bin/specdec-export --weights bf16 --out $(BF16_BUNDLE) --overwrite
 	$(VENV)/bin/specdec calibrate quantize $(BF16_BUNDLE) --method int4-q41 --head-tokens 24576 --out $(BF16_BUNDLE)-q41 --overwrite
 
 bundle-bf16: $(BF16_BUNDLE)-q41/manifest.json

@@ -30,7 +30,8 @@ def kv_numpy_dtype(kv_dtype: str):
     """The numpy dtype of a manifest KV dtype, or ConfigError where onnxruntime's CPU EP has no kernels."""
     if kv_dtype not in KV_NUMPY:
         raise ConfigError(f"KV dtype {kv_dtype} has no onnxruntime CPU kernels",
-                          "export with --dtype fp32 (or fp16) for the onnxruntime CPU backend")
+                          "export with --dtype fp32 (or fp16) for the onnxruntime CPU backend; --weights bf16 keeps "
+                          "bf16 weights in an fp32 graph, which the native engine runs from 2-byte rows")
     return KV_NUMPY[kv_dtype]
 
 

@@ -2,8 +2,8 @@
 which shares the tokenizer).
 
 1. transformers loads the default Q4_1 GGUF (`gguf_file=`, dequantized, as specdec's export does) in bfloat16, and
-   saves a Hugging Face folder: benchmarks/.peers/models/hf-bf16/ (the weights `specdec-export --dtype bf16` starts
-   from: the Q4_1 values rounded to bf16);
+   saves a Hugging Face folder: benchmarks/.peers/models/hf-bf16/ (the weights `specdec-export --weights bf16`
+   exports: the Q4_1 values rounded to bf16);
 2. llama.cpp's own converter, `convert_hf_to_gguf.py --outtype bf16` from the tree setup_llamacpp.sh unpacked (its
    gguf-py beside it), writes benchmarks/.peers/models/SmolLM2-135M-Instruct.bf16.gguf.
 

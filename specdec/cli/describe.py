@@ -19,6 +19,8 @@ def _model_lines(entry: ModelEntry) -> list[str]:
         f"  precision  {entry.precision}, kv {entry.kv_dtype}, logits {entry.logits_dtype}, lowering {entry.lowering}",
         f"  S={entry.max_seq_len}  max_batch={entry.max_batch}  size {_mib(entry.size_bytes)}",
     ]
+    if entry.native is not None:  # what the native engine reads: GGUF blocks, or rows in the weights' own precision
+        lines.append(f"  native     {entry.native.layout} weights ({entry.native.path})")
     if entry.parity:
         lines.append("  parity (max |ONNX - PyTorch| logits):")
         for step in entry.parity:

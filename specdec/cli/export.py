@@ -14,7 +14,7 @@ from pathlib import Path
 from specdec.calibration.quantize import METHODS as QUANTIZE_METHODS, ROLES as QUANTIZE_ROLES
 from specdec.engines.trt_config import HARDWARE_COMPATIBILITY
 from specdec.errors import ConfigError
-from specdec.export.config import DRAFT_DERIVATIONS, DTYPES, LOWERINGS, ExportConfig
+from specdec.export.config import DRAFT_DERIVATIONS, DTYPES, LOWERINGS, WEIGHTS, ExportConfig
 
 
 def add_export_args(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +32,11 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma-max", type=int, default=8, help="verify profile limit γ_max (default 8)")
     parser.add_argument("--max-prefill-chunk", type=int, default=256, help="prefill chunk length (default 256)")
     parser.add_argument("--dtype", choices=DTYPES, default="fp32",
-                        help="weights and KV dtype; fp16/bf16 are for GPU back ends (default fp32)")
+                        help="the graph's weights and KV dtype; fp16/bf16 are for GPU back ends (default fp32)")
+    parser.add_argument("--weights", choices=WEIGHTS, default=None,
+                        help="round the weights to bf16 or fp16 first, as a half-precision checkpoint ships; the "
+                             "graph, activations and KV stay fp32. On a CPU the native engine then keeps 2 bytes a "
+                             "weight (a bf16 or fp16 checkpoint is kept so without this option)")
     parser.add_argument("--lowering", choices=LOWERINGS, default=None,
                         help="attention lowering: gqa = onnxruntime GroupQueryAttention with in-place KV (the "
                              "default), plain = portable ops, the TensorRT input (the default with --engine)")
@@ -86,7 +90,7 @@ def _export_config(args, quantize) -> ExportConfig:
         out=args.out, target=args.target, draft=args.draft, draft_from_target=args.draft_from_target,
         draft_layers=args.draft_layers, no_draft=args.no_draft, max_seq_len=args.max_seq_len,
         max_batch=args.max_batch, gamma=args.gamma, gamma_max=args.gamma_max,
-        max_prefill_chunk=args.max_prefill_chunk, dtype=args.dtype, overwrite=args.overwrite,
+        max_prefill_chunk=args.max_prefill_chunk, dtype=args.dtype, weights=args.weights, overwrite=args.overwrite,
         lowering=args.lowering or ("plain" if args.engine else "gqa"),
         check_parity=not args.skip_parity, progress=sys.stderr.isatty() or args.verbose,
     )

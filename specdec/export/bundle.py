@@ -20,6 +20,7 @@ from specdec.export.sources import (
     load_model,
     load_tokenizer,
     resolve_source,
+    rounded,
 )
 from specdec.chat_template import read_chat_template
 from specdec.lowering import lowering_for
@@ -238,7 +239,7 @@ def _load_draft(config: ExportConfig, target_arch, draft_source, dtype):
         return arch, arch.model, None, f"layers:{config.draft_layers}"
     if kind == "int4":
         return target_arch, target_arch.model, None, "int4"
-    arch = architecture_for(load_model(draft_source, dtype))
+    arch = architecture_for(rounded(load_model(draft_source, dtype), config.weights))
     return arch, arch.model, draft_source, ""
 
 
@@ -257,7 +258,7 @@ def export_bundle(config: ExportConfig) -> Path:
         with _Steps(_step_names(config), config.progress) as steps:
             dtype = TORCH_DTYPES[config.dtype]
             with steps.step("load models"):
-                target = architecture_for(load_model(source, dtype))
+                target = architecture_for(rounded(load_model(source, dtype), config.weights))
                 draft = _load_draft(config, target, draft_source, dtype)
             models = {"target": _export_model("target", target, target.model, source, "", tmp, config, steps)}
             if draft is not None:

@@ -8,6 +8,7 @@ from specdec.errors import ConfigError
 from specdec.manifest import LOWERING_NAMES as LOWERINGS
 
 DTYPES = ("fp32", "fp16", "bf16")
+WEIGHTS = ("bf16", "fp16")  # --weights: what an fp32 export's weights are rounded to first
 DRAFT_DERIVATIONS = ("int4",)
 
 
@@ -25,6 +26,7 @@ class ExportConfig:
     gamma_max: int = 8
     max_prefill_chunk: int = 256
     dtype: str = "fp32"
+    weights: str | None = None  # "bf16" / "fp16": round the weights so first (as a half-precision checkpoint ships)
     lowering: str = "gqa"  # "gqa": onnxruntime GroupQueryAttention, in-place KV; "plain": portable, TensorRT input
     overwrite: bool = False
     check_parity: bool = True
@@ -35,6 +37,12 @@ class ExportConfig:
         self._check_positive()
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype!r} is not supported", f"choose one of {', '.join(DTYPES)}")
+        if self.weights is not None and self.weights not in WEIGHTS:
+            raise ConfigError(f"--weights {self.weights!r} is not supported", f"choose one of {', '.join(WEIGHTS)}")
+        if self.weights is not None and self.dtype != "fp32":
+            raise ConfigError(f"--weights {self.weights} with --dtype {self.dtype}",
+                              "--weights rounds the weights of an fp32 graph (CPU: the native engine keeps them as "
+                              "2-byte rows); --dtype makes a half-precision graph for GPU back ends: pick one")
         if self.lowering not in LOWERINGS:
             raise ConfigError(f"--lowering {self.lowering!r} is not supported", f"choose one of {', '.join(LOWERINGS)}")
         if self.draft_from_target is not None and self.draft_from_target not in DRAFT_DERIVATIONS:

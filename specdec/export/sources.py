@@ -160,6 +160,27 @@ def load_model(source: ModelSource, torch_dtype):
     return model.eval()
 
 
+def rounded(model, precision: str | None):
+    """The model with every parameter rounded to `precision` ("bf16", "fp16") and kept in its dtype, as if loaded
+    from a checkpoint saved in that precision (export --weights); unchanged for None."""
+    if precision is None:
+        return model
+    import torch
+
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():  # tied weights are one parameter: rounded once
+            if not parameter.is_floating_point():
+                continue
+            value = parameter.to(half)
+            if not bool(torch.isfinite(value).all()):  # fp16 ends at 65504; bf16 has fp32's range
+                count = int((~torch.isfinite(value)).sum())
+                raise ExportError(f"--weights {precision}: {count} values of {name} lie outside {precision}'s range",
+                                  "use --weights bf16, whose range is fp32's")
+            parameter.copy_(value.to(parameter.dtype))
+    return model
+
+
 def check_finite_weights(model, name: str) -> None:
     """ExportError if a weight holds NaN or inf: such a graph computes garbage, and NaN passes every `>` check."""
     import torch

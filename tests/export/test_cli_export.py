@@ -181,3 +181,25 @@ def test_quantize_error_after_the_export_leaves_nothing(capsys, tmp_path, tiny_l
             "--skip-parity", "--calibration-seq-len", "100000"]  # too long for the built-in texts: fails at quantize
     _fails(capsys, argv, "one window needs 100000")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_weights_option_errors(capsys, tmp_path, tiny_llama):
+    """--weights rounds an fp32 graph's weights: not with a half-precision --dtype, and not past fp16's range."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _fails(capsys, ["--target", str(tiny_llama), "--out", str(tmp_path / "o"), "--weights", "bf16", "--dtype", "bf16"],
+           "--weights bf16 with --dtype bf16")
+    big = tmp_path / "big"
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, :3] = 1e5  # past fp16's 65504, within bf16's range
+    model.save_pretrained(big)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_llama / name).exists():
+            (big / name).write_bytes((tiny_llama / name).read_bytes())
+    err = _fails(capsys, ["--target", str(big), "--out", str(tmp_path / "o"), "--weights", "fp16", "--no-draft",
+                          "--max-seq-len", "64"],
+                 "--weights fp16: 3 values of model.layers.0.mlp.down_proj.weight lie outside fp16's range")
+    assert "--weights bf16" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big"]

@@ -108,3 +108,25 @@ def test_sampling_matches_the_target_distribution(half_bundle):
         counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
         assert proposed[2] > 100 and accepted[1] > 30, (proposed, accepted)
         assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
+
+
+@pytest.mark.parametrize("weights,checkpoint", [("bf16", "bfloat16"), ("fp16", "float16")])
+def test_export_weights_option_gives_the_half_checkpoints_bundle(tmp_path, weights, checkpoint):
+    """`specdec-export --weights bf16` of an fp32 checkpoint writes the graph and native rows that exporting the
+    checkpoint saved in bf16 writes: the same bytes; and the native engine opens it."""
+    from specdec.export.tiny import save_tiny, save_tiny_in
+
+    options = {"family": "llama", "seed": 0, "init_range": 0.5, "hidden": 64}
+    half = _gqa_export(tmp_path / "a", save_tiny_in(tmp_path / "half", checkpoint, **options), no_draft=True)
+    rounded = _gqa_export(tmp_path / "b", save_tiny(tmp_path / "full", **options), no_draft=True, weights=weights)
+    entry = read_manifest(rounded).target
+    assert entry.native.layout == {"bf16": "bf16", "fp16": "f16"}[weights] == read_manifest(half).target.native.layout
+    for name in (entry.native.path, "target/model.onnx.data"):
+        assert (rounded / name).read_bytes() == (half / name).read_bytes(), name
+    plain = _gqa_export(tmp_path / "c", save_tiny(tmp_path / "full2", **options), no_draft=True)
+    assert read_manifest(plain).target.native.layout == "f32"  # without the option, fp32 weights stay fp32 rows
+    from specdec.cli.describe import describe_bundle
+
+    assert f"native     {entry.native.layout} weights (target/native.bin)" in describe_bundle(rounded)
+    with load(rounded, backend="native") as gen:
+        assert gen.generate("The quick", GenerationConfig(max_new_tokens=4)).token_ids
