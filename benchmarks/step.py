@@ -16,6 +16,9 @@ A case T@L is a forward of T tokens at cache length L; one that does not fit the
 --floor adds the memory-bandwidth floor of a plain step: the bytes its kernels read (every weight of the target's
 ONNX graph but an embedding table, of which one row is read, plus the valid KV) over the read bandwidth of this
 machine, measured two ways in the same run (numpy XOR-reductions, one thread per core; onnxruntime's fp32 GEMV).
+A shared machine's bandwidth drifts by half within a minute, so it also pairs them: a reader of the step's bytes (the
+native weights where the target has them) takes its turn in every round, and each target's decode step at
+--floor-cache-len is divided by the read of the same round (min and median of those ratios).
 Needs `onnx` (the [native] or [export] extra).
 --by-op adds onnxruntime's profiler view (onnxruntime backend only): per op type, the sum over nodes of each node's
 minimum over the calls, for T = 1 and the widest verify case. The profiler makes small kernels look dearer.
@@ -29,6 +32,7 @@ Writes step.md (the tables), steps.csv and record.json. A benchmark, not a test:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -36,8 +40,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from harness import opening, record, tables, timer
+
 from specdec.blocks import PAGES
 from specdec.native.build import ISA_ENV, ISAS, load_kernels
 from specdec.runtime.native_backend import PAGES_ENV
@@ -114,16 +118,15 @@ def open_all(stack: contextlib.ExitStack, bundles: list, backends: list, roles: 
     return models, settings
 
 
-def measure(models: dict, cases: list, rounds: int) -> dict:
-    """{(model label, case): Spread} of interleaved calls."""
-    work = {}
+def measure(models: dict, cases: list, rounds: int, extra: dict | None = None) -> dict:
+    """{(model label, case) or an `extra` name: [seconds per call, in round order]} of interleaved calls."""
+    work = dict(extra or {})
     for name, (model, manifest) in models.items():
         gamma_max = manifest.defaults.gamma_max
         for case in cases:
             if case[0] + case[1] <= model.max_seq_len:
                 work[(name, case)] = call(model, case, gamma_max)
-    samples = timer.interleave(work, rounds=rounds, warmup=1)
-    return {key: timer.summarize(values) for key, values in samples.items()}
+    return timer.interleave(work, rounds=rounds, warmup=1)
 
 
 def step_table(models: dict, cases: list, spreads: dict) -> str:
@@ -145,6 +148,39 @@ def csv_rows(spreads: dict, models: dict) -> list:
 
 
 # --- the bandwidth floor -------------------------------------------------------------------------------------------
+
+class Reader:
+    """A callable that reads `nbytes` of its own buffer once, XOR-reducing with one thread per core (the way
+    numpy_read_gbs does): its time is the bandwidth floor of a step of `nbytes`, at the moment it runs."""
+
+    def __init__(self, nbytes: int):
+        self.cores = len(os.sched_getaffinity(0))
+        self.data = np.ones(max(nbytes // 8, self.cores), dtype=np.uint64)
+        self.parts = np.array_split(self.data, self.cores)
+        self.pool = concurrent.futures.ThreadPoolExecutor(self.cores)
+
+    def __call__(self) -> None:
+        list(self.pool.map(np.bitwise_xor.reduce, self.parts))
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def paired_floor(samples: dict, models: dict, case: tuple, reader_name: str) -> tuple:
+    """(markdown, {model: {min, median}}): each target's step time at `case` over the Reader's time in the same
+    round, the ratio to its bandwidth floor with the machine's bandwidth of that moment."""
+    rows, found = [], {}
+    reads = samples[reader_name]
+    for name in models:
+        if not name.endswith(" target") or (name, case) not in samples:
+            continue
+        ratios = [step / read for step, read in zip(samples[(name, case)], reads)]
+        spread = timer.summarize(ratios)
+        found[name] = {"min": round(spread.min, 3), "median": round(spread.median, 3), "rounds": spread.n}
+        rows.append([name, f"{spread.min:.2f}×", f"{spread.median:.2f}×", str(spread.n)])
+    header = ["model", "step / floor, min", "median", "rounds"]
+    return tables.markdown(header, rows), found
+
 
 def numpy_read_gbs(gib: float, repeats: int) -> float:
     """Best aggregate read bandwidth (GB/s) of one XOR-reducing thread per core over one large uint64 buffer (the
@@ -182,7 +218,7 @@ def gemv_read_gbs(gib: float, repeats: int) -> float:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
     x = np.ones((1, k), np.float32)
-    run = lambda: session.run(None, {"x": x})  # noqa: E731
+    run = lambda: session.run(None, {"x": x})
     best = min(timer.interleave({"gemv": run}, rounds=repeats)["gemv"])
     return weight.nbytes / best / 1e9
 
@@ -210,6 +246,14 @@ def native_step_bytes(entry) -> int | None:
 
     return sum(int(np.prod(spec["shape"])) * DTYPES[spec["kind"]].itemsize
                for name, spec in entry.native.tensors.items() if name not in ("embedding", "cos", "sin"))
+
+
+def floor_step_bytes(bundle: Path, entry, cache_len: int) -> tuple:
+    """(weight bytes, KV bytes) of a step on the engine that reads the fewest: the native weights where the entry
+    has them, else its ONNX graph's."""
+    weights, kv = step_bytes(bundle, entry, cache_len)
+    native = native_step_bytes(entry)
+    return (weights if native is None else native), kv
 
 
 def floor_table(bundle: Path, manifest, cache_len: int, gib: float, repeats: int) -> tuple:
@@ -333,14 +377,27 @@ def main(argv=None) -> int:
             raise SystemExit(f"no model with a role in {roles!r} in {args.bundles}")
         run = record.run_record(EXPERIMENT, settings, args.threads, __file__, argv,
                                 cases=[list(c) for c in cases], rounds=args.rounds)
-        spreads = measure(models, cases, args.rounds)
+        extra, reader, floor_case = {}, None, (1, args.floor_cache_len)
+        if args.floor:
+            manifest = next(iter(models.values()))[1]
+            reader = stack.enter_context(contextlib.closing(Reader(sum(floor_step_bytes(
+                Path(args.bundles[0]), manifest.target, args.floor_cache_len)))))
+            reader_name = f"read {reader.data.nbytes / 1e6:.1f} MB, {reader.cores} threads"
+            extra[reader_name] = reader
+            cases = cases if floor_case in cases else cases + [floor_case]
+        samples = measure(models, cases, args.rounds, extra)
+        spreads = {key: timer.summarize(values) for key, values in samples.items() if key not in extra}
         text = step_table(models, cases, spreads)
         finished = {}
         if args.floor:
-            manifest = next(iter(models.values()))[1]
             floor, finished["floor"] = floor_table(Path(args.bundles[0]), manifest, args.floor_cache_len,
                                                    args.floor_gib, args.rounds)
-            text += "\n" + floor
+            paired, finished["floor"]["paired"] = paired_floor(samples, models, floor_case, reader_name)
+            read = timer.summarize(samples[reader_name])
+            finished["floor"]["read_ms"] = {"min": round(read.min * 1e3, 3), "median": round(read.median * 1e3, 3)}
+            text += ("\n" + floor + f"\nPaired by round: each target's {label(floor_case, 0)} over the time to read "
+                     f"its step's bytes (the native weights where it has them, and the KV) in the same round, "
+                     f"{read.ms(2)} ms ({reader_name}; min / median)\n\n" + paired)
         if args.by_op:
             for name, (model, manifest) in models.items():
                 widths = tuple(sorted({1} | {t for t, _ in cases if 1 < t <= manifest.defaults.gamma_max + 1}))

@@ -39,7 +39,7 @@ def test_step(gqa_int4_bundle, tmp_path):
     assert "| – |" in text  # 90 tokens at 40 do not fit S = 96: left out, not run
     assert "floor at the GEMV bandwidth" in text and "**all nodes**" in text
     rows = (out / "steps.csv").read_text(encoding="utf-8").splitlines()
-    assert rows[0].startswith("model,case,tokens,cache_len,calls,min_ms") and len(rows) == 1 + 2 * 3
+    assert rows[0].startswith("model,case,tokens,cache_len,calls,min_ms") and len(rows) == 1 + 2 * 4  # + the floor's 1@64
     assert read_record(out, "step.py")["cases"] == [[1, 16], [4, 16], [32, 0], [90, 40]]
 
 

@@ -55,3 +55,34 @@ def test_step_of_a_native_draft_alone_both_ways_of_holding_weights(q41_bundle, t
     assert "(native, private pages) draft |" in text and "(native, shared pages) draft |" in text
     assert "target |" not in text
     assert {s.get("pages") for s in read_record(out, "step.py")["settings"].values()} == {"private", "shared"}
+
+
+def test_step_floor_pairs_each_target_step_with_a_read_of_the_same_round(q41_bundle, tmp_path):
+    """--floor times a read of the step's bytes in every round: the decode case at --floor-cache-len is added when
+    --cases lacks it, and the record holds the paired ratios (a ratio of round times, so positive and finite)."""
+    out = tmp_path / "floor"
+    run_script("step.py", q41_bundle, "--backends", "native", "--roles", "target", "--cases", "3@8", "--rounds", "3",
+               "--floor", "--floor-gib", "0.01", "--floor-cache-len", "8", "--out", out)
+    text = (out / "step.md").read_text(encoding="utf-8")
+    assert "decode T=1 @8" in text and "Paired by round" in text and "step / floor, min" in text
+    paired = read_record(out, "step.py")["floor"]["paired"]
+    (name, ratios), = paired.items()
+    assert name.endswith("(native) target") and ratios["rounds"] == 3
+    assert 0 < ratios["min"] <= ratios["median"] < float("inf")
+
+
+def test_paired_floor_divides_round_by_round():
+    import importlib
+    import sys
+
+    from tests.bench.test_entry_points import BENCH
+    sys.path.insert(0, str(BENCH))  # step.py imports its harness as a script does
+    try:
+        step = importlib.import_module("step")
+    finally:
+        sys.path.remove(str(BENCH))
+    samples = {("m target", (1, 8)): [2.0, 9.0, 3.0], ("m draft", (1, 8)): [1.0, 1.0, 1.0], "read": [1.0, 3.0, 2.0]}
+    models = {"m target": None, "m draft": None}
+    text, found = step.paired_floor(samples, models, (1, 8), "read")
+    assert found == {"m target": {"min": 1.5, "median": 2.0, "rounds": 3}}  # 2/1, 9/3, 3/2: not min / min (2/1)
+    assert "| m target | 1.50× | 2.00× | 3 |" in text
