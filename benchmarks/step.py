@@ -18,7 +18,7 @@ ONNX graph but an embedding table, of which one row is read, plus the valid KV) 
 machine, measured two ways in the same run (numpy XOR-reductions, one thread per core; onnxruntime's fp32 GEMV).
 A shared machine's bandwidth drifts by half within a minute, so it also pairs them: a reader of the step's bytes (the
 native weights where the target has them) takes its turn in every round, and each target's decode step at
---floor-cache-len is divided by the read of the same round (min and median of those ratios).
+--floor-cache-len is set against it: min step / min read, and the median of step / read of the same round.
 Needs `onnx` (the [native] or [export] extra).
 --by-op adds onnxruntime's profiler view (onnxruntime backend only): per op type, the sum over nodes of each node's
 minimum over the calls, for T = 1 and the widest verify case. The profiler makes small kernels look dearer.
@@ -167,18 +167,20 @@ class Reader:
 
 
 def paired_floor(samples: dict, models: dict, case: tuple, reader_name: str) -> tuple:
-    """(markdown, {model: {min, median}}): each target's step time at `case` over the Reader's time in the same
-    round, the ratio to its bandwidth floor with the machine's bandwidth of that moment."""
+    """(markdown, {model: {...}}): each target's step time at `case` against the Reader's, the time to read its bytes
+    at this machine's bandwidth. Two views: the least disturbed of each (min step / min read), and the median over
+    rounds of step / read in the same round (a neighbour's burst in one round moves both, or one ratio only)."""
     rows, found = [], {}
     reads = samples[reader_name]
     for name in models:
         if not name.endswith(" target") or (name, case) not in samples:
             continue
-        ratios = [step / read for step, read in zip(samples[(name, case)], reads)]
-        spread = timer.summarize(ratios)
-        found[name] = {"min": round(spread.min, 3), "median": round(spread.median, 3), "rounds": spread.n}
-        rows.append([name, f"{spread.min:.2f}×", f"{spread.median:.2f}×", str(spread.n)])
-    header = ["model", "step / floor, min", "median", "rounds"]
+        steps = samples[(name, case)]
+        least = min(steps) / min(reads)
+        median = timer.summarize([step / read for step, read in zip(steps, reads)]).median
+        found[name] = {"min_over_min": round(least, 3), "median_paired": round(median, 3), "rounds": len(steps)}
+        rows.append([name, f"{least:.2f}×", f"{median:.2f}×", str(len(steps))])
+    header = ["model", "min step / min read", "median of step / read, same round", "rounds"]
     return tables.markdown(header, rows), found
 
 

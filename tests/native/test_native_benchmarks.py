@@ -64,11 +64,11 @@ def test_step_floor_pairs_each_target_step_with_a_read_of_the_same_round(q41_bun
     run_script("step.py", q41_bundle, "--backends", "native", "--roles", "target", "--cases", "3@8", "--rounds", "3",
                "--floor", "--floor-gib", "0.01", "--floor-cache-len", "8", "--out", out)
     text = (out / "step.md").read_text(encoding="utf-8")
-    assert "decode T=1 @8" in text and "Paired by round" in text and "step / floor, min" in text
+    assert "decode T=1 @8" in text and "Paired by round" in text and "min step / min read" in text
     paired = read_record(out, "step.py")["floor"]["paired"]
     (name, ratios), = paired.items()
     assert name.endswith("(native) target") and ratios["rounds"] == 3
-    assert 0 < ratios["min"] <= ratios["median"] < float("inf")
+    assert 0 < ratios["min_over_min"] < float("inf") and 0 < ratios["median_paired"] < float("inf")
 
 
 def test_paired_floor_divides_round_by_round():
@@ -81,8 +81,9 @@ def test_paired_floor_divides_round_by_round():
         step = importlib.import_module("step")
     finally:
         sys.path.remove(str(BENCH))
-    samples = {("m target", (1, 8)): [2.0, 9.0, 3.0], ("m draft", (1, 8)): [1.0, 1.0, 1.0], "read": [1.0, 3.0, 2.0]}
+    samples = {("m target", (1, 8)): [2.0, 9.0, 3.0], ("m draft", (1, 8)): [1.0, 1.0, 1.0], "read": [1.5, 3.0, 1.0]}
     models = {"m target": None, "m draft": None}
     text, found = step.paired_floor(samples, models, (1, 8), "read")
-    assert found == {"m target": {"min": 1.5, "median": 2.0, "rounds": 3}}  # 2/1, 9/3, 3/2: not min / min (2/1)
-    assert "| m target | 1.50× | 2.00× | 3 |" in text
+    # least disturbed: 2 / 1; same round: 2 / 1.5, 9 / 3, 3 / 1 -> median 3 (a draft is not scored)
+    assert found == {"m target": {"min_over_min": 2.0, "median_paired": 3.0, "rounds": 3}}
+    assert "| m target | 2.00× | 3.00× | 3 |" in text
