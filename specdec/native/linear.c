@@ -29,10 +29,14 @@
 #endif
 #define PREFILL_COLUMNS 24  /* columns per task of a prompt: their decoded weights stay in L2 while the rows pass */
 #ifndef PREFETCH
-#define PREFETCH 2048  /* bytes ahead (benchmarks/kernels_ab.py measures other distances) */
+#define PREFETCH 2048  /* bytes ahead (benchmarks/native_ab.py measures other distances) */
+#endif
+#ifndef FAR
+#define FAR 8192  /* bytes ahead, into L2, for bf16 / f16 / f32 rows read for several rows (see rows_cols) */
 #endif
 #define S8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #define FETCH(p) _mm_prefetch((const char *)(p) + PREFETCH, _MM_HINT_T0)
+#define FETCH_FAR(p) _mm_prefetch((const char *)(p) + FAR, _MM_HINT_T1)
 
 // R rows (1..MAXR) of fp32 activations at x (row stride K) times columns n0..n1 of w -> y (row stride N).
 // Two accumulators per row keep the FMA chains short.
@@ -102,7 +106,8 @@ static inline __attribute__((always_inline)) void row_decode16(const int kind, c
 // once for both. One row goes a column at a time (its step is bound by the decode, not the loads), and so do rows of
 // bf16 / f16 / f32 weights, whose verify passes were slower in pairs where measured. AT(n, b) is
 // the address of column n's block b, DECODE(address, &wa, &wb) its weights; each output's sums in the order above.
-#define STEP16(PAIRS, R, nb, AT, DECODE) \
+// FAR_TOO: also fetch FAR bytes ahead into L2 (see rows_cols).
+#define STEP16(PAIRS, R, nb, AT, DECODE, FAR_TOO) \
     int n = n0; \
     for (; PAIRS && R > 1 && n + 2 <= n1; n += 2) { \
         __m512 acc0[MAXR], acc1[MAXR]; \
@@ -128,6 +133,7 @@ static inline __attribute__((always_inline)) void row_decode16(const int kind, c
         for (int b = 0; b < nb; b++) { \
             __m512 wa, wb; \
             FETCH(AT(n, b)); \
+            if (FAR_TOO) FETCH_FAR(AT(n, b)); \
             DECODE(AT(n, b), &wa, &wb); \
             rows_times16(R, x + b * 32, K, wa, wb, acc); \
         } \
@@ -137,14 +143,14 @@ static inline __attribute__((always_inline)) void q4_cols(const int R, const flo
                                                           int N, int n0, int n1) {
     const int nb = K / 32;
     #define Q4_AT(n, b) (w + (size_t)(n) * nb + (b))
-    STEP16(1, R, nb, Q4_AT, q4_decode16)
+    STEP16(1, R, nb, Q4_AT, q4_decode16, 0)
     #undef Q4_AT
 }
 static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w, float *y,
                                                           int N, int n0, int n1) {
     const int nb = K / 32;
     #define Q8_AT(n, b) (w + (size_t)(n) * nb + (b))
-    STEP16(1, R, nb, Q8_AT, q8_decode16)
+    STEP16(1, R, nb, Q8_AT, q8_decode16, 0)
     #undef Q8_AT
 }
 #else
@@ -353,6 +359,10 @@ static inline __attribute__((always_inline)) void q8q_cols(const int R, const bl
 
 
 // ---- rows: bf16, f16 or f32 weights [N, K] (a checkpoint's own precision) ----
+// These weights are 2 or 4 bytes each, so a step is bound by memory; with several rows (a verify pass) it also does
+// as many multiply-adds as a Q4_1 one, and the near fetch (PREFETCH) alone leaves memory idle while they run. A second
+// fetch FAR bytes ahead into L2 keeps it reading (benchmarks/native_ab.py); one row does without, as its loop waits on
+// memory anyway.
 // A block of 32 of a row as four vectors of 8, exactly: bf16 is the top half of an fp32, f16 converts exactly (F16C)
 static inline __attribute__((always_inline)) void row_block(const int kind, const char *p, __m256 *w0, __m256 *w1,
                                                             __m256 *w2, __m256 *w3) {
@@ -379,7 +389,7 @@ static inline __attribute__((always_inline)) void rows_cols(const int R, const i
     const size_t block = 32 * row_bytes(kind), column = (size_t)K * row_bytes(kind);
     #define ROW_AT(n, b) ((const char *)w + (size_t)(n) * column + (size_t)(b) * block)
     #define ROW_DECODE(p, wa, wb) row_decode16(kind, p, wa, wb)
-    STEP16(0, R, nb, ROW_AT, ROW_DECODE)
+    STEP16(0, R, nb, ROW_AT, ROW_DECODE, R > 1)
     #undef ROW_AT
     #undef ROW_DECODE
 }
@@ -394,6 +404,7 @@ static inline __attribute__((always_inline)) void rows_cols(const int R, const i
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             FETCH(c + b * block);
+            if (R > 1) FETCH_FAR(c + b * block);
             row_block(kind, c + b * block, &w0, &w1, &w2, &w3);
             rows_times(R, x + b * 32, K, w0, w1, w2, w3, acc);
         }
