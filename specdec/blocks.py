@@ -29,7 +29,28 @@ GRID_TOLERANCE = 1e-4  # max |w − dequant| / d of a weight the native engine t
 BF16 = np.dtype("<u2")  # a bf16 value: the top 16 bits of its fp32
 DTYPES = {"blk4": BLOCK4, "blk8": BLOCK8, "blk4p": BLOCK4P, "f32": np.dtype("<f4"), "i64": np.dtype("<i8"),
           "bf16": BF16, "f16": np.dtype("<f2")}
-KINDS = {"q41": 0, "bf16": 1, "f16": 2, "f32": 3}  # specdec_native.h's model_t.kind, by a target layout's name
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """How a native weights file holds a model's weights; a NativeRecord's `layout` names one (WEIGHT_LAYOUTS)."""
+
+    name: str
+    role: str  # the model it holds: "target" or "draft"
+    kind: int  # specdec_native.h's model_t.kind (-1: a draft's, which runs on its target's model_t)
+    per: int  # inputs one stored element of a linear weight holds along K
+
+    @property
+    def rows(self) -> bool:
+        """Whether its linear weights and head are rows [N, K] in a checkpoint's precision (else GGUF blocks)."""
+        return self.per == 1
+
+
+WEIGHT_LAYOUTS = {layout.name: layout for layout in (
+    WeightLayout("q41", "target", 0, BLOCK),  # Q4_1 blocks [N, K / 32], a Q8_0 head
+    WeightLayout("bf16", "target", 1, 1), WeightLayout("f16", "target", 2, 1), WeightLayout("f32", "target", 3, 1),
+    WeightLayout("q41-draft", "draft", -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
+KINDS = {name: layout.kind for name, layout in WEIGHT_LAYOUTS.items() if layout.kind >= 0}  # model_t.kind by name
 SIZES = {"blk4": 24, "blk8": 36, "blk4p": 40}  # the header's static_asserts, checked against the library at load
 MAGIC = b"SPECDEC-NATIVE\x00\x00"  # the weights file's first 16 bytes
 ALIGN = 64  # every tensor of the weights file starts at a multiple of this (cache lines, AVX loads)
@@ -203,6 +224,50 @@ def write_tensors(path: Path, tensors: dict) -> dict:
     return index
 
 
+def check_index(index: dict, size: int, name: str) -> None:
+    """ValueError unless every tensor of `index` starts at a multiple of ALIGN past the header and ends inside the
+    file's `size` bytes, and no two overlap (a manifest that passes its hash can still point anywhere)."""
+    spans = []
+    for tensor, entry in index.items():
+        if entry.kind not in DTYPES or any(not isinstance(n, int) or n < 0 for n in entry.shape):
+            raise ValueError(f"{name}: tensor {tensor} has kind {entry.kind!r} and shape {list(entry.shape)}")
+        if entry.offset < len(MAGIC) + 16 or entry.offset % ALIGN:
+            raise ValueError(f"{name}: tensor {tensor} starts at byte {entry.offset}, not a multiple of {ALIGN} past "
+                             "the header")
+        if entry.offset + entry.nbytes > size:
+            raise ValueError(f"{name} has {size} bytes; tensor {tensor} needs {entry.offset + entry.nbytes}")
+        spans.append((entry.offset, entry.offset + entry.nbytes, tensor))
+    spans.sort()
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:
+            raise ValueError(f"{name}: tensors {first} and {second} overlap (bytes {start}..{end})")
+
+
+EXPONENTS = {np.dtype("<f4"): (np.dtype("<u4"), 0x7F800000), np.dtype("<f2"): (np.dtype("<u2"), 0x7C00),
+             BF16: (BF16, 0x7F80)}  # a value is NaN or inf exactly where its exponent bits are all ones
+CHUNK = 1 << 20
+
+
+def nonfinite(array: np.ndarray) -> bool:
+    """Whether a native tensor holds NaN or inf where the kernels read a float: f32 / f16 / bf16 values, and the
+    scales and minima of blocks (their codes are integers). The largest exponent field, a chunk at a time through one
+    buffer (a bf16 model of 135M weights: about 0.05 s)."""
+    if array.dtype.names:
+        return any(nonfinite(np.ascontiguousarray(array[field])) for field in ("d", "m", "h")
+                   if field in array.dtype.names)
+    if array.dtype not in EXPONENTS:
+        return False
+    bits, mask = EXPONENTS[array.dtype]
+    flat = np.ascontiguousarray(array).reshape(-1).view(bits)
+    out = np.empty(min(CHUNK, flat.size), bits)
+    for start in range(0, flat.size, CHUNK):
+        part = out[: min(CHUNK, flat.size - start)]
+        np.bitwise_and(flat[start : start + CHUNK], mask, out=part)
+        if int(part.max()) == mask:
+            return True
+    return False
+
+
 PAGES = ("private", "shared")  # how read_tensors holds a weights file (see there)
 READ_CHUNK = 1 << 24
 
@@ -226,9 +291,7 @@ def read_tensors(path: Path, index: dict, pages: str = "shared") -> dict:
     abi = int(np.frombuffer(head[len(MAGIC) :], "<u4")[0]) if len(head) == len(MAGIC) + 4 else -1
     if abi != FORMAT_VERSION:
         raise ValueError(f"{path} holds native weights of format {abi}, this specdec reads format {FORMAT_VERSION}")
-    end = max((entry.offset + entry.nbytes for entry in index.values()), default=0)
-    if end > size:
-        raise ValueError(f"{path} has {size} bytes; its index needs {end}")
+    check_index(index, size, str(path))
     whole = _private_copy(path, size) if pages == "private" else np.memmap(path, dtype=np.uint8, mode="r")
     return {name: whole[entry.offset : entry.offset + entry.nbytes].view(DTYPES[entry.kind]).reshape(entry.shape)
             for name, entry in index.items()}

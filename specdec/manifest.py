@@ -436,11 +436,17 @@ def listed_files(manifest: Manifest) -> dict:
 
 
 def check_bundle_files(bundle: str | os.PathLike, manifest: Manifest, only: list | None = None) -> None:
-    """Verify that every file the manifest lists (or the listed files among `only`) exists and has the recorded
-    sha256."""
+    """Verify that every file the manifest lists (or every file of `only`: the files a reader is about to read) exists
+    and has the recorded sha256. A file of `only` that the manifest does not list is an error: dropping a file's
+    entry must not turn its check off."""
     root = Path(bundle)
     expected = listed_files(manifest)
     if only is not None:
+        unlisted = sorted(set(only) - set(expected))
+        if unlisted:
+            raise ManifestError(f"bundle file {unlisted[0]!r} is read but not listed in the manifest, so its sha256 "
+                                "cannot be checked", "re-export the bundle (or load it with verify=False to skip the "
+                                "hash checks knowingly)")
         expected = {rel: digest for rel, digest in expected.items() if rel in set(only)}
     for rel, digest in expected.items():
         path = root / rel

@@ -75,14 +75,19 @@ def package_versions(names: tuple = PACKAGES) -> dict:
     return versions
 
 
+def repo_path(path: str | Path) -> str:
+    """`path` as a record writes it: relative to the repository root where it lies inside, else its name alone (a
+    record never holds the absolute paths of the machine that made it)."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return path.name
+
+
 def command_line(script: str, args: list | None = None) -> str:
     """The command as a user would type it from the repository root: `python benchmarks/X.py ARGS`."""
-    path = Path(script).resolve()
-    try:
-        path = path.relative_to(ROOT)
-    except ValueError:
-        pass
-    return " ".join(["python", str(path), *(sys.argv[1:] if args is None else list(args))])
+    return " ".join(["python", repo_path(script), *(sys.argv[1:] if args is None else list(args))])
 
 
 def run_record(experiment: str, settings: dict, threads: int | None, script: str, args: list | None = None,

@@ -218,8 +218,15 @@ class ServerSettings:
         return {"system": SYSTEM, "version": version(), "model": Path(self.model).name, "threads": self.n_threads,
                 "threads_batch": self.n_threads, "parallel_slots": self.parallel, "continuous_batching": True,
                 "ctx_size": self.ctx_per_slot * self.parallel, **self.spec.describe(),
-                "extra_flags": list(self.extra), "flags": self.args("PORT"),
+                "extra_flags": list(self.extra), "flags": [_in_repo(a) if os.path.isabs(a) else a for a in self.args("PORT")],
                 "requests": "native /completion, token ids, temperature 0, top_k 1, cache_prompt false"}
+
+
+def _in_repo(path) -> str:
+    """A path as a record writes it: relative to the repository where it lies inside, else its name (as
+    benchmarks/harness/record.py's repo_path; this module also runs without the repository on sys.path)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ mkdir -p "$dest/src"
 
 if [ ! -f "$tree/CMakeLists.txt" ]; then
   echo "[llama.cpp] llama-cpp-python==$version sdist" >&2
-  "$python" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$dest/src"
+  "$python" -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$version" -d "$dest/src"
   tar -xzf "$dest/src/llama_cpp_python-$version.tar.gz" -C "$dest/src"
 fi
 

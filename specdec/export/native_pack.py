@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (FORMAT_VERSION, GridError, float_rows, head_holds, on_grid, q41_blocks, q41_pairs, q8_blocks,
-                            row_precision, rows_of, write_tensors)
+from specdec.blocks import (FORMAT_VERSION, WEIGHT_LAYOUTS, GridError, float_rows, head_holds, on_grid, q41_blocks,
+                            q41_pairs, q8_blocks, row_precision, rows_of, write_tensors)
 from specdec.errors import missing_dependency
 from specdec.manifest import ModelDims, NativeRecord
 
@@ -170,7 +170,7 @@ def write_draft(root: Path, role: str, layout: str, target: dict, keep: np.ndarr
     """Write root/role/native.bin for an int4-q41 draft of the target whose tensors of `layout` are `target`: its
     linear weights in pairs of Q4_1 blocks (the target's own, or fitted to its rows), its head's rows `keep` (token
     ids; None: every row) on the Q8_0 grid (the target's, or fitted)."""
-    rows = layout != "q41"
+    rows = WEIGHT_LAYOUTS[layout].rows
     tensors = {f"{name}_p": q41_pairs(q41_blocks(float_rows(np.asarray(w)))[0] if rows else np.asarray(w))
                for name, w in target.items()
                if name.startswith("layers.") and name.rsplit(".", 1)[1] in ("qkv", "o", "gate_up", "down")}

@@ -1,6 +1,7 @@
 """onnx_from_hf: trace the static-KV decoder with torch.onnx (dynamo) into one graph for every B and T."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from pathlib import Path
@@ -53,6 +54,22 @@ def _gqa_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: tor
 
 
 PROGRAMS = {"plain": _plain_program, "gqa": _gqa_program}  # lowering name -> traced module and its I/O
+# torch.onnx's op registry warns at WARNING that torchvision is missing (nms, roi_align, ...): ops no causal LM uses,
+# which users read as errors of the export
+REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+    """The logger `name` at ERROR while the block runs."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
 
 
 def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: str, path: Path,
@@ -62,7 +79,7 @@ def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: st
     tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
     module, args, shapes, inputs, outputs, table = PROGRAMS[lowering](arch, max_seq_len, batch, tokens, TORCH_DTYPES[dtype])
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), torch.no_grad(), _quiet(REGISTRY_LOGGER):
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 module, args, input_names=inputs, output_names=outputs, dynamic_shapes=shapes, dynamo=True,

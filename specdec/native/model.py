@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK8, KINDS
+from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK8, KINDS, WEIGHT_LAYOUTS
 from specdec.errors import BackendError
 from specdec.lowering import Geometry
 from specdec.manifest import ModelDims
@@ -40,6 +40,23 @@ def raise_for(status: int, what: str) -> None:
     if status:
         raise BackendError(f"the native kernels refused {what}: {STATUS.get(status, f'status {status}')}",
                            "this is a bug in specdec's call; report it with the bundle's manifest")
+
+
+def check_rows(rows: int, steps: int, pos, slots, held: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions int32 [rows], slots int64 [rows]) of a forward of `rows` x `steps` tokens over `held` KV slots of
+    `size` positions; BackendError where either is not one integer per row, a position or its last token falls
+    outside 0..size - 1 (never wrapped to 32 bits), or the slots are not distinct held slots."""
+    pos, slots = np.asarray(pos), np.asarray(slots)
+    if pos.shape != (rows,) or slots.shape != (rows,) or pos.dtype.kind not in "iu" or slots.dtype.kind not in "iu":
+        raise BackendError(f"a forward of {rows} rows got positions {pos.dtype} {list(pos.shape)} and slots "
+                           f"{slots.dtype} {list(slots.shape)}", "pass one integer position and one slot per row")
+    at, into = pos.tolist(), slots.tolist()
+    if any(p < 0 or p + steps > size for p in at):
+        raise BackendError(f"positions {at} with {steps} tokens fall outside the {size} positions of the KV",
+                           "end the row first (finish reason 'length'), or re-export with a larger --max-seq-len")
+    if any(s < 0 or s >= held for s in into) or len(set(into)) != rows:
+        raise BackendError(f"slots {into} are not distinct slots of 0..{held - 1}", "call reset with enough slots")
+    return pos.astype(np.int32), slots.astype(np.int64)
 
 
 class Scratch:
@@ -96,7 +113,7 @@ class NativeModel:
                   for name in ("input_norm", "post_norm", *LINEARS)]
         paired = [_pointers(list(column)) for column in zip(*self.draft.pairs)] if self.draft else []
         self._tables = tables + paired  # kept alive with the struct
-        rows = weights.layout != "q41"  # rows: a tied embedding is the head itself
+        rows = WEIGHT_LAYOUTS[weights.layout].rows  # rows: a tied embedding is the head itself
         embedding = weights.head if rows and weights.embedding is None else weights.embedding
         return ModelStruct(
             dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim, weights.mlp_width,
@@ -146,7 +163,17 @@ class NativeModel:
     def forward(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool = False,
                 threads: int = 1) -> np.ndarray:
         """tokens [B, T] of rows at positions pos[b].. of slots[b] -> logits [B, T or 1, V]; K/V land at
-        [pos[b], pos[b] + T) of each slot. One call for all rows: each weight is read once for all of them."""
+        [pos[b], pos[b] + T) of each slot. One call for all rows: each weight is read once for all of them. Checks its
+        positions and slots (check_rows); NativeBackend, whose forward has checked them, calls compute."""
+        tokens = np.asarray(tokens)
+        rows, steps = tokens.shape if tokens.ndim == 2 else (0, 0)
+        if rows and steps and self.keys is not None:  # else compute says what is wrong
+            pos, slots = check_rows(rows, steps, pos, slots, self.keys.shape[1], self.max_seq_len)
+        return self.compute(tokens, pos, slots, last_only, threads)
+
+    def compute(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool = False,
+                threads: int = 1) -> np.ndarray:
+        """forward without check_rows: positions and slots already checked."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
         rows, steps = tokens.shape if tokens.ndim == 2 else (0, 0)
         keys, values = self.keys, self.values

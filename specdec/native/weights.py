@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import BLOCK, DTYPES, FORMAT_VERSION, KINDS, TensorEntry, read_tensors
+from specdec.blocks import BLOCK, DTYPES, FORMAT_VERSION, WEIGHT_LAYOUTS, TensorEntry, nonfinite, read_tensors
 from specdec.errors import BackendError
-from specdec.manifest import ModelDims, NativeRecord
+from specdec.manifest import ModelDims, ModelEntry, NativeRecord
 
 HINT = "re-export the bundle with this specdec (specdec-export writes native weights), or use backend='onnxruntime'"
 LINEARS = ("qkv", "o", "gate_up", "down")
+NATIVE_DRAFT = "int4-q41"  # the derived drafts the native and cuda backends run beside their target
 
 
 @dataclass
@@ -48,7 +49,7 @@ class NativeWeights:
     sin: np.ndarray
     epsilon: float
     scale: float  # attention scores' scale
-    layout: str = "q41"  # a key of specdec.blocks.KINDS
+    layout: str = "q41"  # a key of specdec.blocks.WEIGHT_LAYOUTS
 
     @property
     def vocab(self) -> int:
@@ -58,7 +59,7 @@ class NativeWeights:
     @property
     def mlp_width(self) -> int:
         down = self.layers[0].down  # [H, I / 32] blocks or [H, I] rows
-        return down.shape[1] * (BLOCK if self.layout == "q41" else 1)
+        return down.shape[1] * WEIGHT_LAYOUTS[self.layout].per
 
 
 @dataclass
@@ -77,9 +78,26 @@ def _tensors(root: Path, record: NativeRecord, role: str, pages: str) -> dict:
     try:
         index = {name: TensorEntry(spec["kind"], tuple(spec["shape"]), int(spec["offset"]))
                  for name, spec in record.tensors.items()}
-        return read_tensors(root / record.path, index, pages)
+        tensors = read_tensors(root / record.path, index, pages)
+        check_finite(root / record.path, tensors)
+        return tensors
     except (KeyError, TypeError, ValueError, OSError) as exc:
         raise BackendError(f"the {role}'s native weights {record.path} cannot be read: {exc}", HINT) from exc
+
+
+_FINITE = {}  # (path, size, mtime) of each weights file found finite in this process: checked once
+
+
+def check_finite(path: Path, tensors: dict) -> None:
+    """ValueError naming the first tensor that holds NaN or inf (once per file and version per process)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key in _FINITE:
+        return
+    for name, array in tensors.items():
+        if nonfinite(array):
+            raise ValueError(f"tensor {name} holds NaN or inf")
+    _FINITE[key] = True
 
 
 def _expect(tensors: dict, name: str, kind: np.dtype, shape: tuple, role: str) -> np.ndarray:
@@ -95,7 +113,7 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
     from specdec.blocks import BLOCK4, BLOCK8
 
     t = _tensors(root, record, "target", pages)
-    f32, rows = np.dtype("<f4"), record.layout != "q41"
+    f32, rows = np.dtype("<f4"), WEIGHT_LAYOUTS[record.layout].rows
     H, D, V, layers = dims.hidden_size, dims.head_dim, dims.vocab_size, dims.num_layers
     cos = t.get("cos")
     if cos is None or cos.ndim != 2 or cos.shape[1] != D // 2:
@@ -125,7 +143,7 @@ def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: Nat
     from specdec.blocks import BLOCK4P, BLOCK8
 
     t = _tensors(root, record, "draft", pages)
-    pairs, per = [], BLOCK if target.layout == "q41" else 1
+    pairs, per = [], WEIGHT_LAYOUTS[target.layout].per
     for i, layer in enumerate(target.layers):
         shapes = [getattr(layer, name).shape for name in LINEARS]  # [N, K / 32] blocks or [N, K] rows
         pairs.append([_expect(t, f"layers.{i}.{name}_p", BLOCK4P, (n, (k * per // BLOCK + 1) // 2), "draft")
@@ -139,15 +157,21 @@ def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: Nat
     return DraftWeights(pairs=pairs, head=head, head_rows=rows, fill=record.fill)
 
 
-LAYOUTS = {**{name: "target" for name in KINDS}, "q41-draft": "draft"}  # the layouts this engine reads, by role
-
-
 def check_layout(record: NativeRecord | None, role: str) -> NativeRecord:
     """The record, where it is one this engine reads for `role`; BackendError otherwise."""
     if record is None:
         raise BackendError(f"the bundle's {role} carries no native weights (specdec-export writes them for "
                            "LLaMA-layout gqa targets, and calibrate quantize for their int4-q41 drafts)", HINT)
-    if LAYOUTS.get(record.layout) != role:
+    layout = WEIGHT_LAYOUTS.get(record.layout)
+    if layout is None or layout.role != role:
         raise BackendError(f"the {role}'s native weights have layout {record.layout!r}, which this engine does not "
                            f"run for a {role}", HINT)
     return record
+
+
+def drafts_natively(draft: ModelEntry, target: ModelEntry) -> bool:
+    """Whether `draft` is the target's Q4_1 quantization with native weights, which the native backend runs on the
+    target's blocks."""
+    return (draft.derived == NATIVE_DRAFT and draft.native is not None and draft.dims == target.dims
+            and draft.lowering == target.lowering and draft.max_seq_len == target.max_seq_len
+            and draft.max_batch <= target.max_batch)

@@ -13,6 +13,13 @@ class TextCodec:
         self.template = None
         self.special = {}
 
+    @staticmethod
+    def files_read(root: Path) -> list:
+        """The bundle files open() reads: tokenizer.json, and tokenizer_config.json and chat_template.jinja where
+        present."""
+        return ["tokenizer.json"] + [name for name in ("tokenizer_config.json", "chat_template.jinja")
+                                     if (Path(root) / name).is_file()]
+
     def open(self) -> "TextCodec":
         try:
             from tokenizers import Tokenizer

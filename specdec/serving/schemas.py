@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specdec.runtime.config import DRAFTERS
 
 MAX_STOPS = 4  # as OpenAI
+# OpenAI fields specdec does not implement, with the values that ask for nothing (anything else is refused by name)
+UNSUPPORTED = {"echo": (False, None), "best_of": (1, None), "suffix": (None, ""), "logit_bias": (None, {}),
+               "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+               "function_call": (None, "none"), "parallel_tool_calls": (None,), "audio": (None,),
+               "modalities": (None, ["text"]), "prediction": (None,), "response_format": (None, {"type": "text"})}
 
 
 class SpecdecOptions(BaseModel):
@@ -41,7 +46,7 @@ class _Sampling(BaseModel):
     temperature: float | None = None  # None: the bundle's default (like top_p)
     top_p: float | None = None
     n: int = 1
-    seed: int | None = None
+    seed: int | None = Field(None, strict=True)  # an integer: not a boolean, not a numeric string
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -49,6 +54,29 @@ class _Sampling(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     specdec: SpecdecOptions | None = None
+
+    # the fields of UNSUPPORTED: accepted at their no-op values only
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
+    logit_bias: Any = None
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    response_format: Any = None
+
+    @field_validator(*UNSUPPORTED)
+    @classmethod
+    def _unsupported(cls, value, info):
+        if not any(value == no_op and type(value) is type(no_op) for no_op in UNSUPPORTED[info.field_name]):
+            raise ValueError(f"{info.field_name}={value!r} is not supported by this server; leave it out")
+        return value
 
     @field_validator("n")
     @classmethod

@@ -127,3 +127,15 @@ def test_the_site_builds_strict(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     built = {p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("index.html")}
     assert len(built) >= 8 and "performance/index.html" in built and "reference/errors/index.html" in built
+
+
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|root|home|Users)/[\w./-]+")
+
+
+def test_no_record_or_page_holds_a_path_of_the_machine_that_made_it():
+    """Records and pages name files relative to the repository (benchmarks/harness/record.py's repo_path), never by
+    the absolute path of a checkout or a home folder."""
+    files = [*ROOT.glob("benchmarks/results/**/*.json"), *ROOT.glob("benchmarks/results/**/*.md"), *PAGES,
+             ROOT / "README.md"]
+    found = {str(path.relative_to(ROOT)): MACHINE_PATH.findall(path.read_text(encoding="utf-8")) for path in files}
+    assert not {name: paths for name, paths in found.items() if paths}

@@ -61,6 +61,18 @@ def test_the_kernels_check_what_the_backend_would(target, pos, ids, status):
         target.model.forward(np.array(ids), np.array([pos]), np.array([0]))
 
 
+@pytest.mark.parametrize("pos,slots,match", [
+    (np.array([2**32 + 5]), np.array([0]), "fall outside"),  # once wrapped to 5 by the cast to 32 bits
+    (np.array([0, 0]), np.array([0]), "one integer position and one slot per row"),  # once read past a short array
+    (np.array([1.5]), np.array([0]), "one integer position"),
+    (np.array([0]), np.array([7]), "not distinct slots"),
+])
+def test_native_model_forward_checks_positions_and_slots(target, pos, slots, match):
+    target.reset(2)
+    with pytest.raises(BackendError, match=match):
+        target.model.forward(np.array([[1]]), pos, slots)
+
+
 def test_matmul_refuses_a_k_that_its_blocks_do_not_have(target):
     blocks = target.model.weights.layers[0].qkv  # K = 64: two blocks per column
     with pytest.raises(BackendError, match="out of range"):

@@ -43,7 +43,18 @@ BAD_BODIES = {
     "two prompts": ({**GOOD, "prompt": ["a", "b"]}, 400, "/v1/completions"),
     "prompt of the wrong type": ({**GOOD, "prompt": {"text": "x"}}, 400, "/v1/completions"),
     "logprobs": ({**GOOD, "logprobs": 2}, 400, "/v1/completions"),
+    "echo": ({**GOOD, "echo": True}, 400, "/v1/completions"),
+    "best_of": ({**GOOD, "best_of": 3}, 400, "/v1/completions"),
+    "logit_bias": ({**GOOD, "logit_bias": {"5": 100}}, 400, "/v1/completions"),
+    "suffix": ({**GOOD, "suffix": "end"}, 400, "/v1/completions"),
+    "tools": ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+               "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "/v1/chat/completions"),
+    "json response_format": ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                              "response_format": {"type": "json_object"}}, 400, "/v1/chat/completions"),
+    "seed true": ({**GOOD, "seed": True}, 400, "/v1/completions"),
+    "seed text": ({**GOOD, "seed": "7"}, 400, "/v1/completions"),
 }
+NAMED = {"echo", "best_of", "logit_bias", "suffix", "tools", "seed true"}  # the message names the field
 
 
 def _check_error(response: httpx.Response, status: int) -> dict:
@@ -57,7 +68,17 @@ def _check_error(response: httpx.Response, status: int) -> dict:
 @pytest.mark.parametrize("case", list(BAD_BODIES))
 def test_bad_body_gets_a_4xx_error_json(served, case):
     body, status, path = BAD_BODIES[case]
-    _check_error(httpx.post(served.url + path, json=body, headers=AUTH), status)
+    error = _check_error(httpx.post(served.url + path, json=body, headers=AUTH), status)
+    if case in NAMED:
+        assert case.split()[0] in error["message"], error
+
+
+def test_no_op_values_of_unsupported_fields_are_served(served):
+    body = {**GOOD, "echo": False, "best_of": 1, "logit_bias": {}, "seed": 7, "user": "me"}
+    assert httpx.post(served.url + "/v1/completions", json=body, headers=AUTH).status_code == 200
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": [],
+            "response_format": {"type": "text"}}
+    assert httpx.post(served.url + "/v1/chat/completions", json=chat, headers=AUTH).status_code == 200
 
 
 def test_invalid_json_wrong_key_oversized_body_and_unknown_route(served):
