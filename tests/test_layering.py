@@ -8,9 +8,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "specdec"
-LOW = ("specdec.runtime", "specdec.native", "specdec.blocks", "specdec.errors", "specdec.manifest")
+LOW = ("specdec.runtime", "specdec.native", "specdec.cuda", "specdec.blocks", "specdec.errors", "specdec.manifest")
 UPPER = ("specdec.calibration", "specdec.export", "specdec.cli", "specdec.serving")  # engines: the TensorRT glue
-BACKENDS = ("specdec.runtime.ort_backend", "specdec.runtime.native_backend", "specdec.runtime.trt_backend")
+BACKENDS = ("specdec.runtime.ort_backend", "specdec.runtime.native_backend", "specdec.runtime.trt_backend",
+            "specdec.runtime.cuda_backend")
 
 
 def module_name(path: Path) -> str:
@@ -73,4 +74,5 @@ def test_no_cycle_below_the_export():
 
 def test_no_backend_imports_another():
     assert all(not set(BACKENDS) & GRAPH[name] for name in BACKENDS if name in GRAPH)
-    assert {"specdec.runtime.ort_backend", "specdec.runtime.native_backend"} <= GRAPH["specdec.runtime.registry"]
+    assert {"specdec.runtime.ort_backend", "specdec.runtime.native_backend",
+            "specdec.runtime.cuda_backend"} <= GRAPH["specdec.runtime.registry"]

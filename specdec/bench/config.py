@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import ConfigError
-from specdec.runtime.config import DRAFTER_KINDS, DRAFTERS, NAMED_CPU_BACKENDS
+from specdec.runtime.config import DRAFTER_KINDS, DRAFTERS, NAMED_BACKENDS
 
 BASELINE = "target-only"
 
@@ -35,7 +35,7 @@ class BenchConfig:
     policies: tuple = ()  # γ policies of the model drafter besides fixed: "adaptive", "heuristic"
     temperature: float = 0.0
     threads: int | None = None
-    backend: str = "onnxruntime"  # or "native" (the target on specdec's own kernels)
+    backend: str = "onnxruntime"  # or "native" / "cuda" (the target on specdec's own CPU / GPU kernels)
     verify: bool = True  # check the bundle's file hashes
     peers: str | None = None  # a folder of peer results (*.jsonl) to merge into the table
     plots: bool = True
@@ -55,9 +55,9 @@ class BenchConfig:
                                  ("warmup", self.warmup, 0), ("per_class", self.per_class, 0)):
             if not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}", f"pass {name}={low} or more")
-        if self.backend not in NAMED_CPU_BACKENDS:
-            raise ConfigError(f"backend {self.backend!r} is not a CPU backend a benchmark can name",
-                              f"use one of {', '.join(NAMED_CPU_BACKENDS)}")
+        if self.backend not in NAMED_BACKENDS:
+            raise ConfigError(f"backend {self.backend!r} is not a backend a benchmark can name",
+                              f"use one of {', '.join(NAMED_BACKENDS)}")
         bad = [d for d in self.drafters if d not in DRAFTERS or d == "none"]
         if bad:
             raise ConfigError(f"drafter {bad[0]!r} is unknown", "choose from model, prompt_lookup, auto")

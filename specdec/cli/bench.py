@@ -5,9 +5,9 @@ import argparse
 import shlex
 import sys
 
-from specdec.runtime.config import NAMED_CPU_BACKENDS
+from specdec.runtime.config import NAMED_BACKENDS
 
-DEFAULT_BACKEND = NAMED_CPU_BACKENDS[0]  # onnxruntime: every bundle
+DEFAULT_BACKEND = NAMED_BACKENDS[0]  # onnxruntime: every bundle
 
 
 def _ints(text: str) -> tuple:
@@ -38,8 +38,9 @@ def add_bench_parser(commands) -> None:
     parser.add_argument("--gamma-policies", type=_names, default=(),
                         help="γ policies of the model drafter to add: adaptive,heuristic (default none)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
-    parser.add_argument("--backend", choices=NAMED_CPU_BACKENDS, default=DEFAULT_BACKEND,
-                        help="onnxruntime (default), or native: the target on specdec's own 4-bit kernels")
+    parser.add_argument("--backend", choices=NAMED_BACKENDS, default=DEFAULT_BACKEND,
+                        help="onnxruntime (default); native: specdec's own CPU kernels; cuda: specdec's own GPU "
+                             "kernels (cuda:0)")
     parser.add_argument("--peers", default=None, help="folder of peer results (*.jsonl) to merge into the table")
     parser.add_argument("--quick", action="store_true", help="smoke run: shortest prompt per class, 12 tokens, "
                         "one repeat, γ in {1, 2}")

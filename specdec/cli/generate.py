@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.runtime.config import AUTO_BACKEND, COUPLINGS, CPU_BACKENDS, DRAFTERS, GAMMA_POLICIES
+from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES, COUPLINGS, DRAFTERS, GAMMA_POLICIES
 
 
 def add_generate_parser(commands) -> None:
@@ -25,10 +25,13 @@ def add_generate_parser(commands) -> None:
                         help="sampled tokens: leviathan (the paper's rule, default) or gumbel (noise fixed by seed and "
                              "position: the same seed gives the same text whatever the drafter and γ)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    parser.add_argument("--backend", choices=CPU_BACKENDS, default="auto",
-                        help="auto (default): native where the bundle and machine allow it, else onnxruntime; native: "
-                             "specdec's own 4-bit kernels (targets exported from a Q4_1 GGUF, such as the default "
-                             "model; an AVX2 CPU and a C compiler); onnxruntime: any bundle")
+    parser.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                        help="auto (default): cuda on a GPU; on the CPU native where the bundle and machine allow it, "
+                             "else onnxruntime; native: specdec's own CPU kernels over the bundle's native weights (an "
+                             "AVX2 CPU and a C compiler); cuda: specdec's own GPU kernels over the same weights (an "
+                             "NVIDIA GPU and the [cuda] extra); onnxruntime: any bundle")
+    parser.add_argument("--device", default=None,
+                        help="cpu or cuda:N (default: cuda:0 for --backend cuda; with auto, a GPU where CuPy sees one)")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     parser.set_defaults(run=run_generate)
 
@@ -42,12 +45,12 @@ def run_generate(args: argparse.Namespace) -> int:
         seed=args.seed, gamma=args.gamma, gamma_policy=args.gamma_policy, drafter=args.drafter, stop=tuple(args.stop), chat=args.chat,
         coupling=args.coupling,
     )
-    with load(args.bundle, backend=args.backend, verify=not args.no_verify) as generator:
+    with load(args.bundle, backend=args.backend, device=args.device, verify=not args.no_verify) as generator:
         for piece in generator.stream(args.prompt, config):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
         print(f"[{args.drafter}, {generator.backend}] {generator.last_stats.summary()}", file=sys.stderr)
         if args.backend == AUTO_BACKEND and generator.backend_note:
-            print(f"(onnxruntime: {generator.backend_note})", file=sys.stderr)
+            print(f"({generator.backend}: {generator.backend_note})", file=sys.stderr)
     return 0

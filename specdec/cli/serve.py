@@ -5,7 +5,7 @@ import argparse
 import sys
 import time
 
-from specdec.runtime.config import AUTO_BACKEND, CPU_BACKENDS
+from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES
 from specdec.serving.options import API_KEY_ENV, SPECULATION, ServeOptions
 
 
@@ -27,9 +27,12 @@ def add_serve_parser(commands) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="threads per model call (default: every core; at most 4 per core)")
     _add_connection_args(parser)
-    parser.add_argument("--backend", choices=CPU_BACKENDS, default=AUTO_BACKEND,
-                        help="auto (default): native where it opens, else onnxruntime; native: specdec's own kernels "
-                             "over the bundle's native weights; onnxruntime: every bundle")
+    parser.add_argument("--backend", choices=BACKEND_CHOICES, default=AUTO_BACKEND,
+                        help="auto (default): cuda on a GPU, else native where it opens, else onnxruntime; native / "
+                             "cuda: specdec's own CPU / GPU kernels over the bundle's native weights; onnxruntime: "
+                             "every bundle")
+    parser.add_argument("--device", default=None,
+                        help="cpu or cuda:N (default: cuda:0 for --backend cuda; with auto, a GPU where CuPy sees one)")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     parser.add_argument("--no-prefix-reuse", action="store_true",
                         help="prefill every prompt whole; by default a request skips the prefix whose K/V its slot "
@@ -62,7 +65,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(bundle=args.bundle, host=args.host, port=args.port, max_batch=args.max_batch,
                         max_queue=args.max_queue, api_key=args.api_key, model_name=args.model_name,
                         speculation=args.speculation, gamma=args.gamma, max_body_bytes=args.max_body_bytes,
-                        threads=args.threads, verify_files=not args.no_verify, backend=args.backend,
+                        threads=args.threads, verify_files=not args.no_verify, backend=args.backend, device=args.device,
                         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                         keep_alive_s=args.keep_alive,
                         max_connections=args.max_connections, drain_s=args.drain_timeout,

@@ -17,9 +17,19 @@ from specdec.errors import BackendError, CapacityError
 from specdec.manifest import ModelEntry
 
 
+def bounds(values: np.ndarray) -> tuple[int, int]:
+    """(min, max) of a non-empty integer array; a small one through Python ints (numpy's reductions cost microseconds
+    each on a handful of values, several times a forward call: the host time of a GPU round)."""
+    if values.size <= 64:
+        flat = values.ravel().tolist()
+        return min(flat), max(flat)
+    return int(values.min()), int(values.max())
+
+
 def check_capacity(cache_len: np.ndarray, steps: int, max_seq_len: int) -> None:
-    end = int(cache_len.max()) + steps
-    if end > max_seq_len or int(cache_len.min()) < 0:
+    low, high = bounds(cache_len)
+    end = high + steps
+    if end > max_seq_len or low < 0:
         raise CapacityError(
             f"a forward of T={steps} at cache_len={cache_len.tolist()} needs {end} slots; S is {max_seq_len}",
             "the caller must end the row with reason 'length' first; re-export with a larger --max-seq-len",
@@ -62,7 +72,7 @@ class Backend:
     def files_read(cls, entry: ModelEntry) -> list:
         """The bundle files this backend reads of `entry` (load(verify=True) hashes these before opening it)."""
         native = entry.native.path if entry.native is not None else None
-        return [rel for rel in entry.files if rel != native]
+        return list(dict.fromkeys([entry.onnx_path, *(rel for rel in entry.files if rel != native)]))
 
     @property
     def kv_layout(self) -> str | None:
@@ -102,7 +112,8 @@ class Backend:
         if cache_len.shape != (rows,) or slots.shape != (rows,):
             raise BackendError(f"forward of {rows} rows got cache_len {cache_len.shape} and slots {slots.shape}",
                                "pass one cache_len and one slot per row")
-        if rows and (slots.min() < 0 or slots.max() >= self.batch or len(set(slots.tolist())) != rows):
+        low, high = bounds(slots) if rows else (0, 0)
+        if rows and (low < 0 or high >= self.batch or len(set(slots.tolist())) != rows):
             raise BackendError(f"slots {slots.tolist()} are not distinct slots of 0..{self.batch - 1}",
                                "call reset(batch) with enough slots")
         check_capacity(cache_len, steps, self.max_seq_len)
@@ -122,6 +133,27 @@ class Backend:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class SharedKvDraft:
+    """A backend whose draft runs on its target's KV (native, cuda): `self.target` is the draft's open target (None
+    for a target), `self.model` the open model (None when closed)."""
+
+    def takes_kv_from(self, source) -> bool:
+        """A draft sharing its target's KV: copying it is nothing to do."""
+        return self.target is not None and unwrapped(source) is self.target
+
+    def copy_kv(self, source, slot: int, start: int, stop: int) -> None:
+        if not self.takes_kv_from(source):
+            super().copy_kv(source, slot, start, stop)
+
+    def _reset(self, batch: int) -> None:
+        if self.model is None:
+            raise BackendError(f"the {self.entry.role} backend is closed", "open it again (specdec.load)")
+        if self.target is not None and self.target.batch < batch:
+            raise BackendError(f"the {self.name} draft shares its target's KV, which holds {self.target.batch} "
+                               f"slots, not {batch}", "reset the target with as many slots first")
+        self.model.reset(batch)
 
 
 def unwrapped(backend):
@@ -230,6 +262,15 @@ def session_options(threads: int | None = None):
     # requests; without it step times stayed within the measurement's noise (README, "Memory stays flat")
     options.log_severity_level = 3
     return options
+
+
+def check_tokens(input_ids: np.ndarray, vocab: int, what: str = "the vocabulary") -> None:
+    """BackendError where a token id lies outside 0..vocab - 1."""
+    if input_ids.size:
+        low, high = bounds(input_ids)
+        if low < 0 or high >= vocab:
+            raise BackendError(f"token ids {low}..{high} are outside {what} 0..{vocab - 1}",
+                               "encode the text with the bundle's tokenizer")
 
 
 def check_device(name: str, device: str, allowed: tuple) -> None:

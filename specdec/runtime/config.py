@@ -10,9 +10,10 @@ from typing import Callable
 from specdec.errors import CapacityError, ConfigError
 from specdec.runtime.adaptive_gamma import GAMMA_POLICY_KINDS
 
-AUTO_BACKEND = "auto"  # the native backend where the bundle and this machine allow it, else onnxruntime
-NAMED_CPU_BACKENDS = ("onnxruntime", "native")  # what a benchmark measures (one backend, by name)
-CPU_BACKENDS = (AUTO_BACKEND, *NAMED_CPU_BACKENDS)  # what the CLI offers: tensorrt runs through
+AUTO_BACKEND = "auto"  # cuda on a GPU; on the CPU native where the bundle and machine allow it, else onnxruntime
+NAMED_CPU_BACKENDS = ("onnxruntime", "native")
+NAMED_BACKENDS = (*NAMED_CPU_BACKENDS, "cuda")  # what a benchmark measures (one backend, by name)
+BACKEND_CHOICES = (AUTO_BACKEND, *NAMED_BACKENDS)  # what the CLI and the server offer: tensorrt runs through
 # specdec.load(backend="tensorrt", device="cuda:N")
 GAMMA_POLICIES = tuple(GAMMA_POLICY_KINDS)
 COUPLINGS = ("leviathan", "gumbel")  # how a sampled token is drawn and verified (specdec.runtime.sampling)

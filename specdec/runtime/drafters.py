@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.runtime.adaptive_gamma import cumulative_from_conditional, speedup_table
+from specdec.runtime.backend import unwrapped
 from specdec.runtime.sampling import gumbel_choice, sample, warp
 from specdec.runtime.state import Row, feed_chunks, forward_rows
 
@@ -119,6 +120,9 @@ class ModelDrafter:
             feeding = [wanted[b] and step + 1 < limits[b] for b in range(len(rows))]
             if not any(feeding):
                 break
+            logits = None  # released first: a device backend copies logits still held at its next forward
+            if step == 0 and self._chain(rows, drafts, feeding, limits):
+                break
             logits = self._step(rows, drafts, feeding)
         return [self._proposal(row, d, q) if w else EMPTY for row, d, q, w in zip(rows, drafts, dists, wanted)]
 
@@ -132,6 +136,28 @@ class ModelDrafter:
             if feeding[b]:
                 row.draft_len += 1
         return [None if out is None else out[-1] for out in logits]
+
+    def _chain(self, rows: list, drafts: list, feeding: list, limits: list) -> bool:
+        """Every fed row's remaining greedy drafts in one call, where the backend chains one-token steps on its device
+        (the cuda backend: one graph, no round trip a step); False where it cannot, and the steps go one by one."""
+        backend = unwrapped(self.backend)
+        fed = [b for b, f in enumerate(feeding) if f]
+        steps = max(limits[b] for b in fed) - 1
+        if not hasattr(backend, "propose_greedy") or not all(rows[b].config.greedy for b in fed) \
+                or not backend.chains(len(fed), steps) \
+                or any(rows[b].draft_len + steps > backend.max_seq_len for b in fed):
+            return False
+        started = time.perf_counter()
+        chosen = self.backend.propose_greedy(  # [fed, steps]; a row drafting fewer ignores the rest
+            np.asarray([drafts[b][-1] for b in fed], np.int64), np.asarray([rows[b].draft_len for b in fed], np.int64),
+            np.asarray([rows[b].slot for b in fed], np.int64), steps)
+        if self.step_timer is not None:
+            for _ in range(steps):
+                self.step_timer((time.perf_counter() - started) / steps)
+        for i, b in enumerate(fed):
+            drafts[b].extend(chosen[i, : limits[b] - 1].tolist())
+            rows[b].draft_len += limits[b] - 1
+        return True
 
     @staticmethod
     def _proposal(row: Row, drafts: list, dists: list) -> Proposal:

@@ -27,7 +27,7 @@ from specdec.runtime.backend import cpu_count
 from specdec.runtime.config import AUTO_BACKEND, GenerationConfig
 from specdec.runtime.drafters import ModelGate
 from specdec.runtime.loop import SpeculativeLoop
-from specdec.runtime.registry import TrtBackend, open_backends
+from specdec.runtime.registry import open_backends
 from specdec.runtime.requests import RequestLayer
 from specdec.runtime.state import Row, Stats, Timed
 from specdec.runtime.text import StopStrings, TextCodec
@@ -66,21 +66,44 @@ def load(bundle: str | Path, backend: str = AUTO_BACKEND, device: str | None = N
          threads: int | None = None) -> "Generator":
     """Open a bundle for generation. `verify` checks the sha256 of every file the opened backends and the tokenizer
     read against the manifest (before each is opened).
-    backend: "auto" (the default) opens the native backend where the bundle and this machine allow it (native weights
-    in the bundle, an AVX2 CPU, a C compiler), else onnxruntime; the Generator's `backend` names the one opened and
+    backend: "auto" (the default) opens the cuda backend on a GPU, else the native backend where the bundle and this
+    machine allow it (native weights in the bundle, an AVX2 CPU, a C compiler), else onnxruntime; the Generator's `backend` names the one opened and
     `backend_note` says why native was not (specdec.runtime.registry).
-    device: "cpu" for onnxruntime and native (the default), "cuda:N" for tensorrt (default cuda:0)."""
+    device: "cpu" for onnxruntime and native, "cuda:N" for cuda and tensorrt (their default cuda:0); unset with
+    backend="auto": a GPU where CuPy sees one (the cuda backend), else the CPU."""
     threads = check_threads(threads)
+    return generator_of(bundle, verify, lambda root, manifest: open_backends(root, manifest, backend, device,
+                                                                            threads, verify))
+
+
+def generator_of(bundle: str | Path, verify: bool, open_models) -> "Generator":
+    """A Generator of the bundle's models as `open_models(root, manifest)` opens them -> (target, draft, backend's
+    name, note); the tokenizer's files hashed first where `verify`."""
     root = Path(bundle)
     manifest = read_manifest(root)
     if verify:
-        check_bundle_files(root, manifest, list(manifest.tokenizer.files))
-    device = device or ("cuda:0" if backend == TrtBackend.name else "cpu")
+        check_bundle_files(root, manifest, TextCodec.files_read(root))
     codec = TextCodec(root).open()
-    target, draft, backend, note = open_backends(root, manifest, backend, device, threads, verify)
+    target, draft, backend, note = open_models(root, manifest)
     generator = Generator(manifest, codec, target, draft)
     generator.backend, generator.backend_note = backend, note
     return generator
+
+
+def load_cuda(bundle: str | Path, options=None, verify: bool = True) -> "Generator":
+    """specdec.load(bundle, backend="cuda") with options of the caller's: graphs off (to measure what they buy), or
+    the numpy reference kernels standing in for the GPU's (tests)."""
+    from specdec.runtime.cuda_backend import CudaBackend, CudaOptions
+    from specdec.runtime.registry import open_pair
+
+    options = options or CudaOptions()
+
+    def open_models(root, manifest):
+        target = CudaBackend(root, manifest.target, options)
+        return (*open_pair(CudaBackend, root, manifest, f"cuda:{options.device}", None, verify, target),
+                CudaBackend.name, None)
+
+    return generator_of(bundle, verify, open_models)
 
 
 @dataclass

@@ -92,7 +92,7 @@ class SpeculativeLoop:
     def accept(row: Row, prop: Proposal, logits: np.ndarray) -> tuple[int, int]:
         # logits: [k + 1, V] of this row -> (accepted count, next token)
         config, drafts = row.config, prop.tokens
-        if config.greedy:
+        if config.greedy:  # a device backend's logits answer argmax from the ids that came back with them
             return accept_greedy(drafts, logits.argmax(axis=-1))
         if config.coupling == "gumbel":  # the target's own coupled samples; drafts are accepted while they match
             probs, vocab = warp(logits, config), logits.shape[-1]

@@ -22,9 +22,9 @@ import numpy as np
 
 from specdec.errors import BackendError
 from specdec.manifest import ModelEntry
-from specdec.runtime.backend import Backend, default_threads, unwrapped
+from specdec.native.weights import NATIVE_DRAFT, drafts_natively
+from specdec.runtime.backend import Backend, SharedKvDraft, check_tokens, default_threads
 
-NATIVE_DRAFT = "int4-q41"  # the derived drafts the native backend runs on the target's blocks
 HINT = "use backend='onnxruntime'"
 PAGES_ENV = "SPECDEC_NATIVE_PAGES"  # "private" (default) or "shared": how the weights are held (specdec.blocks)
 
@@ -40,15 +40,7 @@ def pages() -> str:
     return value
 
 
-def drafts_natively(draft: ModelEntry, target: ModelEntry) -> bool:
-    """Whether `draft` is the target's Q4_1 quantization with native weights, which the native backend runs on the
-    target's blocks."""
-    return (draft.derived == NATIVE_DRAFT and draft.native is not None and draft.dims == target.dims
-            and draft.lowering == target.lowering and draft.max_seq_len == target.max_seq_len
-            and draft.max_batch <= target.max_batch)
-
-
-class NativeBackend(Backend):
+class NativeBackend(SharedKvDraft, Backend):
     name = "native"
     devices = ("cpu",)
 
@@ -106,29 +98,12 @@ class NativeBackend(Backend):
 
     exact_prefix_kv = True  # a position's result depends only on its position (docs/backends.md; tested)
 
-    def takes_kv_from(self, source) -> bool:
-        """A native draft shares its target's KV: copying it is nothing to do."""
-        return self.target is not None and unwrapped(source) is self.target
-
-    def copy_kv(self, source, slot: int, start: int, stop: int) -> None:
-        if not self.takes_kv_from(source):
-            super().copy_kv(source, slot, start, stop)
-
-    def _reset(self, batch: int) -> None:
-        if self.model is None:
-            raise BackendError(f"the {self.entry.role} backend is closed", "open it again (specdec.load)")
-        if self.target is not None and self.target.batch < batch:
-            raise BackendError(f"the native draft shares its target's KV, which holds {self.target.batch} slots, "
-                               f"not {batch}", "reset the target with as many slots first")
-        self.model.reset(batch)
 
     def _forward(self, input_ids, cache_len, last_only: bool, slots: np.ndarray) -> np.ndarray:
         # input_ids: [B, T] -> logits [B, T or 1, V]
         vocab = self.model.weights.vocab
-        if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= vocab):
-            raise BackendError(f"token ids {input_ids.min()}..{input_ids.max()} are outside the weights' vocabulary "
-                               f"0..{vocab - 1}", "encode the text with the bundle's tokenizer")
-        return self.model.forward(input_ids, cache_len, slots, last_only, self.workers)
+        check_tokens(input_ids, vocab, "the weights' vocabulary")
+        return self.model.compute(input_ids, cache_len, slots, last_only, self.workers)  # checked by forward
 
     def close(self) -> None:
         self.model = self.driver = None

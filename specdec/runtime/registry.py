@@ -1,8 +1,9 @@
 """The backends `specdec.load(backend=...)` can open, by name, and the one place that decides which backend runs a
 bundle's target and its draft (no backend imports another).
 
-backend="auto" (the default) opens the native backend where the bundle and this machine allow it, else onnxruntime,
-which runs every CPU bundle; any reason native cannot open (no compiler, no AVX2, no native weights in the bundle, an
+backend="auto" (the default) opens the cuda backend where the device is a GPU (device="cuda:N", or no device named on a
+machine where CuPy sees one) and the bundle carries native weights; on the CPU, the native backend where the bundle
+and this machine allow it, else onnxruntime, which runs every CPU bundle; any reason native cannot open (no compiler, no AVX2, no native weights in the bundle, an
 unusable cache, a library that will not load) falls back, logged once at WARNING and returned as the note.
 SPECDEC_BACKEND=onnxruntime turns the native backend off for the whole process.
 """
@@ -16,13 +17,14 @@ from pathlib import Path
 from specdec.errors import BackendError, SpecDecError
 from specdec.manifest import Manifest, check_bundle_files
 from specdec.runtime.backend import Backend
+from specdec.runtime.cuda_backend import CudaBackend
 from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
 from specdec.runtime.trt_backend import TrtBackend
 
 log = logging.getLogger(__name__)
-BACKENDS: dict[str, type[Backend]] = {cls.name: cls for cls in (OrtBackend, NativeBackend, TrtBackend)}
-AUTO = "auto"  # native where it opens, else onnxruntime
+BACKENDS: dict[str, type[Backend]] = {cls.name: cls for cls in (OrtBackend, NativeBackend, TrtBackend, CudaBackend)}
+AUTO = "auto"  # cuda on a GPU where it opens; on the CPU native where it opens, else onnxruntime
 FALLBACK = OrtBackend  # runs every CPU bundle, and any draft beside any target
 BACKEND_ENV = "SPECDEC_BACKEND"  # "onnxruntime": the native backend is off for this process
 
@@ -36,21 +38,22 @@ def backend_class(name: str) -> type[Backend]:
 def _check_device(cls: type[Backend], device: str) -> None:
     if not device.startswith(cls.devices):
         raise BackendError(f"backend={cls.name!r} does not run on device={device!r}",
-                           "use backend='onnxruntime' or 'native' with device='cpu', or backend='tensorrt' with "
-                           "device='cuda:N'")
+                           "use backend='onnxruntime' or 'native' with device='cpu', or backend='cuda' or "
+                           "'tensorrt' with device='cuda:N'")
 
 
 def open_pair(cls: type[Backend], root: Path, manifest: Manifest, device: str, threads: int | None,
-              verify: bool = False) -> tuple:
+              verify: bool = False, target: Backend | None = None) -> tuple:
     """(target, draft or None), opened: the target on `cls`, the draft on `cls` where it runs it beside that target
-    (runs_draft), else on onnxruntime. verify: hash the files each backend reads before it opens them."""
+    (runs_draft), else on onnxruntime. verify: hash the files each backend reads before it opens them. target: an
+    unopened target of `cls` built with options of the caller's (else cls.for_target)."""
     _check_device(cls, device)
     if cls is NativeBackend and _native_off():
         raise BackendError(f"the native backend is turned off ({BACKEND_ENV}={os.environ[BACKEND_ENV]})",
                            f"unset {BACKEND_ENV}, or use backend='onnxruntime'")
     if verify:
         check_bundle_files(root, manifest, cls.files_read(manifest.target))
-    target = cls.for_target(root, manifest.target, device, threads).open()
+    target = (target or cls.for_target(root, manifest.target, device, threads)).open()
     if manifest.draft is None:
         return target, None
     try:
@@ -71,23 +74,48 @@ def _native_off() -> bool:
 
 
 @functools.cache
-def _warn_once(note: str) -> None:
-    log.warning("%s; running on onnxruntime", note)
+def _warn_once(note: str, fallback: str) -> None:
+    log.warning("%s; running on %s", note, fallback)
 
 
-def open_backends(root: Path, manifest: Manifest, backend: str, device: str, threads: int | None,
+def open_backends(root: Path, manifest: Manifest, backend: str, device: str | None, threads: int | None,
                   verify: bool = False) -> tuple:
-    """(target, draft, the backend's name, why native did not open or None) for `specdec.load`; verify: hash each
-    file a backend reads before it opens."""
+    """(target, draft, the backend's name, why the backend auto wanted did not open, or None) for `specdec.load`;
+    verify: hash each file a backend reads before it opens. device None: a GPU where CuPy sees one, else the CPU."""
     if backend != AUTO:
+        device = device or ("cuda:0" if backend_class(backend).devices == ("cuda",) else "cpu")
         return (*open_pair(backend_class(backend), root, manifest, device, threads, verify), backend, None)
-    if device != "cpu":
-        raise BackendError(f"backend='auto' runs on the CPU, not on {device!r}",
-                           "pass backend='tensorrt' for a GPU, or leave device unset")
+    note = None
+    if device is None and gpu_visible() or device is not None and device.startswith("cuda"):
+        try:
+            return (*open_pair(CudaBackend, root, manifest, device or "cuda:0", threads, verify), CudaBackend.name,
+                    None)
+        except (SpecDecError, OSError) as exc:  # no CuPy, no GPU, no native weights, too little memory
+            note = f"the cuda backend did not open: {getattr(exc, 'message', None) or exc}"
+            if device is not None:
+                _warn_once(note, "the CPU")
+    elif device not in (None, "cpu"):
+        raise BackendError(f"backend='auto' runs on the CPU or a CUDA GPU, not on {device!r}",
+                           "pass device='cpu' or 'cuda:N', or leave device unset")
     try:
-        return (*open_pair(NativeBackend, root, manifest, device, threads, verify), NativeBackend.name, None)
+        return (*open_pair(NativeBackend, root, manifest, "cpu", threads, verify), NativeBackend.name, note)
     except (SpecDecError, OSError, AttributeError) as exc:  # not this bundle, this machine, or this cache
-        note = f"the native backend did not open: {getattr(exc, 'message', None) or exc}"
+        native = f"the native backend did not open: {getattr(exc, 'message', None) or exc}"
+        note = native if note is None else f"{note}; {native}"
     if not _native_off():
-        _warn_once(note)
-    return (*open_pair(FALLBACK, root, manifest, device, threads, verify), FALLBACK.name, note)
+        _warn_once(native, "onnxruntime")
+    return (*open_pair(FALLBACK, root, manifest, "cpu", threads, verify), FALLBACK.name, note)
+
+
+def gpu_visible() -> bool:
+    """Whether CuPy is installed and sees a GPU (without importing it where it is absent)."""
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        from specdec.cuda.device import gpu_count, import_cupy
+
+        return gpu_count(import_cupy()) > 0
+    except SpecDecError:
+        return False

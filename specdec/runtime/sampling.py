@@ -19,7 +19,9 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 def warp(logits: np.ndarray, config: GenerationConfig) -> np.ndarray:
     """Temperature, then top-k, then top-p; returns probabilities [..., V] (float64). The maximum is subtracted
-    before dividing, so a tiny temperature gives a point mass on the argmax, never an overflow."""
+    before dividing, so a tiny temperature gives a point mass on the argmax, never an overflow. logits may be a
+    device backend's (specdec.cuda.logits.DeviceLogits): they are read to the host here."""
+    logits = np.asarray(logits)
     shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
     with np.errstate(over="ignore", divide="ignore"):
         scaled = shifted / config.temperature  # <= 0; -inf where a tiny temperature overflows

@@ -104,6 +104,14 @@ class Timed:
         self.calls += 1
         return logits
 
+    def propose_greedy(self, *args) -> np.ndarray:
+        """A device backend's chained greedy draft steps (CudaBackend.propose_greedy), timed as one forward."""
+        started = time.perf_counter()
+        chosen = self.backend.propose_greedy(*args)
+        self.seconds += time.perf_counter() - started
+        self.calls += 1
+        return chosen
+
     def __getattr__(self, name):
         return getattr(self.backend, name)
 

@@ -121,7 +121,8 @@ class Engine:
 
     @classmethod
     def from_options(cls, options: ServeOptions, metrics: Metrics | None = None) -> "Engine":
-        generator = load(options.bundle, backend=options.backend, verify=options.verify_files, threads=options.threads)
+        generator = load(options.bundle, backend=options.backend, device=options.device, verify=options.verify_files,
+                         threads=options.threads)
         try:
             generator.requests.gamma(options.gamma)  # serve --gamma against the bundle's γ_max, before any work
         except SpecDecError:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from specdec.errors import ConfigError
-from specdec.runtime.config import AUTO_BACKEND, CPU_BACKENDS, checked_int
+from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES, checked_int
 from specdec.runtime.generator import check_threads
 
 SPECULATION = ("adaptive", "fixed", "off")
@@ -37,6 +37,7 @@ class ServeOptions:
     max_body_bytes: int = 1 << 20
     threads: int | None = None  # onnxruntime intra-op / OpenMP threads (None: every core this process may use)
     backend: str = AUTO_BACKEND  # native where it opens (a batch's rows in one call on either), else onnxruntime
+    device: str | None = None  # "cpu" or "cuda:N"; None: load()'s choice for the backend
     verify_files: bool = True  # check the bundle's sha256 sums at start
     retry_after_s: int = 1  # the Retry-After of a 429
     header_timeout_s: float = 10.0  # a connection sends a request's headers within this (after opening or a response)
@@ -61,8 +62,8 @@ class ServeOptions:
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes {self.max_body_bytes} is too small for any request",
                               "pass at least 1024")
-        if self.backend not in CPU_BACKENDS:
-            raise ConfigError(f"backend {self.backend!r} is unknown", f"choose one of {', '.join(CPU_BACKENDS)}")
+        if self.backend not in BACKEND_CHOICES:
+            raise ConfigError(f"backend {self.backend!r} is unknown", f"choose one of {', '.join(BACKEND_CHOICES)}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("the API key is empty", f"pass a non-empty --api-key or set {API_KEY_ENV}")
         if self.api_key is None:

@@ -120,7 +120,7 @@ def test_bad_arguments_are_refused_without_a_traceback(gqa_int4_bundle, tmp_path
 
 def test_gpu_check_on_the_tensorrt_stand_in(tiny_llama, tmp_path, monkeypatch):
     """The GPU one-shot check's own code on the CPU stand-in for tensorrt + cuda-python: proves the script's glue,
-    never TensorRT (which only `make gpu-check` on a GPU machine can)."""
+    never TensorRT (which only `make gpu-check-tensorrt` on a GPU machine can)."""
     from specdec.cli import export_main
     from tests.engines.trt_standin import Device, install
 
