@@ -16,6 +16,7 @@ from specdec.errors import ConfigError, ManifestError, MissingDependencyError
 
 SAFE_JINJA = (3, 1, 6)  # older releases have known sandbox escapes
 SAMPLE_CONVERSATION = [{"role": "user", "content": "Hello!"}]
+RENDER_MAX_CHARS = 8 << 20  # a rendering stops past this many characters where the caller states no bound
 _UNSAFE_HINT = ("the template is not a plain chat template; re-export from a model whose chat template renders in "
                 "jinja2's sandbox (as transformers renders it)")
 
@@ -89,12 +90,32 @@ def compile_chat_template(text: str):
                             "fix or remove the chat template; without one, prompts are raw text") from exc
 
 
-def render_chat(template, messages: list, special: dict, add_generation_prompt: bool = True) -> str:
-    """The text of `messages` as the template writes it. ManifestError if the template attempts something the
-    sandbox refuses; ConfigError if it refuses the conversation (raise_exception) or fails on it."""
+class RenderLimitError(ConfigError):
+    """A rendering grew past its bound of characters (the template's output, not its input, is what is bounded)."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the chat template's output grew past {limit} characters",
+                         "shorten the conversation; if it is short, the bundle's chat template writes too much")
+        self.limit = limit
+
+
+def render_chat(template, messages: list, special: dict, add_generation_prompt: bool = True,
+                max_chars: int = RENDER_MAX_CHARS) -> str:
+    """The text of `messages` as the template writes it, stopped with RenderLimitError once it passes `max_chars`
+    (a template that writes without end never holds the whole of it). ManifestError if the template attempts
+    something the sandbox refuses; ConfigError if it refuses the conversation (raise_exception) or fails on it.
+    Time and memory are not bounded here: a server renders in worker processes that are (specdec.serving.prompts)."""
     jinja2 = _jinja()
     try:
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
+        parts, size = [], 0
+        for part in template.generate(messages=messages, add_generation_prompt=add_generation_prompt, **special):
+            size += len(part)
+            if size > max_chars:
+                raise RenderLimitError(max_chars)
+            parts.append(part)
+        return "".join(parts)
+    except RenderLimitError:
+        raise
     except jinja2.sandbox.SecurityError as exc:
         raise ManifestError(f"the chat template attempted an unsafe operation, refused by the sandbox ({exc})",
                             _UNSAFE_HINT) from None

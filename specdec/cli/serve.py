@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES
 from specdec.serving.options import API_KEY_ENV, SPECULATION, ServeOptions
@@ -59,6 +58,14 @@ def _add_connection_args(parser) -> None:
                             "cap the oldest connection that has not sent a request makes way for a new one")
     group.add_argument("--drain-timeout", type=float, default=5.0,
                        help="on SIGTERM, seconds running requests may go on before they end with an error (default 5)")
+    prompts = parser.add_argument_group("prompt workers (processes that render chat templates and tokenize long "
+                                        "prompts, each prompt on a budget)")
+    prompts.add_argument("--prompt-workers", type=int, default=2, help="worker processes (default 2)")
+    prompts.add_argument("--prompt-timeout", type=float, default=2.0,
+                         help="seconds one prompt may take to render and tokenize; past it the request gets a 500 "
+                              "and the worker is replaced (default 2)")
+    prompts.add_argument("--prompt-worker-memory", type=int, default=1024, metavar="MB",
+                         help="data memory of one worker, its tokenizer included (default 1024)")
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
@@ -69,7 +76,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                         keep_alive_s=args.keep_alive,
                         max_connections=args.max_connections, drain_s=args.drain_timeout,
-                        reuse_prefix=not args.no_prefix_reuse)
+                        reuse_prefix=not args.no_prefix_reuse, prompt_workers=args.prompt_workers,
+                        prompt_timeout_s=args.prompt_timeout, prompt_memory_mb=args.prompt_worker_memory)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -84,23 +92,6 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_ray(options: ServeOptions, args: argparse.Namespace) -> int:
-    from specdec.serving.ray_app import APP_NAME, _serve, build_app
+    from specdec.serving.ray_app import run_ray
 
-    serve = _serve()
-    import ray
-
-    application = build_app(options, args.replicas, args.cpus_per_replica)
-    if args.ray_address is None:  # a local instance: keep Ray's own traffic on loopback
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False)
-    else:
-        ray.init(address=args.ray_address)
-    try:
-        serve.start(http_options={"host": options.host, "port": options.port})
-        serve.run(application, name=APP_NAME, route_prefix="/")
-        print(f"specdec: {args.replicas} Ray Serve replicas on http://{options.host}:{options.port}/v1 "
-              "(Ctrl-C stops)", file=sys.stderr)
-        while True:
-            time.sleep(3600)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    return run_ray(options, args.replicas, args.cpus_per_replica, args.ray_address)

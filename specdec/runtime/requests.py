@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.chat_template import RenderLimitError
 from specdec.errors import ConfigError
 from specdec.manifest import Manifest
 from specdec.runtime import drafters as drafter_classes
@@ -47,33 +48,81 @@ class RequestLayer:
         if isinstance(prompt, bytes):
             prompt = _utf8(prompt)
         if isinstance(prompt, str):
-            if not prompt:
-                raise OptionError("the prompt is empty", "pass at least one character or token",
-                                  "the prompt is empty", "prompt")
-            _check_text(prompt, "the prompt", "prompt")
             if chat:
-                return self.chat_ids([{"role": "user", "content": prompt}])
-            return self._checked(self.codec.encode(prompt), from_text=True)
+                return self.chat_ids([{"role": "user", "content": self.prompt_text(prompt, bound=False)}])
+            return self.text_ids(self.codec.encode(self.prompt_text(prompt)))
         return self._checked(_token_ids(prompt), from_text=False)
+
+    def prompt_text(self, prompt: str, bound: bool = True) -> str:
+        """A text prompt, checked before it is tokenized: not empty, valid Unicode and (`bound`) no more bytes than S
+        tokens can hold, so a prompt far too long is refused before it costs a tokenization."""
+        if not prompt:
+            raise OptionError("the prompt is empty", "pass at least one character or token", "the prompt is empty",
+                              "prompt")
+        size = _check_text(prompt, "the prompt", "prompt")
+        if bound:
+            self._check_bytes(size, "the prompt")
+        return prompt
 
     def chat_ids(self, messages: list) -> list:
         """Checked token ids of a conversation ({"role", "content"} dicts) through the chat template, with the
         assistant's turn opened."""
+        self.check_messages(messages)
+        return self.text_ids(self.codec.encode(self.render(self.codec.render_chat, messages), special=False))
+
+    def check_messages(self, messages: list) -> None:
+        """What a conversation needs before it is rendered: a chat template, valid Unicode in every message."""
         if not self.codec.has_chat_template:
             raise OptionError("this bundle's tokenizer has no chat template, so a prompt cannot be wrapped as a chat "
                               "turn", NO_TEMPLATE_HINT, "this model has no chat template", "messages",
                               "no_chat_template")
         for message in messages:
             _check_text(message["content"], "a message", "messages")
-        try:  # in the sandbox; an unsafe template raises ManifestError: the bundle's fault, not the request's
-            rendered = self.codec.render_chat(messages)
-        except OptionError:
-            raise
-        except ConfigError as exc:  # the template refused or failed on this conversation
-            raise OptionError(f"the chat template refused these messages ({exc.message})",
-                              "check the roles and their order", "the chat template refused these messages",
-                              "messages") from None
-        return self._checked(self.codec.encode(rendered, special=False), from_text=True)
+
+    def render(self, render, messages: list) -> str:
+        """The conversation rendered by `render(messages, max_chars)` (the codec's, or a worker's), bounded by the
+        bytes S tokens can hold; its refusals as the request's. An unsafe template raises ManifestError: the
+        bundle's fault, not the request's."""
+        bound = self.max_text_bytes
+        try:
+            rendered = render(messages, max_chars=bound)
+        except ConfigError as exc:
+            raise self.render_refusal(exc) from None
+        if bound is not None:
+            self._check_bytes(len(rendered.encode("utf-8", "surrogatepass")), "the rendered conversation")
+        return rendered
+
+    def render_refusal(self, exc: ConfigError) -> Exception:
+        """A rendering's ConfigError as the request's refusal: too long for S, or the template refused (or failed
+        on) this conversation."""
+        if isinstance(exc, RenderLimitError):
+            return self._too_long(f"the chat template's rendering of the messages grew past {exc.limit} characters")
+        if isinstance(exc, OptionError):
+            return exc
+        return OptionError(f"the chat template refused these messages ({exc.message})",
+                           "check the roles and their order", "the chat template refused these messages", "messages")
+
+    def text_ids(self, ids: list) -> list:
+        """The ids a text (or a rendered conversation) tokenized to, checked."""
+        return self._checked(ids, from_text=True)
+
+    @property
+    def max_text_bytes(self) -> int | None:
+        """The most UTF-8 bytes a text prompt may have (more cannot fit S tokens); None where the tokenizer gives
+        no bound (then the prompt is tokenized, and its tokens counted)."""
+        return self.codec.max_text_bytes(self.manifest.target.max_seq_len)
+
+    def _check_bytes(self, size: int, what: str) -> None:
+        bound = self.max_text_bytes
+        if bound is not None and size > bound:
+            raise self._too_long(f"{what} is {size} bytes of text; at most {bound} bytes can fit the bundle's "
+                                 f"max_seq_len of {self.manifest.target.max_seq_len} tokens "
+                                 f"({self.codec.token_bytes} bytes per token at most)")
+
+    def _too_long(self, message: str) -> RequestCapacityError:
+        size = self.manifest.target.max_seq_len
+        return RequestCapacityError(message, "shorten the prompt or re-export with a larger --max-seq-len",
+                                    f"the prompt is longer than this model's context of {size} tokens", "prompt")
 
     def _checked(self, ids: list, from_text: bool) -> list:
         if not ids:
@@ -200,9 +249,10 @@ def _utf8(prompt: bytes) -> str:
                           "pass text, or bytes in UTF-8", "the prompt is not valid UTF-8", "prompt") from exc
 
 
-def _check_text(text: str, what: str, option: str) -> None:
+def _check_text(text: str, what: str, option: str) -> int:
+    """The UTF-8 bytes of `text`; OptionError where it holds a lone surrogate."""
     try:
-        text.encode("utf-8")
+        return len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise OptionError(f"{what} holds {text[exc.start]!r} at {exc.start}, which is not valid Unicode text (a lone "
                           "surrogate)", "pass valid UTF-8 text", f"{what} is not valid Unicode text (a lone surrogate)",

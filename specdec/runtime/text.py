@@ -1,6 +1,7 @@
 """Tokenizer access for the runtime: the `tokenizers` library and a sandboxed jinja2 chat template, no transformers."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from specdec.errors import ConfigError, ManifestError, missing_dependency
@@ -11,7 +12,9 @@ class TextCodec:
         self.root = Path(root)
         self.tokenizer = None
         self.template = None
+        self.template_text = None
         self.special = {}
+        self.token_bytes = None  # the most bytes of text one token stands for (None: not bounded, see below)
 
     @staticmethod
     def files_read(root: Path) -> list:
@@ -38,7 +41,14 @@ class TextCodec:
         template, self.special = read_chat_template(self.root)
         if template is not None:
             self.template = compile_chat_template(template)  # in jinja2's sandbox: a bundle carries no code
+            self.template_text = template
+        self.token_bytes = token_bytes(self.tokenizer)
         return self
+
+    def max_text_bytes(self, tokens: int) -> int | None:
+        """A bound on the UTF-8 bytes of a text that encodes to at most `tokens` tokens (a longer text cannot fit, and
+        is refused before it is tokenized); None where this tokenizer's text has no such bound."""
+        return None if self.token_bytes is None else tokens * self.token_bytes
 
     def encode(self, text: str, special: bool = True) -> list:
         return self.tokenizer.encode(text, add_special_tokens=special).ids
@@ -57,12 +67,12 @@ class TextCodec:
                               "pass the prompt as raw text (chat=False; drop --chat)")
         return self.encode(self.render_chat([{"role": "user", "content": text}]), special=False)
 
-    def render_chat(self, messages: list) -> str:
-        """The text of `messages` with the assistant's turn opened, rendered in the sandbox (see
-        specdec.chat_template.render_chat for the errors)."""
-        from specdec.chat_template import render_chat
+    def render_chat(self, messages: list, max_chars: int | None = None) -> str:
+        """The text of `messages` with the assistant's turn opened, rendered in the sandbox, at most `max_chars`
+        characters (see specdec.chat_template.render_chat for the errors)."""
+        from specdec.chat_template import RENDER_MAX_CHARS, render_chat
 
-        return render_chat(self.template, messages, self.special)
+        return render_chat(self.template, messages, self.special, max_chars=max_chars or RENDER_MAX_CHARS)
 
 
 class StopStrings:
@@ -101,3 +111,58 @@ def holdback(text: str, stops: tuple) -> int:
                 longest = size
                 break
     return longest
+
+
+# Normalizers that never shrink text by more than a factor (Unicode composition joins at most 3 code points, of 3
+# bytes each, into one of 3 bytes; Prepend only adds); anything else (Replace, Strip, Lowercase ...) is unbounded.
+_NORMALIZER_SHRINK = {"NFC": 3, "NFKC": 3, "NFD": 1, "NFKD": 1, "Prepend": 1}
+_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Digits", "Punctuation", "Split"}  # they split; none drops text ...
+
+
+def token_bytes(tokenizer) -> int | None:
+    """The most UTF-8 bytes of input text one token of `tokenizer` stands for, times the most its normalizer can
+    shrink text; None unless the tokenizer is a BPE model that keeps every byte of the text (normalizers and
+    pre-tokenizers that drop or merge text, and unknown tokens fused over several characters, have no bound)."""
+    spec = json.loads(tokenizer.to_str())
+    model, shrink = spec.get("model") or {}, _shrink(spec.get("normalizer"))
+    if model.get("type") != "BPE" or (model.get("fuse_unk") and model.get("unk_token")) or shrink is None:
+        return None
+    if not _keeps_text(spec.get("pre_tokenizer")):
+        return None
+    byte_level = _is_byte_level(spec.get("pre_tokenizer"))  # a token's characters are its bytes, one each
+    added = {token["content"] for token in spec.get("added_tokens") or ()}
+    longest = max((len(text) if byte_level and text not in added else len(text.encode("utf-8"))
+                   for text in tokenizer.get_vocab(with_added_tokens=True)), default=0)
+    return max(1, longest) * shrink
+
+
+def _shrink(normalizer) -> int | None:
+    if normalizer is None:
+        return 1
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        factor = 1
+        for part in normalizer.get("normalizers") or ():
+            part_factor = _shrink(part)
+            if part_factor is None:
+                return None
+            factor *= part_factor
+        return factor
+    return _NORMALIZER_SHRINK.get(kind)
+
+
+def _keeps_text(pre_tokenizer) -> bool:
+    if pre_tokenizer is None:
+        return True
+    kind = pre_tokenizer.get("type")
+    if kind == "Sequence":
+        return all(_keeps_text(part) for part in pre_tokenizer.get("pretokenizers") or ())
+    return kind in _PRE_TOKENIZERS and pre_tokenizer.get("behavior") != "Removed"  # ... but Split can
+
+
+def _is_byte_level(pre_tokenizer) -> bool:
+    if pre_tokenizer is None:
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        return any(_is_byte_level(part) for part in pre_tokenizer.get("pretokenizers") or ())
+    return pre_tokenizer.get("type") == "ByteLevel"

@@ -6,17 +6,18 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 
-from specdec.errors import CapacityError, ManifestError, SpecDecError
+from specdec.errors import CapacityError, ConfigError, ManifestError, SpecDecError
 from specdec.runtime.config import GenerationConfig
 from specdec.serving.engine import Engine, EngineClosedError, QueueFullError
 from specdec.serving.metrics import Metrics
 from specdec.serving.options import ServeOptions
+from specdec.serving.prompts import INLINE_CHARS, PromptBudgetError, PromptPool, PromptWorkersBusy
 from specdec.serving.schemas import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     Completion, CompletionChoice, CompletionRequest, Delta, ModelCard, ModelList, SpecdecOptions, Usage, new_id, now,
@@ -39,13 +40,17 @@ def build_app(options: ServeOptions, engine: Engine | None = None, replica: str 
         if owned:
             app.state.engine = await asyncio.to_thread(lambda: Engine.from_options(options, metrics).start())
         try:
+            app.state.prompts = await PromptPool(app.state.engine.gen.codec.root, options.prompt_budget).start()
             yield
         finally:
+            if app.state.prompts is not None:
+                app.state.prompts.close()  # kills workers mid-render: a runaway template never holds up a stop
             if owned and app.state.engine is not None:
                 await asyncio.to_thread(app.state.engine.close)
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.options, app.state.metrics = engine, options, metrics
+    app.state.prompts = None
     app.state.model_name = options.model_name or Path(options.bundle).resolve().name
     install_error_handlers(app)
     app.include_router(_api_router(options))
@@ -71,6 +76,11 @@ def _add_plain_routes(app: FastAPI, options: ServeOptions) -> None:
         engine = request.app.state.engine
         if engine is None or not engine.running:
             raise ApiError(503, "the engine is not running", "engine_not_running")
+        prompts = request.app.state.prompts
+        if prompts is not None and prompts.saturated:
+            state = prompts.state()
+            raise ApiError(503, f"the prompt workers are saturated ({state['workers']} running, {state['waiting']} "
+                                "requests waiting for one): chat requests wait", "prompt_workers_saturated")
         return {"status": "ok"}
 
     @app.get("/metrics", dependencies=[Depends(authorized)])
@@ -92,7 +102,7 @@ def _api_router(options: ServeOptions) -> APIRouter:
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
         engine = _engine(request, body.model)
-        ids = await _off_loop(engine.gen.requests.prompt_ids, body.prompt)
+        ids = await _prompt_ids(request, engine, body.prompt)
         config = _config(engine, body, len(ids), COMPLETION_DEFAULT_MAX_TOKENS)
         ticket = _submit(engine, ids, config, body.stream)
         rid, created, name = new_id("cmpl"), now(), request.app.state.model_name
@@ -106,7 +116,7 @@ def _api_router(options: ServeOptions) -> APIRouter:
     async def chat(body: ChatCompletionRequest, request: Request):
         engine = _engine(request, body.model)
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
-        ids = await _off_loop(engine.gen.requests.chat_ids, messages)
+        ids = await _chat_ids(request, engine, messages)
         config = _config(engine, body, len(ids), None, body.max_completion_tokens)
         ticket = _submit(engine, ids, config, body.stream)
         rid, created, name = new_id("chatcmpl"), now(), request.app.state.model_name
@@ -139,13 +149,39 @@ def _refuse(exc: SpecDecError) -> ApiError:
     return ApiError(400, f"{public}{hint}", getattr(exc, "code", None) or default, getattr(exc, "option", None))
 
 
-async def _off_loop(prepare, prompt) -> list:
-    """Token ids of a prompt or conversation, tokenized (and rendered) on a worker thread, so a long prompt never
-    holds up the event loop and the streams it serves; a refusal becomes a 400."""
+async def _prompt_ids(request: Request, engine: Engine, prompt) -> list:
+    """Token ids of a completion's prompt: a long text prompt is tokenized by a prompt worker, never holding up the
+    event loop or (the tokenizer holds the GIL) the engine; anything else on a worker thread."""
+    layer, pool = engine.gen.requests, request.app.state.prompts
+    with _refusals():
+        if isinstance(prompt, str) and len(prompt) > INLINE_CHARS and pool is not None:
+            return layer.text_ids(await pool.text_ids(layer.prompt_text(prompt)))
+        return await asyncio.to_thread(layer.prompt_ids, prompt)
+
+
+async def _chat_ids(request: Request, engine: Engine, messages: list) -> list:
+    """Token ids of a conversation, rendered by the chat template and tokenized by a prompt worker, on its budget."""
+    layer, pool = engine.gen.requests, request.app.state.prompts
+    with _refusals():
+        layer.check_messages(messages)
+        try:
+            ids = await pool.chat_ids(messages, layer.max_text_bytes)
+        except ConfigError as exc:
+            raise layer.render_refusal(exc) from None
+        return layer.text_ids(ids)
+
+
+@contextmanager
+def _refusals():
+    """A prompt's refusal as the client's 400, the model's chat template or the workers' budget as a 5xx."""
     try:
-        return await asyncio.to_thread(prepare, prompt)
+        yield
     except ManifestError:  # the model's chat template, refused by the sandbox: the server's fault, not the client's
         raise ApiError(500, "this model's chat template cannot be rendered safely", "server_error", None) from None
+    except PromptBudgetError as exc:
+        raise ApiError(500, f"{exc.message} ({exc.hint})", "prompt_budget_exceeded") from None
+    except PromptWorkersBusy as exc:
+        raise ApiError(503, f"{exc.message} ({exc.hint})", "prompt_workers_busy", headers={"retry-after": "1"}) from None
     except SpecDecError as exc:
         raise _refuse(exc) from None
 

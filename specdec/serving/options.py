@@ -47,6 +47,9 @@ class ServeOptions:
     # connection still waiting for a request's headers makes way for a new one
     drain_s: float = 5.0  # on SIGTERM: how long running requests may go on before they end with an error event
     reuse_prefix: bool = True  # skip the prefill of a prompt's prefix whose K/V the slot holds (exact backends only)
+    prompt_workers: int = 2  # processes that render chat templates and tokenize long prompts (serving/prompts.py)
+    prompt_timeout_s: float = 2.0  # one prompt's rendering and tokenization, at most
+    prompt_memory_mb: int = 1024  # one prompt worker's data memory, at most
 
     def __post_init__(self):
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -73,6 +76,12 @@ class ServeOptions:
             raise ConfigError(f"reuse_prefix must be True or False, got {self.reuse_prefix!r}",
                               "pass --no-prefix-reuse to turn it off")
         self._check_connection_limits()
+        checked_int("prompt_workers", self.prompt_workers, 1, "pass --prompt-workers 1 or more")
+        checked_int("prompt_memory_mb", self.prompt_memory_mb, 256, "pass --prompt-worker-memory 256 (MB) or more")
+        if isinstance(self.prompt_timeout_s, bool) or not isinstance(self.prompt_timeout_s, (int, float)) \
+                or not 0 < self.prompt_timeout_s < 3600:
+            raise ConfigError(f"prompt_timeout_s must be a number of seconds in (0, 3600), got {self.prompt_timeout_s!r}",
+                              "pass --prompt-timeout 2 (seconds), the default")
 
     def _check_connection_limits(self) -> None:
         for name, value in (("header_timeout_s", self.header_timeout_s), ("body_timeout_s", self.body_timeout_s),
@@ -87,6 +96,13 @@ class ServeOptions:
     def key(self) -> str | None:
         """The API key in force: the option, else the environment variable, else none (no check)."""
         return self.api_key or key_from_env()
+
+    @property
+    def prompt_budget(self):
+        from specdec.serving.prompts import PromptBudget
+
+        return PromptBudget(workers=self.prompt_workers, timeout_s=self.prompt_timeout_s,
+                            memory_mb=self.prompt_memory_mb, max_waiting=max(1, self.max_queue))
 
     @property
     def loopback(self) -> bool:

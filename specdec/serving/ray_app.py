@@ -20,11 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import sys
+import threading
+import time
 
 from specdec.errors import ConfigError, missing_dependency
 from specdec.serving.options import ServeOptions
 
 APP_NAME = "specdec"
+STOP_MARGIN_S = 20  # past the drain: Ray's own teardown (proxy, controller, raylet, agents) on a busy machine
 
 
 def _serve():
@@ -77,6 +82,114 @@ def build_app(options: ServeOptions, replicas: int = 2, cpus_per_replica: float 
     deployment = serve.deployment(
         _deployment_class(serve), name="SpecdecReplica", num_replicas=replicas,
         ray_actor_options={"num_cpus": cpus_per_replica}, max_ongoing_requests=in_flight + 1,
-        health_check_period_s=2, health_check_timeout_s=30, graceful_shutdown_timeout_s=5,
+        health_check_period_s=2, health_check_timeout_s=30, graceful_shutdown_timeout_s=options.drain_s,
     )
     return deployment.bind(replica_options)
+
+
+def run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, address: str | None) -> int:
+    """`specdec serve --ray`: deploy the replicas, serve until SIGINT or SIGTERM, then stop within the drain and
+    Ray's teardown (STOP_MARGIN_S). A Ray instance this process started (no `address`) is shut down with every
+    process it started, Ray's agents included; a cluster it joined is left running, without the app."""
+    serve = _serve()
+    import ray
+
+    application = build_app(options, replicas, cpus_per_replica)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    own = address is None
+    try:
+        if own:  # a local instance: keep Ray's own traffic on loopback
+            ray.init(_node_ip_address="127.0.0.1", include_dashboard=False)
+        else:
+            ray.init(address=address)
+        for sig in previous:  # ray.init may install handlers of its own
+            signal.signal(sig, lambda *_: stop.set())
+        if not stop.is_set():
+            serve.start(http_options={"host": options.host, "port": options.port})
+            serve.run(application, name=APP_NAME, route_prefix="/")
+            print(f"specdec: {replicas} Ray Serve replicas on http://{options.host}:{options.port}/v1 "
+                  "(Ctrl-C or SIGTERM stops)", file=sys.stderr)
+        stop.wait()
+    finally:
+        print("specdec: stopping the Ray Serve replicas", file=sys.stderr)
+        _stop(serve, ray, own, options.drain_s + STOP_MARGIN_S)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _stop(serve, ray, own: bool, budget_s: float) -> None:
+    """Delete the app (its replicas drain), shut Ray down, and where this process started the instance, end every
+    process it started that is still there; all within `budget_s`, the last step by force if need be."""
+    started = _descendants(os.getpid()) if own else []
+    done = threading.Event()
+
+    def shut_down():
+        try:
+            if own:
+                serve.shutdown()
+            else:
+                serve.delete(APP_NAME)
+            ray.shutdown()
+        except Exception as exc:  # noqa: BLE001 - a failed teardown still ends the processes below
+            print(f"specdec: Ray's shutdown failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+        finally:
+            done.set()
+
+    threading.Thread(target=shut_down, daemon=True, name="specdec-ray-stop").start()
+    if not done.wait(budget_s):
+        print(f"specdec: Ray did not stop within {budget_s:.0f} s; ending its processes", file=sys.stderr)
+    _end(started)
+
+
+def _descendants(pid: int) -> list:
+    """Every process below `pid` (Linux /proc; empty elsewhere): Ray's GCS, raylet, agents and workers."""
+    children: dict = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _end(pids: list, grace_s: float = 3.0) -> None:
+    """SIGTERM the processes of `pids` still running, then SIGKILL those that outlast `grace_s`."""
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+                return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return True
+
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [pid for pid in left if alive(pid)]
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
