@@ -98,15 +98,12 @@ def main() -> None:
                 if level]
         rows.append(row)
     run = record.run_record(EXPERIMENT, settings, args.threads, __file__, busy=levels, tokens=args.tokens)
-    folder = record.run_dir(EXPERIMENT, run, args.out)
     text = (f"plain decoding of {args.tokens} tokens, ms/token after the first (min / median of {args.rounds} rounds) "
             f"beside busy processes, each spinning on one core; {len(os.sched_getaffinity(0))} cores; the last column "
             f"set is idle again\n\n" + tables.markdown(header, rows))
     if "llama.cpp" not in systems:
         text += "\n\nllama.cpp: not measured (not built: benchmarks/peers/setup_llamacpp.sh, or --no-llamacpp)\n"
-    tables.write_text(folder / "contention.md", text)
-    record.write_record(folder, run)
-    print(text)
+    record.finish(run, args.out, {"contention.md": text}, shown=text)
 
 
 if __name__ == "__main__":

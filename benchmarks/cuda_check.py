@@ -33,8 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness.record import run_record, write_record  # noqa: E402
-from benchmarks.harness.timer import interleave, summarize  # noqa: E402
+from benchmarks.harness.record import finish, run_record, write_record  # noqa: E402
+from benchmarks.harness.timer import interleave, summarize, timed  # noqa: E402
 from specdec.blocks import q8_blocks, q41_blocks, q41_pairs, rows_of  # noqa: E402
 from specdec.manifest import ModelDims  # noqa: E402
 from specdec.native.weights import DraftWeights, Layer, NativeWeights  # noqa: E402
@@ -354,17 +354,18 @@ def hf_peer(shape: dict, device: str, new_tokens: int, repeats: int) -> dict:
     prompt = torch.randint(0, shape["vocab"], (1, 32), device=device)
     modes = {"plain": {}, "static cache": {"cache_implementation": "static"},
              "assisted (itself)": {"assistant_model": model}}
+
+    def clock() -> float:  # the device's queued work done first, so a call's time is its device time too
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     report = {}
     for name, extra in modes.items():
         def run(tokens, extra=extra):
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            started = time.perf_counter()
             with torch.no_grad():
-                model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **extra)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            return time.perf_counter() - started
+                return timed(lambda: model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens,
+                                                    do_sample=False, **extra), clock)[1]
         try:
             run(1), run(new_tokens)  # warm-up of both lengths (a static cache compiles its forward for each)
             per_token = [(run(new_tokens) - run(1)) / (new_tokens - 1) for _ in range(repeats)]
@@ -456,9 +457,8 @@ def main(argv=None) -> int:
         print(f"== {name}: {results[name + '_seconds']} s", flush=True)
         write_record(out, record, results=results, failed=failed)  # what a timed-out run still leaves
     failed += verdicts(results)
-    write_record(out, record, results=results, failed=failed)
-    (out / "summary.md").write_text(summary(results, failed), encoding="utf-8")
-    print(summary(results, failed))
+    text = summary(results, failed)
+    finish(record, out, {"summary.md": text}, shown=text, results=results, failed=failed)
     return 1 if failed else 0
 
 

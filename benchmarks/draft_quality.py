@@ -254,11 +254,7 @@ def main(argv=None) -> int:
         run = record.run_record(EXPERIMENT, settings, args.threads, __file__, argv, kv=args.kv,
                                 continue_tokens=args.steps)
     text = "\n".join(([tables.markdown(header, rows)] if rows else []) + texts)
-    folder = record.run_dir(EXPERIMENT, run, args.out)
-    tables.write_text(folder / "quality.md", text)
-    record.write_record(folder, run)
-    print(text)
-    print(f"written: {folder}")
+    record.finish(run, args.out, {"quality.md": text}, shown=text)
     return 0
 
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
+from harness import tables, timer
 from specdec.manifest import read_manifest
 from specdec.runtime.ort_backend import OrtBackend
 from specdec.runtime.config import GenerationConfig
@@ -80,11 +79,11 @@ def _latency(gen: Generator, drafters: list, new_tokens: int, repeats: int) -> d
     for repeat in range(repeats + 1):
         for prompt in PROMPTS:
             for drafter in drafters:
-                started = time.perf_counter()
-                result = gen.generate(prompt, GenerationConfig(max_new_tokens=new_tokens, drafter=drafter))
+                config = GenerationConfig(max_new_tokens=new_tokens, drafter=drafter)
+                result, seconds = timer.timed(lambda: gen.generate(prompt, config))
                 if repeat:  # the first pass captures the CUDA graphs
-                    samples[drafter].append((time.perf_counter() - started) * 1e3 / max(1, len(result.token_ids)))
-    return {d: round(statistics.median(v), 3) for d, v in samples.items()}
+                    samples[drafter].append(seconds * 1e3 / max(1, len(result.token_ids)))
+    return {d: round(timer.summarize(v).median, 3) for d, v in samples.items()}
 
 
 def check_bundle(root: Path, new_tokens: int, repeats: int) -> dict:
@@ -120,8 +119,9 @@ def main(argv=None) -> int:
     root, out = Path(args.bundle), Path(args.out)
     report = check_bundle(root, args.new_tokens, args.repeats)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{root.name}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(report, indent=2))
+    text = json.dumps(report, indent=2)
+    tables.write_text(out / f"{root.name}.json", text)
+    print(text)
     exact = all(report["exact"].values()) and report["exact_no_graphs"]
     return 0 if exact else 1
 

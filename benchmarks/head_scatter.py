@@ -17,12 +17,11 @@ import argparse
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from harness import opening, record, tables, timer
 from specdec.calibration.q41 import HEAD_FILL as FILL, scatter_back
-from harness import record, tables, timer
 from specdec.runtime.backend import session_options
 
 EXPERIMENT = "head-scatter"
-
 
 
 def _graph(nodes: list, inits: list, kept: int) -> bytes:
@@ -65,8 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--rows", type=int, default=1, help="M: rows of scores per call")
     parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--out", default=None,
-                        help="output folder (default: benchmarks/results/head-scatter/<date>-<commit>/)")
+    opening.add_out(parser)
     args = parser.parse_args(argv)
     import onnxruntime as ort
 
@@ -95,11 +93,7 @@ def main(argv=None) -> int:
     rows = [[name, f"{s.min * 1e6:.0f}", f"{s.median * 1e6:.0f}"] for name, s in spreads.items()]
     text = (f"{args.kept} of {args.vocab} tokens, {args.rows} row(s), {args.repeats} interleaved calls each\n\n"
             + tables.markdown(["form", "µs per call, min", "median"], rows))
-    folder = record.run_dir(EXPERIMENT, run, args.out)
-    tables.write_text(folder / "scatter.md", text)
-    record.write_record(folder, run)
-    print(text)
-    print(f"written: {folder}")
+    record.finish(run, args.out, {"scatter.md": text}, shown=text)
     return 0
 
 

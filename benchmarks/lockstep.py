@@ -36,7 +36,7 @@ import os
 import time
 from pathlib import Path
 
-from harness import opening, record, tables, timer
+from harness import opening, record, timer
 
 HERE = Path(__file__).resolve().parent
 EXPERIMENT = "lockstep"
@@ -157,13 +157,10 @@ def pair_table(records: list) -> str:
             continue
         ratios = np.array([a[p]["tpot_s"] / b[p]["tpot_s"] for p in common])
         firsts = np.array([a_first[p] / b_first[p] for p in common])
-
-        def weighted(rows: dict) -> float:
-            return sum(rows[p]["e2e_s"] - rows[p]["ttft_s"] for p in common) / sum(rows[p]["new_tokens"] - 1
-                                                                                   for p in common)
+        weighted = [timer.token_weighted_tpot([rows[p] for p in common]) for rows in (a, b)]
         name = f"{a_sys} {a_mode} / {b_sys} {b_mode}"
         lines.append(f"| {name} | {len(common)} | {np.median(ratios):.3f} | {np.percentile(ratios, 10):.3f} | "
-                     f"{np.percentile(ratios, 90):.3f} | {weighted(a) / weighted(b):.3f} | {np.median(firsts):.3f} |")
+                     f"{np.percentile(ratios, 90):.3f} | {weighted[0] / weighted[1]:.3f} | {np.median(firsts):.3f} |")
     return "\n".join(lines) + "\n\n(below 1: the first is faster)\n"
 
 
@@ -217,8 +214,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ignore-eos", action="store_true",
                         help="every request makes --new-tokens tokens (specdec and llama.cpp; not onnxruntime-genai)")
     parser.add_argument("--pause", type=float, default=0.05, help="seconds between requests")
-    parser.add_argument("--out", default=None,
-                        help="output folder (default: benchmarks/results/lockstep/<date>-<commit>/)")
+    opening.add_out(parser)
     return parser.parse_args()
 
 
@@ -281,9 +277,7 @@ def run_turns(generators: dict, peers: dict, turns: list, prompts: list, ids: di
             return peers[system].run(mode, ids[prompt.id], new_tokens, prompt, repeat)
         config = GenerationConfig(max_new_tokens=new_tokens, drafter=mode.drafter, gamma=mode.gamma,
                                   eos_token_ids=eos)
-        began = time.perf_counter()
-        result = generators[system].generate(ids[prompt.id], config)
-        elapsed = time.perf_counter() - began
+        result, elapsed = timer.timed(lambda: generators[system].generate(ids[prompt.id], config))
         return record_from_result(result, elapsed, mode, mode.gamma or 0, prompt, repeat, 0) | {"system": system}
 
     for system, mode in turns:
@@ -346,11 +340,8 @@ def main() -> int:
     paths = write_outputs(records, folder, info, plots=False)
     paths["run"].unlink()  # record.json replaces it
     pairs = pair_table(records) + "\n" + agreement_table(records, next(iter(generators)))
-    tables.write_text(folder / "pairs.md", pairs)
-    record.write_record(folder, run, models=pair, load_average_end=os.getloadavg())
-    print(paths["markdown"].read_text(encoding="utf-8"))
-    print(pairs)
-    print(f"written: {folder}")
+    record.finish(run, folder, {"pairs.md": pairs}, shown=paths["markdown"].read_text(encoding="utf-8") + "\n" + pairs,
+                  models=pair, load_average_end=os.getloadavg())
     return 0
 
 

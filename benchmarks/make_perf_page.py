@@ -120,13 +120,34 @@ def provenance(run: Path) -> str:
              f"- machine: {cpu['model']}, {cpu.get('usable_cpus') or cpu.get('logical_cpus')} CPUs{flags}; "
              f"{machine.get('os', '')}, Python {machine.get('python', '?')}"]
     for system, settings in record.get("settings", {}).items():
-        described = "; ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
-        lines.append(f"- {system}: {described}")
+        lines += settings_lines(system, settings)
     if record.get("provenance"):
         lines.append(f"- record: {record['provenance']}")
     if record.get("equivalent_now"):
         lines.append(f"- the same question today: `{record['equivalent_now']}`")
     return "\n".join(lines) + "\n"
+
+
+def settings_lines(system: str, settings: dict) -> list:
+    """A system's settings as the page lists them: its `key value` pairs on one line (a nested table, such as a peer's
+    version or a model's entry, stays in record.json). A peer run in several modes (settings["modes"]: {mode:
+    settings}, as lockstep records llama.cpp) gets what its modes share on its own line and a line per mode with the
+    rest, so its settings stand beside every table that shows its numbers."""
+    modes = settings.get("modes")
+    if not isinstance(modes, dict) or not modes or not all(isinstance(m, dict) for m in modes.values()):
+        return [f"- {system}: {_pairs(settings)}"]
+    first = next(iter(modes.values()))
+    shared = {k: v for k, v in first.items() if len(modes) > 1 and all(k in m and m[k] == v for m in modes.values())}
+    lines = [f"- {system}: {_pairs({k: v for k, v in settings.items() if k != 'modes'} | shared)}"]
+    return lines + [f"    - {mode}: {_pairs({k: v for k, v in m.items() if k not in shared})}"
+                    for mode, m in modes.items()]
+
+
+def _pairs(settings: dict) -> str:
+    pairs = "; ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
+    if pairs:
+        return pairs
+    return "record.json holds them only as nested tables" if settings else "the record did not store them"
 
 
 # --- sections ------------------------------------------------------------------------------------------------------

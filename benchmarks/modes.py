@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,9 +88,7 @@ def request(generator, turn: Turn, ids: list, args, seed: int) -> dict:
     config = GenerationConfig(max_new_tokens=args.new_tokens, drafter=turn.drafter, gamma=turn.gamma,
                               temperature=args.temperature, top_p=args.top_p, seed=seed, coupling=turn.coupling,
                               eos_token_ids=() if args.ignore_eos else None)
-    began = time.perf_counter()
-    result = generator.generate(ids, config)
-    elapsed = time.perf_counter() - began
+    result, elapsed = timer.timed(lambda: generator.generate(ids, config))
     stats, new = result.stats, len(result.token_ids)
     return {"turn": turn.name, "new_tokens": new, "e2e_s": elapsed, "ttft_s": stats.first_token_s,
             "proposed": stats.proposed, "accepted": stats.accepted, "verify_passes": stats.verify_passes,
@@ -143,12 +140,11 @@ def summary(rows: list, turns: list, repeats: int) -> list:
     for turn in turns:
         ms = [per_repeat(turn.name, k) for k in range(repeats)]
         mine = [r for r in rows if r["turn"] == turn.name]
-        decode = sum(r["e2e_s"] - r["ttft_s"] for r in mine) / max(1, sum(r["new_tokens"] - 1 for r in mine))
         proposed, accepted = sum(r["proposed"] for r in mine), sum(r["accepted"] for r in mine)
         passes = sum(r["verify_passes"] for r in mine)
         spread = timer.summarize(ms)
         out.append({"mode": turn.name, "ms_per_token": " / ".join(f"{m:.2f}" for m in ms), "min": spread.min,
-                    "median": spread.median, "tpot_ms": 1e3 * decode,
+                    "median": spread.median, "tpot_ms": 1e3 * timer.token_weighted_tpot(mine),
                     "speedup": base / spread.median if base else None,
                     "acceptance": accepted / proposed if proposed else None,
                     "mean_acceptance_length": sum(r["new_tokens"] for r in mine) / passes if passes else None})
@@ -204,12 +200,7 @@ def main(argv=None) -> int:
         rows = run(generators, turns, prompts, args)
     failed = checks(rows, turns, args.temperature == 0)
     text = table(summary(rows, turns, args.repeats), len(prompts), args, failed)
-    folder = record.run_dir(EXPERIMENT, run_record, args.out)
-    tables.write_text(folder / "modes.md", text)
-    tables.write_csv(folder / "requests.csv", rows)
-    record.write_record(folder, run_record, checks_failed=failed)
-    print(text)
-    print(f"written: {folder}")
+    record.finish(run_record, args.out, {"modes.md": text, "requests.csv": rows}, shown=text, checks_failed=failed)
     return 1 if failed else 0
 
 

@@ -3,12 +3,16 @@ calls interleaved (which build goes first alternates), so the machine's drift fa
 
     python benchmarks/native_ab.py bundles/smollm2-q41 HEAD~1                 # this tree against a commit's sources
     python benchmarks/native_ab.py bundles/smollm2-q41 /tmp/other --role target --tokens 5 --rows 4
+    python benchmarks/native_ab.py bundles/smollm2-q41 HEAD~1 --isa avx2      # both builds for AVX2 only
 
 OLD: a git commit (its specdec/native/*.c and *.h) or a folder holding the sources. Both builds must export the ABI
-this specdec reads (specdec_native.h); older sources are refused. At cache lengths 64 / 512 / 1000 (a random prompt
-prefilled by the target): forwards of --tokens tokens for --rows rows of the role (a prompt's chunk, last row
-scored, where tokens > --verify-rows; else every row scored, as a step or verify pass). Writes native_ab.md and
-record.json; asserts nothing.
+this specdec reads (specdec_native.h); older sources are refused. Both are built for one instruction set with one
+flag set, so a difference is the code's, never the ISA's: the new build is the one specdec makes (--isa, else
+SPECDEC_NATIVE_ISA, else the widest this CPU runs: specdec.native.build.isa()), the old one takes its compiler and
+flags. At cache lengths 64 / 512 / 1000 (a random prompt prefilled by the target): forwards of --tokens tokens for
+--rows rows of the role (a prompt's chunk, last row scored, where tokens > --verify-rows; else every row scored, as
+a step or verify pass). Writes native_ab.md and record.json, each naming both builds' ISA and flags; asserts
+nothing.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from harness import opening, record, tables, timer
+from specdec.native.build import ISAS
 
 EXPERIMENT = "native-ab"
 LENGTHS = (64, 512, 1000)
@@ -41,11 +46,12 @@ def sources_of(old: str, into: Path) -> Path:
     return into
 
 
-def build_of(folder: Path, into: Path):
+def build_of(folder: Path, into: Path, flags: tuple):
+    """OLD's sources in `folder` compiled with this specdec's compiler and `flags`, loaded and checked."""
     from specdec.native import build
 
     library = into / "old.so"
-    done = subprocess.run([build.compiler(), *build.FLAGS, *(str(folder / p.name) for p in build.SOURCES), "-o",
+    done = subprocess.run([build.compiler(), *flags, *(str(folder / p.name) for p in build.SOURCES), "-o",
                            str(library), *build.LIBRARIES], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the other sources do not compile: {done.stderr.strip().splitlines()[-1:]}")
@@ -53,6 +59,29 @@ def build_of(folder: Path, into: Path):
         return build.checked(library)
     except Exception as exc:  # noqa: BLE001 - a script's message, not a library's
         raise SystemExit(f"the other build is not usable here: {exc}") from None
+
+
+def opened(args):
+    """(the generator, its role's native model, {"new": kernels, "old": kernels}, its settings): the bundle opened on
+    the native backend with its kernels built for --isa (specdec's own build), and OLD built with the same compiler
+    and flags. The settings name each build under "builds": its sources, instruction set, compiler and flags."""
+    from specdec.errors import SpecDecError
+    from specdec.native import build
+
+    try:
+        with opening.native_env(isa=args.isa):
+            generator = opening.open_bundle(args.bundle, backend="native", threads=args.threads)
+            isa, flags, cc = build.isa(), build.build_flags(), build.compiler()
+            settings = opening.describe(generator)
+    except SpecDecError as exc:
+        raise SystemExit(str(exc)) from None
+    model = opening.models(generator)[args.role].model
+    with tempfile.TemporaryDirectory() as scratch:
+        kernels = {"new": model.kernels, "old": build_of(sources_of(args.old, Path(scratch)), Path(scratch), flags)}
+    old = record.repo_path(args.old) if Path(args.old).is_dir() else args.old  # a record holds no machine's paths
+    builds = {side: {"sources": sources, "isa": isa, "compiler": Path(cc).name, "flags": list(flags)}
+              for side, sources in (("new", "this tree"), ("old", old))}
+    return generator, model, kernels, settings | {"builds": builds}
 
 
 def main() -> None:
@@ -64,15 +93,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1, help="tokens per row")
     parser.add_argument("--rows", type=int, default=1, help="rows per forward")
     parser.add_argument("--verify-rows", type=int, default=9, help="above this many tokens, a prompt's chunk")
+    parser.add_argument("--isa", choices=ISAS, default=None,
+                        help="the instruction set both builds are made for (default: as SPECDEC_NATIVE_ISA says, the "
+                             "widest this CPU runs unless set)")
     opening.add_common(parser, backend=False)
     args = parser.parse_args()
-    from specdec.native import build
-
-    generator = opening.open_bundle(args.bundle, backend="native", threads=args.threads)
+    generator, model, builds, settings = opened(args)
+    old = settings["builds"]["old"]["sources"]
+    run = record.run_record(EXPERIMENT, {"specdec native": settings | {"role": args.role, "old": old, "rows": args.rows,
+                                                                       "tokens": args.tokens}}, args.threads, __file__)
     target = generator.target.backend
-    model = opening.models(generator)[args.role].model
-    with tempfile.TemporaryDirectory() as scratch:
-        builds = {"new": build.load_kernels(), "old": build_of(sources_of(args.old, Path(scratch)), Path(scratch))}
     rng, rows = np.random.default_rng(0), []
     for length in (n for n in LENGTHS if n + args.tokens <= model.max_seq_len):
         target.reset(args.rows)
@@ -83,24 +113,20 @@ def main() -> None:
         last_only = args.tokens > args.verify_rows
 
         def call(name):
-            def run():
+            def forward():
                 model.kernels = builds[name]
                 model.forward(ids, starts, slots, last_only, generator.target.threads or build_threads())
-            return run
+            return forward
 
         samples = timer.interleave({name: call(name) for name in builds}, args.rounds)
-        new, old = timer.summarize(samples["new"]), timer.summarize(samples["old"])
-        rows.append([length, new.ms(2), old.ms(2), f"{new.min / old.min:.3f}", f"{new.median / old.median:.3f}"])
+        rows.append([length, *timer.compared(timer.summarize(samples["new"]), timer.summarize(samples["old"]))])
     model.kernels = builds["new"]
-    run = record.run_record(EXPERIMENT, {"specdec native": {"role": args.role, "old": args.old, "rows": args.rows,
-                                                            "tokens": args.tokens}}, args.threads, __file__)
-    folder = record.run_dir(EXPERIMENT, run, args.out)
+    described = "\n".join(f"- {side}: {b['sources']}; ISA {b['isa']}; {b['compiler']} {' '.join(b['flags'])}"
+                          for side, b in settings["builds"].items())
     text = (f"{args.role}, {args.rows} x {args.tokens}-token forwards, ms (min / median of {args.rounds} "
-            f"interleaved calls); old = {args.old}\n\n"
+            f"interleaved calls); old = {old}\n\n{described}\n\n"
             + tables.markdown(["cache length", "new", "old", "new / old (min)", "new / old (median)"], rows))
-    tables.write_text(folder / "native_ab.md", text)
-    record.write_record(folder, run)
-    print(text)
+    record.finish(run, args.out, {"native_ab.md": text}, shown=text)
 
 
 def build_threads() -> int:

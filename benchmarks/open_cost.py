@@ -68,14 +68,11 @@ def main() -> None:
                      f"{mib('running'):.0f}", f"{mib('peak'):.0f}"])
     settings = {f"specdec {name}": {"verify": not args.no_verify, "threads": args.threads} for name in backends}
     run = record.run_record(EXPERIMENT, settings, args.threads, __file__, rounds=args.rounds)
-    folder = record.run_dir(EXPERIMENT, run, args.out)
     text = (f"specdec.load of {args.bundle.name} in a fresh process ({args.rounds} rounds, rotated; sha256 "
             f"{'skipped' if args.no_verify else 'checked'})\n\n"
             + tables.markdown(["backend", "load s (min / median)", "import s (median)", "peak RSS opening MiB",
                                "RSS generating MiB", "peak RSS MiB"], rows))
-    tables.write_text(folder / "open_cost.md", text)
-    record.write_record(folder, run, results={name: got for name, got in runs.items()})
-    print(text)
+    record.finish(run, args.out, {"open_cost.md": text}, shown=text, results=runs)
 
 
 if __name__ == "__main__":

@@ -60,18 +60,14 @@ def main() -> None:
         fits = [n for n in lengths if n + args.tokens <= backend.max_seq_len] or [0]
         samples = timer.interleave(cases(backend, args.rows, args.tokens, fits), args.rounds)
         one, apart = timer.summarize(samples["one call"]), timer.summarize(samples["one row at a time"])
-        lines.append([f"{name} ({generator.backend}) {args.role}", one.ms(2), apart.ms(2),
-                      f"{one.min / apart.min:.3f}", f"{one.median / apart.median:.3f}"])
+        lines.append([f"{name} ({generator.backend}) {args.role}", *timer.compared(one, apart)])
         settings[f"specdec {name}"] = opening.describe(generator)
         generator.close()
     run = record.run_record(EXPERIMENT, settings, args.threads, __file__, rows=args.rows, tokens=args.tokens)
-    folder = record.run_dir(EXPERIMENT, run, args.out)
     text = (f"{args.rows} rows x {args.tokens} tokens at cache lengths {lengths}: ms (min / median of "
             f"{args.rounds} interleaved rounds)\n\n"
             + tables.markdown(["backend", "one call", "one row at a time", "ratio (min)", "ratio (median)"], lines))
-    tables.write_text(folder / "rows.md", text)
-    record.write_record(folder, run)
-    print(text)
+    record.finish(run, args.out, {"rows.md": text}, shown=text)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import re
 import socket
@@ -42,7 +41,7 @@ import httpx
 import numpy as np
 import psutil
 
-from harness import record
+from harness import opening, record, tables, timer
 
 MODES = {"plain": "off", "fixed": "fixed", "adaptive": "adaptive"}
 LLAMA_MODES = ("plain", "ngram", "draft")  # llama.cpp's, named "llama.cpp <mode>" in the tables
@@ -54,8 +53,7 @@ EXPERIMENT = "serve-load"
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", default="bundles/smollm2-b8-q41")
-    parser.add_argument("--out", default=None,
-                        help="output folder (default: benchmarks/results/serve-load/<date>-<commit>/)")
+    opening.add_out(parser)
     parser.add_argument("--backend", default="onnxruntime", help="the servers' --backend (onnxruntime, native, auto)")
     parser.add_argument("--threads", type=int, default=None, help="the servers' --threads (default: theirs)")
     parser.add_argument("--requests", type=int, default=50, help="requests per (mode, concurrency)")
@@ -186,27 +184,26 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: dict, args, e
             "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **extra}
     record = {"prompt_id": prompt["id"], "status": 0, "tokens": 0, "text": "", "error": ""}
-    sent, first, last, pieces = time.perf_counter(), None, None, []
-    try:
-        async with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=args.timeout) as response:
-            record["status"] = response.status_code
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    record["error"] = chunk["error"]["message"]
-                for choice in chunk.get("choices", []):
-                    if choice["delta"].get("content"):
-                        first = first or time.perf_counter()
-                        last = time.perf_counter()
-                        pieces.append(choice["delta"]["content"])
-                record["tokens"] = (chunk.get("usage") or {}).get("completion_tokens", record["tokens"])
-    except httpx.HTTPError as exc:
-        record["error"] = type(exc).__name__
-    ended = time.perf_counter()
-    record.update(text="".join(pieces), e2e_s=ended - sent, ttft_s=(first or ended) - sent,
-                  tpot_s=(last - first) / (record["tokens"] - 1) if first and record["tokens"] > 1 else float("nan"))
+    pieces = []
+    with timer.Request() as clock:
+        try:
+            async with client.stream("POST", url + "/v1/chat/completions", json=body,
+                                     timeout=args.timeout) as response:
+                record["status"] = response.status_code
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        record["error"] = chunk["error"]["message"]
+                    for choice in chunk.get("choices", []):
+                        if choice["delta"].get("content"):
+                            clock.arrived()
+                            pieces.append(choice["delta"]["content"])
+                    record["tokens"] = (chunk.get("usage") or {}).get("completion_tokens", record["tokens"])
+        except httpx.HTTPError as exc:
+            record["error"] = type(exc).__name__
+    record.update(text="".join(pieces), **clock.times(record["tokens"]))
     record["ok"] = record["status"] == 200 and not record["error"] and record["tokens"] > 0
     return record
 
@@ -307,23 +304,14 @@ def identical_outputs(requests: list, system: str = "specdec") -> tuple[int, int
 
 
 def markdown(summary: list) -> str:
-    head = ("| mode | C | requests | errors | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms | tokens/s | "
-            "γ=0 rounds | mean γ | prompt tokens reused | RSS MB | tokens/s per spell |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-    rows = [f"| {s['mode']} | {s['concurrency']} | {s['requests']} | {s['errors']} | {s['ttft_p50_ms']:.0f} | "
-            f"{s['ttft_p90_ms']:.0f} | {s['tpot_p50_ms']:.1f} | {s['tpot_p90_ms']:.1f} | {s['tokens_per_s']:.1f} | "
-            f"{100 * s['gamma0_share']:.0f}% | {s['mean_gamma']:.2f} | {100 * s['prompt_reused_share']:.0f}% | "
-            f"{s['rss_mb']:.0f} | {s.get('spells_tokens_per_s', '')} |"
+    header = ["mode", "C", "requests", "errors", "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "TPOT p90 ms",
+              "tokens/s", "γ=0 rounds", "mean γ", "prompt tokens reused", "RSS MB", "tokens/s per spell"]
+    rows = [[s["mode"], s["concurrency"], s["requests"], s["errors"], f"{s['ttft_p50_ms']:.0f}",
+             f"{s['ttft_p90_ms']:.0f}", f"{s['tpot_p50_ms']:.1f}", f"{s['tpot_p90_ms']:.1f}",
+             f"{s['tokens_per_s']:.1f}", f"{100 * s['gamma0_share']:.0f}%", f"{s['mean_gamma']:.2f}",
+             f"{100 * s['prompt_reused_share']:.0f}%", f"{s['rss_mb']:.0f}", s.get("spells_tokens_per_s", "")]
             for s in sorted(summary, key=lambda s: (ORDER.index(s["mode"]), s["concurrency"]))]
-    return head + "\n".join(rows) + "\n"
-
-
-def write_csv(path: Path, rows: list, skip=()) -> None:
-    keys = [k for k in rows[0] if k not in skip]
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    return tables.markdown(header, rows)
 
 
 def plot(summary: list, path: Path) -> None:
@@ -394,17 +382,12 @@ def main(argv=None) -> int:
             server.stop()
     same = {system: identical_outputs(requests, system) for system in ("specdec", "llama.cpp")}
     out = record.run_dir(EXPERIMENT, run, args.out)
-    write_csv(out / "requests.csv", requests)
-    write_csv(out / "summary.csv", summary)
-    (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
     plot(summary, out / "throughput.png")
-    record.write_record(out, run, identical_greedy_outputs=same["specdec"],
-                        identical_greedy_outputs_llama=same["llama.cpp"], rss_mb_after_warmup=rss_start,
-                        rss_mb_end=rss_end)
-    print(markdown(summary))
-    print(f"identical greedy outputs across modes and concurrency (specdec, llama.cpp): {same}; "
-          f"RSS MB {rss_start} -> {rss_end}")
-    print(f"written: {out}")
+    shown = (f"{markdown(summary)}\nidentical greedy outputs across modes and concurrency (specdec, llama.cpp): "
+             f"{same}; RSS MB {rss_start} -> {rss_end}")
+    record.finish(run, out, {"requests.csv": requests, "summary.csv": summary, "summary.md": markdown(summary)},
+                  shown=shown, identical_greedy_outputs=same["specdec"],
+                  identical_greedy_outputs_llama=same["llama.cpp"], rss_mb_after_warmup=rss_start, rss_mb_end=rss_end)
     return 0
 
 

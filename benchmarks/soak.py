@@ -87,13 +87,10 @@ def main(argv=None) -> int:
               "rss_start_mib": round(samples[0][2], 1), "rss_after_warmup_mib": round(warm, 1),
               "rss_end_mib": round(end, 1), "growth_after_warmup_pct": round(100 * (end - warm) / warm, 2),
               "samples": [{"kind": k, "after": n, "rss_mib": round(r, 1)} for k, n, r in samples]}
-    folder = record.run_dir(EXPERIMENT, run, args.out)
     text = tables.markdown(["after", "requests", "RSS MiB"], [[k, n, f"{r:.1f}"] for k, n, r in samples])
     growth = f"Growth after warm-up: {result['growth_after_warmup_pct']:+.2f} %\n\n"
-    tables.write_text(folder / "soak.md", growth + text)
-    record.write_record(folder, run, result=result)
-    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
-    print(f"written: {folder}")
+    record.finish(run, args.out, {"soak.md": growth + text},
+                  shown=json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2), result=result)
     return 0
 
 

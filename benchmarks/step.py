@@ -36,15 +36,13 @@ import concurrent.futures
 import contextlib
 import os
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 from harness import opening, record, tables, timer
 
 from specdec.blocks import PAGES
-from specdec.native.build import ISA_ENV, ISAS, load_kernels
-from specdec.runtime.native_backend import PAGES_ENV
+from specdec.native.build import ISAS
 
 EXPERIMENT = "step"
 DEFAULT_CASES = "1@64,1@512,1@1000,5@512,64@0"
@@ -79,21 +77,8 @@ def call(backend, case: tuple, gamma_max: int):
 def _opened(stack: contextlib.ExitStack, bundle, backend: str, threads, pages: str | None, isa: str | None):
     """A generator of `bundle`, its native weights held as `pages` says and its kernels built for `isa` (None: as
     this process would); each instruction set loads a library of its own, so both run in one process."""
-    wanted = {PAGES_ENV: pages, ISA_ENV: isa}
-    before = {name: os.environ.get(name) for name in wanted}
-    os.environ.update({name: value for name, value in wanted.items() if value is not None})
-    if isa is not None:
-        load_kernels.cache_clear()
-    try:
+    with opening.native_env(pages=pages, isa=isa):
         return stack.enter_context(opening.open_bundle(bundle, backend, threads))
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        if isa is not None:
-            load_kernels.cache_clear()
 
 
 def open_all(stack: contextlib.ExitStack, bundles: list, backends: list, roles: list, threads,
@@ -193,13 +178,16 @@ def numpy_read_gbs(gib: float, repeats: int) -> float:
     best = 0.0
     for _ in range(repeats):
         workers = [threading.Thread(target=np.bitwise_xor.reduce, args=(part,)) for part in parts]
-        started = time.perf_counter()
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        best = max(best, data.nbytes / (time.perf_counter() - started) / 1e9)
+        _, seconds = timer.timed(lambda: _run_all(workers))
+        best = max(best, data.nbytes / seconds / 1e9)
     return best
+
+
+def _run_all(workers: list) -> None:
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
 
 
 def gemv_read_gbs(gib: float, repeats: int) -> float:
@@ -405,12 +393,7 @@ def main(argv=None) -> int:
                 widths = tuple(sorted({1} | {t for t, _ in cases if 1 < t <= manifest.defaults.gamma_max + 1}))
                 text += "\n" + by_op(name, model, widths, min(args.by_op_cache_len, model.max_seq_len - max(widths)),
                                      args.rounds, args.top)
-    folder = record.run_dir(EXPERIMENT, run, args.out)
-    tables.write_text(folder / "step.md", text)
-    tables.write_csv(folder / "steps.csv", csv_rows(spreads, models))
-    record.write_record(folder, run, **finished)
-    print(text)
-    print(f"written: {folder}")
+    record.finish(run, args.out, {"step.md": text, "steps.csv": csv_rows(spreads, models)}, shown=text, **finished)
     return 0
 
 

@@ -19,10 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from harness import opening, record, tables, timer
@@ -69,31 +67,28 @@ def child(scheme: str, bundle: Path, cache_len: int = 64) -> dict:
         backend.reset(1)
         backend.forward(np.full((1, cache_len), 5, np.int64), np.array([0]), last_only=True)
     one, five = np.array([[7]], np.int64), np.full((1, 5), 7, np.int64)
-    started = time.perf_counter()
-    for step in range(16):
-        target.forward(one, np.array([cache_len + step]))
-    plain = (time.perf_counter() - started) / 16
-    draft_s, started = 0.0, time.perf_counter()
-    for _ in range(8):
-        drafting = time.perf_counter()
-        for step in range(4):
-            draft.forward(one, np.array([cache_len + step]))
-        draft_s += time.perf_counter() - drafting
+
+    def steps(model, count: int) -> None:
+        for step in range(count):
+            model.forward(one, np.array([cache_len + step]))
+
+    def speculative_round() -> float:  # -> its 4 draft steps' seconds
+        _, drafting = timer.timed(lambda: steps(draft, 4))
         target.forward(five, np.array([cache_len]))
-    rounds = (time.perf_counter() - started) / 8
+        return drafting
+
+    _, plain = timer.timed(lambda: steps(target, 16))
+    drafts, rounds = timer.timed(lambda: [speculative_round() for _ in range(8)])
     generator.close()
-    return {"plain": plain * 1e3, "round": rounds * 1e3, "draft": draft_s / 32 * 1e3}
+    return {"plain": plain / 16 * 1e3, "round": rounds / 8 * 1e3, "draft": sum(drafts) / 32 * 1e3}
 
 
 def table(samples: dict, bundle: Path, rounds: int) -> str:
-    lines = [f"Thread schemes on {bundle.name} ({os.cpu_count()} CPUs; {rounds} interleaved processes per scheme; "
-             "ms, min / median)", "",
-             "| scheme | plain decode ms/step | draft 4 + verify T=5 ms/round | draft ms/step |", "|---|---|---|---|"]
-    for scheme, runs in samples.items():
-        cells = [f"{min(r[k] for r in runs):.1f} / {statistics.median(r[k] for r in runs):.1f}"
-                 for k in ("plain", "round", "draft")]
-        lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[scheme] + [timer.summarize([r[k] / 1e3 for r in runs]).ms(1) for k in ("plain", "round", "draft")]
+            for scheme, runs in samples.items()]
+    header = ["scheme", "plain decode ms/step", "draft 4 + verify T=5 ms/round", "draft ms/step"]
+    return (f"Thread schemes on {bundle.name} ({os.cpu_count()} CPUs; {rounds} interleaved processes per scheme; "
+            "ms, min / median)\n\n" + tables.markdown(header, rows))
 
 
 def main(argv=None) -> int:
@@ -102,8 +97,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--cache-len", type=int, default=64)
-    parser.add_argument("--out", default=None,
-                        help="output folder (default: benchmarks/results/threads/<date>-<commit>/)")
+    opening.add_out(parser)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -124,11 +118,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"scheme {scheme} failed:\n{done.stderr[-2000:]}")
             samples[scheme].append(json.loads(done.stdout.strip().splitlines()[-1]))
     text = table(samples, args.bundle, args.rounds)
-    folder = record.run_dir(EXPERIMENT, run, args.out)
-    tables.write_text(folder / "threads.md", text)
-    record.write_record(folder, run)
-    print(text)
-    print(f"written: {folder}")
+    record.finish(run, args.out, {"threads.md": text}, shown=text)
     return 0
 
 

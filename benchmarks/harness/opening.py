@@ -3,6 +3,8 @@ KV sharing a user gets. The peers are opened through their own APIs, in their ow
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 from pathlib import Path
 
 
@@ -44,10 +46,41 @@ def _entry(entry) -> dict:
             "max_seq_len": entry.max_seq_len, "method": method}
 
 
-def add_common(parser: argparse.ArgumentParser, backend: bool = True) -> None:
-    """--out, --threads (and --backend) as every entry point spells them."""
+@contextlib.contextmanager
+def native_env(pages: str | None = None, isa: str | None = None):
+    """While it lasts, the native backend holds its weights as `pages` says (SPECDEC_NATIVE_PAGES) and builds its
+    kernels for the instruction set `isa` (SPECDEC_NATIVE_ISA: auto, avx2, avx512); None leaves either as this
+    process has it. A bundle opened inside keeps both after it: each instruction set loads a library of its own, so
+    builds of both can run in one process."""
+    from specdec.native.build import ISA_ENV, load_kernels
+    from specdec.runtime.native_backend import PAGES_ENV
+
+    wanted = {PAGES_ENV: pages, ISA_ENV: isa}
+    before = {name: os.environ.get(name) for name in wanted}
+    os.environ.update({name: value for name, value in wanted.items() if value is not None})
+    if isa is not None:
+        load_kernels.cache_clear()
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if isa is not None:
+            load_kernels.cache_clear()
+
+
+def add_out(parser: argparse.ArgumentParser) -> None:
+    """--out as every entry point spells it."""
     parser.add_argument("--out", default=None,
                         help="output folder (default: benchmarks/results/<experiment>/<date>-<commit>/)")
+
+
+def add_common(parser: argparse.ArgumentParser, backend: bool = True) -> None:
+    """--out, --threads (and --backend) as every entry point spells them."""
+    add_out(parser)
     parser.add_argument("--threads", type=int, default=None, help="threads per engine (default: the runtime's)")
     if backend:
         parser.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "native"),

@@ -15,6 +15,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from . import tables
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 RECORD = "record.json"
@@ -127,6 +129,23 @@ def write_record(folder: Path, record: dict, **finished) -> Path:
     path = Path(folder) / RECORD
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
+
+
+def finish(run: dict, out: str | Path | None, files: dict, shown: str | None = None, **finished) -> Path:
+    """The end of every entry point: the run's folder (`out`, else run_dir's default), each of `files` written into it
+    ({name: a table's markdown text, or a CSV's rows as dicts}), record.json with `finished` added (write_record),
+    then `shown` printed (what the terminal gets: the tables, say) and the folder. -> the folder."""
+    folder = run_dir(run["experiment"], run, out)
+    for name, content in files.items():
+        if isinstance(content, str):
+            tables.write_text(folder / name, content)
+        else:
+            tables.write_csv(folder / name, content)
+    write_record(folder, run, **finished)
+    if shown is not None:
+        print(shown)
+    print(f"written: {folder}")
+    return folder
 
 
 def read_record(folder: Path) -> dict:

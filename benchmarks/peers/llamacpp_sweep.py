@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.harness import record, tables, timer
+from benchmarks.harness import opening, record, tables, timer
 from benchmarks.peers import llamacpp_peer as lc
 
 EXPERIMENT = "llamacpp-sweep"
@@ -50,12 +50,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--pause", type=float, default=0.05, help="seconds between requests")
-    parser.add_argument("--out", default=None)
+    opening.add_out(parser)
     return parser.parse_args(argv)
 
 
 def prompt_ids(bundle: str, folder: str, per_class: int) -> tuple[list, dict]:
-    from benchmarks.harness import opening
     from specdec.bench.prompts import read_prompts, select_prompts
     from specdec.bench.run import prompt_ids as ids_of
 
@@ -128,12 +127,9 @@ def main(argv=None) -> int:
                 turn += 1
             print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
     summary = summarize(rows, lc.Plain().name)
-    out = record.run_dir(EXPERIMENT, run, args.out)
-    tables.write_text(out / "sweep.md", markdown(summary))
-    tables.write_csv(out / "requests.csv", [{k: v for k, v in r.items() if k != "token_ids"} for r in rows])
-    record.write_record(out, run, summary=summary, load_average_end=os.getloadavg())
-    print(markdown(summary))
-    print(f"written: {out}")
+    requests = [{k: v for k, v in r.items() if k != "token_ids"} for r in rows]
+    record.finish(run, args.out, {"sweep.md": markdown(summary), "requests.csv": requests}, shown=markdown(summary),
+                  summary=summary, load_average_end=os.getloadavg())
     return 0
 
 

@@ -125,6 +125,7 @@ def test_gpu_check_on_the_tensorrt_stand_in(tiny_llama, tmp_path, monkeypatch):
     from tests.engines.trt_standin import Device, install
 
     install(monkeypatch, Device())
+    monkeypatch.syspath_prepend(str(BENCH))  # gpu_check imports its harness as a script does
     bundle = tmp_path / "trt"
     assert export_main(["--target", str(tiny_llama), "--out", str(bundle), "--draft-layers", "1", "--engine",
                         "tensorrt", "--max-seq-len", "96", "--max-batch", "2", "--gamma", "3", "--gamma-max", "4",

@@ -1,7 +1,10 @@
-"""benchmarks/harness: the interleaved timer's order and statistics, and the run record's fields and folder."""
+"""benchmarks/harness: the interleaved timer's order and statistics, request timing, the run record's fields and
+folder, the tail every entry point ends with, and the native settings a bundle opens with."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 
 import pytest
@@ -79,3 +82,54 @@ def test_every_committed_run_has_a_record_naming_its_commit():
     tracked = subprocess.run(["git", "-C", str(record.ROOT), "ls-files", "benchmarks/results"], capture_output=True,
                              text=True).stdout.split()
     assert not [f for f in tracked if f.endswith(".parquet")]  # one format per table: markdown, CSV for data
+
+
+def test_finish_writes_the_tables_the_record_and_says_where(tmp_path, capsys):
+    run = record.run_record("exp", {"specdec": {"backend": "onnxruntime"}}, None, "benchmarks/x.py", [])
+    folder = record.finish(run, tmp_path / "out", {"t.md": "| a |\n|---|\n| 1 |", "t.csv": [{"a": 1, "b": 2}]},
+                           shown="the table", result={"x": 1})
+    assert folder == tmp_path / "out"
+    assert (folder / "t.md").read_text() == "| a |\n|---|\n| 1 |\n" and (folder / "t.csv").read_text().split() == \
+        ["a,b", "1,2"]
+    back = record.read_record(folder)
+    assert back["result"] == {"x": 1} and back["finished"] and back["experiment"] == "exp"
+    assert capsys.readouterr().out == f"the table\nwritten: {folder}\n"
+
+
+def test_request_timing():
+    ticks = iter([10.0, 11.0])
+    assert timer.timed(lambda: "got", clock=lambda: next(ticks)) == ("got", 1.0)
+    ticks = iter([0.0, 0.5, 0.7, 1.1, 1.2])  # sent, three pieces, the end
+    with timer.Request(clock=lambda: next(ticks)) as clock:
+        for _ in range(3):
+            clock.arrived()
+    assert clock.times(5) == pytest.approx({"e2e_s": 1.2, "ttft_s": 0.5, "tpot_s": 0.6 / 4})
+    ticks = iter([0.0, 2.0])
+    with timer.Request(clock=lambda: next(ticks)) as silent:  # nothing came: TTFT is the whole request
+        pass
+    times = silent.times(0)
+    assert times["e2e_s"] == times["ttft_s"] == 2.0 and math.isnan(times["tpot_s"])
+    requests = [{"e2e_s": 1.0, "ttft_s": 0.2, "new_tokens": 5}, {"e2e_s": 0.5, "ttft_s": 0.1, "new_tokens": 3}]
+    assert timer.token_weighted_tpot(requests) == pytest.approx(1.2 / 6)  # (0.8 + 0.4) s over 4 + 2 tokens
+    assert math.isnan(timer.token_weighted_tpot([{"e2e_s": 1.0, "ttft_s": 1.0, "new_tokens": 1}]))  # none after
+
+
+def test_compared_cells():
+    a, b = timer.summarize([0.002, 0.004]), timer.summarize([0.004, 0.004])
+    assert timer.compared(a, b) == ["2.00 / 3.00", "4.00 / 4.00", "0.500", "0.750"]
+
+
+def test_native_env_sets_and_restores_the_native_settings(monkeypatch):
+    from specdec.native import build
+    from specdec.runtime.native_backend import PAGES_ENV
+
+    from benchmarks.harness import opening
+
+    monkeypatch.delenv(build.ISA_ENV, raising=False)
+    monkeypatch.setenv(PAGES_ENV, "private")
+    with opening.native_env(pages="shared", isa="avx2"):
+        assert build.isa() == "avx2" and os.environ[PAGES_ENV] == "shared"
+        assert "-mavx512f" not in build.build_flags()
+    assert build.ISA_ENV not in os.environ and os.environ[PAGES_ENV] == "private"
+    with opening.native_env():  # None: as this process has them
+        assert os.environ[PAGES_ENV] == "private"

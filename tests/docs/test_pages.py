@@ -54,6 +54,23 @@ def test_the_performance_page_lists_only_files_a_clone_has(tmp_path, monkeypatch
                     assert [p.name for p in module.committed_files(real)] == [n for n in names if n != "record.json"]
 
 
+def test_every_system_on_the_performance_page_has_its_settings_written():
+    """A peer measured in several modes (lockstep's llama.cpp: settings["modes"]) gets what they share and a line per
+    mode; no settings line is empty, least of all a peer's beside its headline numbers."""
+    module = perf_page()
+    settings = {"system": "llama.cpp", "threads": 2, "version": {"commit": "abc"},
+                "flags": ["-t", "2"], "spec_type": "none"}
+    lines = module.settings_lines("llama.cpp", {"modes": {"plain": settings, "ngram": settings | {
+        "spec_type": "ngram-simple", "flags": ["-t", "2", "--spec-type", "ngram-simple"]}}})
+    assert lines == ["- llama.cpp: system llama.cpp; threads 2",
+                     "    - plain: flags ['-t', '2']; spec_type none",
+                     "    - ngram: flags ['-t', '2', '--spec-type', 'ngram-simple']; spec_type ngram-simple"]
+    assert module.settings_lines("x", {}) == ["- x: the record did not store them"]
+    page = (DOCS / "performance.md").read_text(encoding="utf-8")
+    assert not re.search(r"^ *- [^`\n]+: *$", page, re.M), "a settings line with no settings"
+    assert "- llama.cpp: system llama.cpp; model SmolLM2-135M-Instruct.Q4_1.gguf; threads 2;" in page
+
+
 def test_the_readme_tables_are_the_newest_lockstep_run_of_each_bundle():
     module = perf_page()
     runs = module.lockstep_runs()

@@ -11,11 +11,22 @@ pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the nat
 
 
 def test_native_ab_against_a_folder_of_sources(q41_bundle, tmp_path):
+    """Both builds for one instruction set with one flag set (specdec's own, or --isa's), named in the record and the
+    table: an A/B never credits an ISA difference to a code change."""
     out = tmp_path / "ab"
     run_script("native_ab.py", q41_bundle, build.HERE, "--rounds", "2", "--tokens", "5", "--rows", "2", "--out", out)
     text = (out / "native_ab.md").read_text(encoding="utf-8")
     assert "| 64 |" in text and "new / old (min)" in text
-    read_record(out, "native_ab.py")
+    builds = read_record(out, "native_ab.py")["settings"]["specdec native"]["builds"]
+    assert builds["new"]["isa"] == builds["old"]["isa"] == build.isa()
+    assert builds["new"]["flags"] == builds["old"]["flags"] == list(build.build_flags())
+    assert f"- old: specdec/native; ISA {build.isa()}; " in text
+    forced = tmp_path / "avx2"
+    run_script("native_ab.py", q41_bundle, build.HERE, "--rounds", "1", "--isa", "avx2", "--out", forced)
+    builds = read_record(forced, "native_ab.py")["settings"]["specdec native"]["builds"]
+    assert builds["new"]["isa"] == builds["old"]["isa"] == "avx2"
+    assert builds["new"]["flags"] == builds["old"]["flags"] and "-mavx512f" not in builds["new"]["flags"]
+    assert "- new: this tree; ISA avx2; " in (forced / "native_ab.md").read_text(encoding="utf-8")
 
 
 def test_open_cost(q41_bundle, tmp_path):
