@@ -111,16 +111,12 @@ def main(argv=None) -> int:
         rows.append([kind, f"{1e3 * min(gaps):.0f}", f"{1e3 * statistics.median(gaps):.0f}", f"{1e3 * max(gaps):.0f}",
                      ", ".join(map(str, rounds[-1]["statuses"])) or "-",
                      "-" if kind == "none" else f"{1e3 * statistics.median(r['flood_s'] for r in rounds):.0f}"])
-    folder = record.run_dir(EXPERIMENT, run, args.out)
     head = (f"A stream of {args.tokens} tokens on {args.bundle.name}; {args.flood} concurrent prompts of "
             f"{args.size_kb} KB (bound-text: {len(texts['bound-text']) // 1024} KB, under the byte bound of {bound} B) "
             f"sent {args.after} s in; {args.rounds} rounds.\n\n")
-    text = tables.markdown(["flood", "longest gap min ms", "median ms", "max ms", "flood answered", "flood took ms"],
-                           rows)
-    tables.write_text(folder / "prompt_stall.md", head + text)
-    record.write_record(folder, run, result=summary)
-    print(head + text)
-    print(f"written: {record.repo_path(folder)}")
+    text = head + tables.markdown(["flood", "longest gap min ms", "median ms", "max ms", "flood answered",
+                                   "flood took ms"], rows)
+    record.finish(run, args.out, {"prompt_stall.md": text}, shown=text, result=summary)
     return 0
 
 

@@ -93,6 +93,19 @@ def test_serve_load(gqa_int4_bundle, tmp_path):
     assert (out / "throughput.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_prompt_stall(gqa_int4_bundle, tmp_path):
+    for module in ("fastapi", "uvicorn", "httpx"):
+        pytest.importorskip(module)
+    out = tmp_path / "stall"
+    run_script("prompt_stall.py", gqa_int4_bundle, "--rounds", "1", "--tokens", "8", "--flood", "2", "--size-kb", "64",
+               "--after", "0", "--out", out)
+    result = read_record(out, "prompt_stall.py")["result"]
+    assert set(result) == {"none", "huge-text", "bound-text", "huge-chat"}
+    for kind in ("huge-text", "bound-text", "huge-chat"):  # each too long for the tiny bundle: refused, not a 5xx
+        assert result[kind]["statuses"] == [400, 400], (kind, result[kind])
+    assert "longest gap" in (out / "prompt_stall.md").read_text(encoding="utf-8")
+
+
 def test_thread_schemes(gqa_int4_bundle, tmp_path):
     out = tmp_path / "threads"
     run_script("thread_schemes.py", gqa_int4_bundle, "--rounds", "1", "--cache-len", "16", "--out", out)
