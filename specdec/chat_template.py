@@ -99,6 +99,10 @@ class RenderLimitError(ConfigError):
         self.limit = limit
 
 
+class TemplateRefusal(ConfigError):
+    """The template refused the conversation or failed on it (render_chat's ConfigError, as a prompt worker saw it)."""
+
+
 def render_chat(template, messages: list, special: dict, add_generation_prompt: bool = True,
                 max_chars: int = RENDER_MAX_CHARS) -> str:
     """The text of `messages` as the template writes it, stopped with RenderLimitError once it passes `max_chars`

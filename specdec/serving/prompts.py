@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,8 +152,6 @@ class PromptPool:
         self._closed = False
         self._lock = threading.Lock()
         self._all: set = set()
-        self._tasks: set = set()
-        self._exchanges = ThreadPoolExecutor(budget.workers, thread_name_prefix="specdec-prompt")
 
     async def start(self) -> "PromptPool":
         """Start the workers and wait until each has opened the tokenizer (a server answers once they have)."""
@@ -174,7 +171,13 @@ class PromptPool:
     def _spawn(self) -> _Worker:
         worker = _Worker(self.root, self.budget.memory_mb << 20)
         with self._lock:
-            self._all.add(worker)
+            closed = self._closed
+            if not closed:
+                self._all.add(worker)
+        if closed:  # close() ran while it started: it has no claim on this one
+            worker.process.kill()
+            worker.stop()
+            raise PromptBudgetError("the server is stopping", "retry on another replica")
         try:
             worker.ready()
         except BaseException:
@@ -202,7 +205,7 @@ class PromptPool:
         return await self._ask(("text", text, None))
 
     async def _ask(self, request: tuple) -> list:
-        from specdec.chat_template import RenderLimitError
+        from specdec.chat_template import RenderLimitError, TemplateRefusal
 
         if self._closed:
             raise PromptBudgetError("the server is stopping", "retry on another replica")
@@ -215,7 +218,7 @@ class PromptPool:
         finally:
             self._waiting -= 1
         try:
-            reply = await asyncio.get_running_loop().run_in_executor(self._exchanges, self._exchange, worker, request)
+            reply = await self._in_thread(worker, request)
         except BaseException:  # timed out, died, or the request was cancelled mid-work: a fresh worker takes its place
             self._retire(worker)
             raise
@@ -226,15 +229,41 @@ class PromptPool:
         if kind == "limit":
             raise RenderLimitError(detail)
         if kind == "refused":
-            raise ConfigError(detail)
+            raise TemplateRefusal(detail)
         if kind == "unsafe":
             raise ManifestError(detail)
         raise PromptBudgetError(f"the prompt needed more than the prompt workers' {self.budget.memory_mb} MB",
                                 "the chat template builds too much text, or raise --prompt-worker-memory")
 
+    async def _in_thread(self, worker: _Worker, request: tuple) -> tuple:
+        """_exchange on a daemon thread of its own: a blocking pipe is what the worker's budget needs (an event loop
+        such as uvloop makes a pipe it watches non-blocking), and a daemon thread never holds up the process's exit
+        (an executor's threads are joined at exit, and one waiting on a worker would wait out its timeout)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def settle(outcome):
+            if not done.done():
+                done.set_result(outcome)
+
+        def run():
+            try:
+                outcome = (True, self._exchange(worker, request))
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                outcome = (False, exc)
+            try:
+                loop.call_soon_threadsafe(settle, outcome)
+            except RuntimeError:  # the loop is closed: nobody waits for this reply
+                pass
+
+        threading.Thread(target=run, daemon=True, name="specdec-prompt").start()
+        ok, value = await done
+        if not ok:
+            raise value
+        return value
+
     def _exchange(self, worker: _Worker, request: tuple) -> tuple:
-        """Send a request and wait for its reply, on a thread of the pool's own (blocking pipe calls: an event loop
-        such as uvloop would make a pipe it watches non-blocking, and a large request would not be sent whole)."""
+        """Send a request and wait for its reply (blocking), at most the budget's seconds."""
         try:
             worker.conn.send(request)
             if not worker.conn.poll(self.budget.timeout_s):
@@ -256,27 +285,35 @@ class PromptPool:
             self._replace()
 
     def _replace(self) -> None:
+        """Start a worker on a daemon thread (it takes a second or so); it joins the idle ones when it is ready."""
         loop = asyncio.get_running_loop()
 
-        def started(task: asyncio.Future) -> None:
-            self._tasks.discard(task)
-            if task.cancelled() or task.exception() is not None:
+        def started(worker: _Worker | None) -> None:
+            if worker is None:
                 return  # no worker: saturated shows it (a worker that cannot start will not start the next time)
-            worker = task.result()
             if self._closed:
                 threading.Thread(target=worker.stop, daemon=True).start()
                 return
             self._alive += 1
             self._idle.put_nowait(worker)
 
-        task = loop.run_in_executor(None, self._spawn)
-        self._tasks.add(task)
-        task.add_done_callback(started)
+        def spawn():
+            try:
+                worker = None if self._closed else self._spawn()
+            except SpecDecError:
+                worker = None
+            try:
+                loop.call_soon_threadsafe(started, worker)
+            except RuntimeError:  # the loop is closed: the server stopped meanwhile
+                if worker is not None:
+                    worker.stop()
+
+        threading.Thread(target=spawn, daemon=True, name="specdec-prompt-start").start()
 
     def close(self) -> None:
         """Stop every worker now, whatever it is doing (a server's shutdown must not wait for a runaway template)."""
-        self._closed = True
         with self._lock:
+            self._closed = True
             workers = list(self._all)
             self._all.clear()
         for worker in workers:
@@ -284,7 +321,6 @@ class PromptPool:
         for worker in workers:
             worker.stop()
         self._alive = 0
-        self._exchanges.shutdown(wait=False, cancel_futures=True)
 
 
 if __name__ == "__main__":  # a worker, started by _Worker
