@@ -14,8 +14,8 @@ HEAD_TOKENS = 48  # of the tiny vocabulary: the draft's trimmed head leaves toke
 
 
 def tiny_pair(folder: Path, kind: str) -> Path:
-    """A gqa bundle of a tiny LLaMA (`kind`: "q41" on the GGUF grids, or "bf16" rows) with its int4-q41 draft, in
-    folder/kind; the draft bundle's path."""
+    """A gqa bundle of a tiny LLaMA (`kind`: "q41" on the GGUF grids, "q80" on Q8_0 grids throughout, or "bf16"
+    rows) with its int4-q41 draft, in folder/kind; the draft bundle's path."""
     from specdec.calibration.bundle_io import quantized_bundle
     from specdec.calibration.data import DataConfig
     from specdec.calibration.quantize import QuantizeConfig
@@ -25,7 +25,7 @@ def tiny_pair(folder: Path, kind: str) -> Path:
 
     folder = Path(folder)
     options = dict(family="llama", seed=0, init_range=0.5, hidden=64)
-    model = (save_tiny_on_grids(folder / f"{kind}-hf", **options) if kind == "q41"
+    model = (save_tiny_on_grids(folder / f"{kind}-hf", q80=kind == "q80", **options) if kind in ("q41", "q80")
              else save_tiny_in(folder / f"{kind}-hf", "bfloat16", **options))
     config = ExportConfig(out=folder / f"{kind}-target", target=str(model), max_seq_len=128, gamma=3, gamma_max=6,
                           max_batch=4, max_prefill_chunk=16, progress=False, lowering="gqa",

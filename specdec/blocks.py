@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-ABI_VERSION = 3  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
+ABI_VERSION = 4  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
 FORMAT_VERSION = 2  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
 BLOCK = 32  # weights per block along K
 BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1; qs[j] = q[j] | q[j + 16] << 4
@@ -39,6 +39,7 @@ class WeightLayout:
     role: str  # the model it holds: "target" or "draft"
     kind: int  # specdec_native.h's model_t.kind (-1: a draft's, which runs on its target's model_t)
     per: int  # inputs one stored element of a linear weight holds along K
+    linear: str | None = None  # the block (DTYPES) of its linear weights where they are GGUF blocks
 
     @property
     def rows(self) -> bool:
@@ -47,7 +48,8 @@ class WeightLayout:
 
 
 WEIGHT_LAYOUTS = {layout.name: layout for layout in (
-    WeightLayout("q41", "target", 0, BLOCK),  # Q4_1 blocks [N, K / 32], a Q8_0 head
+    WeightLayout("q41", "target", 0, BLOCK, "blk4"),  # Q4_1 blocks [N, K / 32], a Q8_0 head
+    WeightLayout("q80", "target", 4, BLOCK, "blk8"),  # Q8_0 blocks [N, K / 32], a Q8_0 head (a Q8_0 GGUF's)
     WeightLayout("bf16", "target", 1, 1), WeightLayout("f16", "target", 2, 1), WeightLayout("f32", "target", 3, 1),
     WeightLayout("q41-draft", "draft", -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
 KINDS = {name: layout.kind for name, layout in WEIGHT_LAYOUTS.items() if layout.kind >= 0}  # model_t.kind by name
@@ -182,9 +184,12 @@ def rows_of(weight: np.ndarray, precision: str) -> np.ndarray:
 
 
 def float_rows(rows: np.ndarray) -> np.ndarray:
-    """Rows of bf16 (as BF16), f16 or f32 -> float32."""
+    """Rows of bf16 (as BF16), f16 or f32, or Q8_0 blocks [N, K / 32] -> float32 [N, K] (a block's d * q, as the
+    kernels compute it)."""
     if rows.dtype == BF16:
         return (rows.astype(np.uint32) << 16).view(np.float32)
+    if rows.dtype == BLOCK8:
+        return (rows["d"][..., None] * rows["qs"].astype(np.float32)).reshape(rows.shape[0], -1)
     return rows.astype(np.float32)
 
 

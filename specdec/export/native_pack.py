@@ -3,9 +3,9 @@ onto the GGUF grids and checked there, so that the runtime only reads them.
 
 The reader accepts the LLaMA layout our gqa export writes and nothing else: per layer a (Skip)SimplifiedLayerNorm,
 one q/k/v MatMul into GroupQueryAttention (rotary inside, not interleaved), the o MatMul, a SkipSimplifiedLayerNorm,
-one gate/up MatMul split in halves, SiLU(gate)·up, the down MatMul; a final norm and a bias-free LM head. Every
-linear weight must lie on a Q4_1 grid and the head on a Q8_0 grid (a GGUF's, exported): then the kernels compute
-the graph's own function. Weights off those grids are kept in the narrowest of bf16, f16 and fp32 that holds every
+one gate/up MatMul split in halves, SiLU(gate)·up, the down MatMul; a final norm and a bias-free LM head. Where every
+linear weight lies on a Q4_1 grid (or every one on a Q8_0 grid) and the head on a Q8_0 grid (a GGUF's, exported), the
+weights keep those blocks and the kernels compute the graph's own function. Weights off those grids are kept in the narrowest of bf16, f16 and fp32 that holds every
 one exactly (a bf16 checkpoint exported to fp32 keeps 2 bytes a weight): the same function again. A graph outside
 the layout, or with a NaN or inf weight, gets no native weights (NativeSkipped).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (FORMAT_VERSION, WEIGHT_LAYOUTS, GridError, float_rows, head_holds, on_grid, q41_blocks,
+from specdec.blocks import (BLOCK4, BLOCK8, FORMAT_VERSION, GridError, float_rows, head_holds, on_grid, q41_blocks,
                             q41_pairs, q8_blocks, row_precision, rows_of, write_tensors)
 from specdec.errors import missing_dependency
 from specdec.manifest import ModelDims, NativeRecord
@@ -80,17 +80,24 @@ def _array(init, folder: Path, numpy_helper) -> np.ndarray:
     return values
 
 
-def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray) -> dict | None:
-    """The "q41" tensors of the weights where every linear weight lies on a Q4_1 grid and the head on Q8_0's (the
-    embedding read from the head's blocks where they hold it, else kept in fp32), else None."""
+def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray) -> tuple[str, dict] | None:
+    """(layout, tensors) of the weights where every linear weight lies on a Q4_1 grid ("q41"), or every one on a
+    Q8_0 grid ("q80", a Q8_0 GGUF's), and the head on Q8_0's (the embedding read from the head's blocks where they
+    hold it, else kept in fp32); None where neither holds."""
     try:
-        tensors = {name: on_grid(name, weight, q41_blocks) for name, weight in linears.items()}
-        tensors["head"] = on_grid("head", head, q8_blocks)
+        head_blocks = on_grid("head", head, q8_blocks)
     except GridError:
         return None
-    if not head_holds(tensors["head"], embedding):
-        tensors["embedding"] = embedding
-    return tensors
+    for layout, fit in (("q41", q41_blocks), ("q80", q8_blocks)):
+        try:
+            tensors = {name: on_grid(name, weight, fit) for name, weight in linears.items()}
+        except GridError:
+            continue
+        tensors["head"] = head_blocks
+        if not head_holds(head_blocks, embedding):
+            tensors["embedding"] = embedding
+        return layout, tensors
+    return None
 
 
 def _rows(linears: dict, head: np.ndarray, embedding: np.ndarray) -> tuple[str, dict]:
@@ -142,7 +149,7 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float
         if weight.ndim != 2 or weight.shape[1] % 32:
             raise NativeSkipped(f"{name} has shape {list(weight.shape)}; the native kernels need K % 32 == 0")
     grids = _grids(linears, head_weight, embedding) if np.isfinite(embedding).all() else None
-    layout, found = ("q41", grids) if grids is not None else _rows(linears, head_weight, embedding)
+    layout, found = grids if grids is not None else _rows(linears, head_weight, embedding)
     tensors.update(found)
     tensors["final_norm"] = gamma(norms[-1])
     tensors["cos"], tensors["sin"] = array(attention.input[7]), array(attention.input[8])
@@ -169,14 +176,17 @@ def write_draft(root: Path, role: str, layout: str, target: dict, keep: np.ndarr
                 fill: float) -> NativeRecord:
     """Write root/role/native.bin for an int4-q41 draft of the target whose tensors of `layout` are `target`: its
     linear weights in pairs of Q4_1 blocks (the target's own, or fitted to its rows), its head's rows `keep` (token
-    ids; None: every row) on the Q8_0 grid (the target's, or fitted)."""
-    rows = WEIGHT_LAYOUTS[layout].rows
-    tensors = {f"{name}_p": q41_pairs(q41_blocks(float_rows(np.asarray(w)))[0] if rows else np.asarray(w))
-               for name, w in target.items()
+    ids; None: every row) on the Q8_0 grid (the target's, or fitted). `layout`: the target's (its tensors' dtypes
+    say how to read them)."""
+    def q41_of(w):  # the target's own Q4_1 blocks, else fitted to its values (rows, or a Q8_0 GGUF's blocks)
+        w = np.asarray(w)
+        return w if w.dtype == BLOCK4 else q41_blocks(float_rows(w))[0]
+
+    tensors = {f"{name}_p": q41_pairs(q41_of(w)) for name, w in target.items()
                if name.startswith("layers.") and name.rsplit(".", 1)[1] in ("qkv", "o", "gate_up", "down")}
     head = np.asarray(target["head"])
     head = head if keep is None else head[keep]
-    tensors["head"] = q8_blocks(float_rows(head))[0] if rows else np.ascontiguousarray(head)
+    tensors["head"] = np.ascontiguousarray(head) if head.dtype == BLOCK8 else q8_blocks(float_rows(head))[0]
     if keep is not None:
         tensors["head_rows"] = np.asarray(keep, dtype=np.int64)
     return _record("q41-draft", root, f"{role}/{DRAFT_FILE}", tensors, fill=fill)

@@ -76,15 +76,18 @@ def save_tiny(folder: str | Path, family: str = "llama", layers: int = 2, seed: 
     return folder
 
 
-def snap_to_gguf_grids(model) -> None:
+def snap_to_gguf_grids(model, q80: bool = False) -> None:
     """Move a LLaMA-layout model's weights onto the grids a GGUF export has: every Linear weight [N, K] onto Q4_1
-    levels d·q + m (q in 0..15, per 32 along K), the tied embedding onto Q8_0 levels d·q (q in −127..127), as the
-    default model's are; the native backend runs only such targets."""
+    levels d·q + m (q in 0..15, per 32 along K; or with q80 onto Q8_0's, as a Q8_0 GGUF's are), the tied
+    embedding onto Q8_0 levels d·q (q in −127..127), as the default model's are."""
     import torch
 
     with torch.no_grad():
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
+                if q80:
+                    module.weight.copy_(_q8_0(module.weight))
+                    continue
                 w = module.weight.reshape(module.weight.shape[0], -1, 32)
                 low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
                 step = _half(torch.where(high > low, (high - low) / 15, torch.ones_like(low)))
@@ -92,11 +95,18 @@ def snap_to_gguf_grids(model) -> None:
                 codes = torch.clamp(torch.round((w - low) / step), 0, 15)
                 module.weight.copy_((codes * step + low).reshape(module.weight.shape))
         table = model.get_input_embeddings().weight
-        e = table.reshape(table.shape[0], -1, 32)
-        step = e.abs().amax(-1, keepdim=True) / 127
-        step = torch.where(step > 0, step, torch.ones_like(step))  # all-zero rows (the padding token's)
-        step = _half(step, down=True)  # not above max|e| / 127: the largest code stays ±127
-        table.copy_((torch.clamp(torch.round(e / step), -127, 127) * step).reshape(table.shape))
+        table.copy_(_q8_0(table))
+
+
+def _q8_0(weight):
+    """weight [N, K] on Q8_0 levels d·q (q in −127..127, d an fp16 value per 32 along K)."""
+    import torch
+
+    e = weight.reshape(weight.shape[0], -1, 32)
+    step = e.abs().amax(-1, keepdim=True) / 127
+    step = torch.where(step > 0, step, torch.ones_like(step))  # all-zero rows (the padding token's)
+    step = _half(step, down=True)  # not above max|e| / 127: the largest code stays ±127
+    return (torch.clamp(torch.round(e / step), -127, 127) * step).reshape(weight.shape)
 
 
 def _half(x, down: bool = False):
@@ -110,13 +120,13 @@ def _half(x, down: bool = False):
     return half.float()
 
 
-def save_tiny_on_grids(folder: str | Path, **options) -> Path:
+def save_tiny_on_grids(folder: str | Path, q80: bool = False, **options) -> Path:
     """save_tiny, then the weights snapped to the GGUF grids (snap_to_gguf_grids) and saved again."""
     from transformers import AutoModelForCausalLM
 
     folder = save_tiny(folder, **options)
     model = AutoModelForCausalLM.from_pretrained(folder)
-    snap_to_gguf_grids(model)
+    snap_to_gguf_grids(model, q80)
     model.save_pretrained(folder)
     return folder
 

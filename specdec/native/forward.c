@@ -19,6 +19,7 @@ long specdec_layout_size(int which) {
 }
 
 static int out_of(long value, long low, long high) { return value < low || value > high; }
+static int gguf_blocks(int kind) { return kind == SPECDEC_Q41 || kind == SPECDEC_Q80; }  // else rows
 
 static int check_layers(const model_t *m, int quant) {
     if (!m->in_norm || !m->post_norm || !m->final_norm || !m->head || !m->cos || !m->sin) return SPECDEC_E_NULL;
@@ -46,7 +47,7 @@ static int check_model(const model_t *m, int quant) {
         (m->Hq * m->D) % 32 || out_of((long)m->Hq * m->D, 32, MAX_DIM) ||
         out_of((long)(m->Hq + 2 * m->Hkv) * m->D, 1, MAX_DIM) || out_of(m->I, 32, MAX_DIM) || m->I % 32 ||
         out_of(m->V, 1, 1L << 24) || out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
-        out_of(m->kind, SPECDEC_Q41, SPECDEC_F32) || (m->kind != SPECDEC_Q41 && !m->embedding) ||
+        out_of(m->kind, SPECDEC_Q41, SPECDEC_Q80) || (!gguf_blocks(m->kind) && !m->embedding) ||
         !(m->eps >= 0.f) || !isfinite(m->scale))
         return SPECDEC_E_SHAPE;
     return check_layers(m, quant);
@@ -135,7 +136,7 @@ typedef struct {
 #define WEIGHT(p, name, l) ((p)->quant ? (const void *)(p)->m->name##_p[l] : (const void *)(p)->m->name[l])
 
 static int weights_kind(const pass_t *p) {  // of the linear weights
-    return p->quant ? W_Q4P : p->m->kind == SPECDEC_Q41 ? W_Q4 : row_kind(p->m->kind);
+    return p->quant ? W_Q4P : p->m->kind == SPECDEC_Q41 ? W_Q4 : p->m->kind == SPECDEC_Q80 ? W_Q8 : row_kind(p->m->kind);
 }
 
 static void dense(const pass_t *p, const float *x, int K, const void *w, float *y, int N) {
@@ -192,7 +193,7 @@ static void embed(const pass_t *p, const int64_t *tokens) {
     const int H = m->H;
     for (size_t r = 0; r < (size_t)p->B * p->T; r++) {
         float *x = BUF(p, x) + r * H;
-        if (m->kind != SPECDEC_Q41)
+        if (!gguf_blocks(m->kind))
             decode_row(row_kind(m->kind), (const char *)m->embedding + (size_t)tokens[r] * H *
                        (m->kind == SPECDEC_F32 ? 4 : 2), H, x);
         else if (m->embedding) memcpy(x, (const float *)m->embedding + (size_t)tokens[r] * H, sizeof(float) * H);
@@ -208,7 +209,7 @@ static void score(const pass_t *p, int last_only, float *logits) {
         const size_t from = last_only ? (size_t)r * p->T + p->T - 1 : (size_t)r;
         rmsnorm(BUF(p, x) + from * H, m->final_norm, m->eps, H, BUF(p, xn) + (size_t)r * H);
     }
-    const int kind = p->quant || m->kind == SPECDEC_Q41 ? W_Q8 : row_kind(m->kind);  // a draft's head: blk8
+    const int kind = p->quant || gguf_blocks(m->kind) ? W_Q8 : row_kind(m->kind);  // a draft's head: blk8
     linear(p->threads, p->quant ? K_INT8 : K_STEP, kind, BUF(p, xn), rows, H, m->head, logits, m->V, BUF(p, decoded),
            p->base + p->at.rounded);
 }

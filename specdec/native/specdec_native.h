@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SPECDEC_ABI_VERSION 3
+#define SPECDEC_ABI_VERSION 4
 #define SPECDEC_FORMAT_VERSION 2
 #define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
@@ -39,6 +39,7 @@ enum {
     SPECDEC_BF16 = 1,  // linears, head and embedding as bf16 rows (the top halves of fp32 values)
     SPECDEC_F16 = 2,   // ... as IEEE half rows
     SPECDEC_F32 = 3,   // ... as fp32 rows
+    SPECDEC_Q80 = 4,   // linears and head blk8 [N, K / 32] (a Q8_0 GGUF's), embedding fp32 or embedding_rows
 };
 
 // A LLaMA-layout model: per layer RMSNorm, packed q/k/v, rotate-half rotary, causal GQA over static KV, o, RMSNorm,
@@ -47,15 +48,15 @@ typedef struct {
     int32_t L, H, Hq, Hkv, D, I, V;  // layers, hidden, query heads, KV heads, head size, MLP width, head rows
     int32_t vocab;                   // embedding rows: every token id must be below this
     int32_t positions;               // rows of the rotary tables: every position must be below this
-    int32_t kind;                    // SPECDEC_Q41, _BF16, _F16 or _F32
+    int32_t kind;                    // SPECDEC_Q41, _BF16, _F16, _F32 or _Q80
     float eps, scale;                // RMSNorm epsilon, attention scores' scale
-    const void *embedding;  // [vocab, H]: fp32 (Q41) or rows of kind; NULL where embedding_rows holds it
+    const void *embedding;  // [vocab, H]: fp32 (Q41, Q80) or rows of kind; NULL where embedding_rows holds it
     const float *const *in_norm, *const *post_norm;  // [L] of [H]
-    const void *const *qkv, *const *o, *const *gate_up, *const *down;  // [L] of blk4 [N, K / 32] or rows [N, K]
+    const void *const *qkv, *const *o, *const *gate_up, *const *down;  // [L] of blk4 / blk8 [N, K / 32] or rows [N, K]
     const blk4p *const *qkv_p, *const *o_p, *const *gate_up_p, *const *down_p;  // [L] of [N, (K / 32 + 1) / 2]: the
                                                                                   // draft's (quant); else NULL
     const float *final_norm;  // [H]
-    const void *head;         // blk8 [V, H / 32] (Q41, and a draft's), or rows of kind [V, H]
+    const void *head;         // blk8 [V, H / 32] (Q41, Q80, and a draft's), or rows of kind [V, H]
     const float *cos, *sin;   // [positions, D / 2]
     const blk8 *embedding_rows;  // [vocab, H / 32]: row t of the embedding is d * q of these (tied weights), or NULL
 } model_t;

@@ -6,6 +6,8 @@ Layouts (the manifest's NativeRecord.layout):
   `layers.{i}.input_norm`, `.post_norm` [H] f32, `.qkv` [(Hq + 2 Hkv) D, H / 32], `.o` [H, Hq D / 32], `.gate_up`
   [2 I, H / 32], `.down` [H, I / 32] of blk4; `final_norm` [H]; `head` [V, H / 32] of blk8; `cos`, `sin`
   [positions, D / 2]; `embedding` [V, H] f32 only where the head's blocks do not hold it (untied weights).
+- "q80": the same for a Q8_0 GGUF: every linear weight on a Q8_0 grid, as blk8 [N, K / 32] (4.5 bits a weight
+  more than Q4_1's, no minimum).
 - "bf16", "f16", "f32": a target in a checkpoint's own precision: the same tensors, with the linear weights and the
   head as rows [N, K] of that dtype (bf16 as its top 16 bits), and `embedding` [V, H] of it only where it is not the
   head (untied weights).
@@ -109,8 +111,8 @@ def _expect(tensors: dict, name: str, kind: np.dtype, shape: tuple, role: str) -
 
 
 def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str = "shared") -> NativeWeights:
-    """The weights of a target (layout "q41", or rows), each tensor's kind and shape checked against `dims`."""
-    from specdec.blocks import BLOCK4, BLOCK8
+    """The weights of a target (layout "q41" or "q80", or rows), each tensor's kind and shape checked against `dims`."""
+    from specdec.blocks import BLOCK8
 
     t = _tensors(root, record, "target", pages)
     f32, rows = np.dtype("<f4"), WEIGHT_LAYOUTS[record.layout].rows
@@ -119,7 +121,9 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
     if cos is None or cos.ndim != 2 or cos.shape[1] != D // 2:
         raise BackendError(f"the target's rotary table is {None if cos is None else list(cos.shape)}, not "
                            f"[positions, {D // 2}]", HINT)
-    per, linear, head_kind = (1, DTYPES[record.layout], DTYPES[record.layout]) if rows else (BLOCK, BLOCK4, BLOCK8)
+    layout = WEIGHT_LAYOUTS[record.layout]
+    per, linear, head_kind = (1, DTYPES[record.layout], DTYPES[record.layout]) if rows else \
+        (BLOCK, DTYPES[layout.linear], BLOCK8)
     qkv, width = (dims.num_heads + 2 * dims.num_kv_heads) * D, dims.num_heads * D
     down = t.get("layers.0.down")
     mlp = (down.shape[1] if down is not None and down.ndim == 2 else 0) * per

@@ -22,6 +22,12 @@ def bf16_pair(tmp_path_factory):
     return tiny_pair(tmp_path_factory.mktemp("bf16"), "bf16")
 
 
+@pytest.fixture(scope="session")
+def q80_pair(tmp_path_factory):
+    """A tiny LLaMA on Q8_0 grids throughout (a Q8_0 GGUF's layout) with its int4-q41 draft."""
+    return tiny_pair(tmp_path_factory.mktemp("q80"), "q80")
+
+
 def reference(bundle, graphs: bool = True):
     """load(bundle, backend="cuda") with the numpy reference kernels in the GPU's place."""
     return load_cuda(bundle, CudaOptions(kernels=ReferenceKernels, graphs=graphs))

@@ -35,7 +35,7 @@ def _open(bundle, graphs: bool = True) -> CudaBackend:
 
 
 @needs_native
-@pytest.mark.parametrize("pair", ["q41_pair", "bf16_pair"])
+@pytest.mark.parametrize("pair", ["q41_pair", "bf16_pair", "q80_pair"])
 def test_logits_match_the_native_engine_call_by_call(pair, request):
     bundle = request.getfixturevalue(pair)
     cuda, native = _open(bundle), NativeBackend(bundle, read_manifest(bundle).target, 2).open()

@@ -1,0 +1,98 @@
+"""Targets from a Q8_0 GGUF: every linear weight on a Q8_0 grid keeps its blocks (layout "q80", blk8: 34 bytes per
+32 weights as stored, not 128 as fp32 rows), multiplied by the kernels the head's blocks already use, so the native
+target computes the fp32 graph's function. Its int4-q41 draft is fitted to the blocks' values. Logits against
+onnxruntime over 200 positions, greedy equality for every drafter, the sampled output's distribution."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec import GenerationConfig
+from specdec.blocks import BLOCK8, float_rows, q8_blocks
+from specdec.manifest import read_manifest
+from specdec.native import build
+from specdec.runtime import load
+from specdec.runtime.backend import unwrapped
+from specdec.runtime.native_backend import NativeBackend
+from specdec.runtime.ort_backend import OrtBackend
+from tests.native.conftest import HEAD_TOKENS, _gqa_export
+from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
+
+pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
+
+
+@pytest.fixture(scope="module")
+def q80_bundle(tmp_path_factory):
+    """(a tiny LLaMA on Q8_0 grids, exported; the same with its native int4-q41 draft)"""
+    from specdec.calibration.bundle_io import quantized_bundle
+    from specdec.calibration.data import DataConfig
+    from specdec.calibration.quantize import QuantizeConfig
+    from specdec.export.tiny import save_tiny_on_grids
+
+    model = save_tiny_on_grids(tmp_path_factory.mktemp("q80"), q80=True, family="llama", seed=0, init_range=0.5,
+                               hidden=64)  # head size 16: the fused rotary of the packed gqa graph
+    bundle = _gqa_export(tmp_path_factory.mktemp("b") / "q80", model, draft_from_target="int4")
+    config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
+    return bundle, quantized_bundle(bundle, tmp_path_factory.mktemp("q41") / "q41", config)
+
+
+def test_layout_keeps_the_blocks(q80_bundle):
+    bundle, q41 = q80_bundle
+    entry = read_manifest(bundle).target
+    assert entry.native.layout == "q80"
+    assert entry.native.tensors["layers.0.qkv"]["kind"] == "blk8"
+    weights = (bundle / entry.native.path).stat().st_size
+    assert weights < 0.35 * (bundle / "target" / "model.onnx.data").stat().st_size  # ~9 bits a weight, not 32
+    assert read_manifest(q41).draft.native.layout == "q41-draft"
+
+
+def test_block_products_match_numpy(q80_bundle):
+    bundle, _ = q80_bundle
+    model = NativeBackend(bundle, read_manifest(bundle).target, 2).open().model
+    rng = np.random.default_rng(1)
+    for rows, columns, k in ((1, 5, 32), (5, 37, 96), (9, 50, 576)):
+        blocks, _ = q8_blocks(rng.normal(0, 0.1, (columns, k)).astype(np.float32))
+        assert blocks.dtype == BLOCK8
+        weight = float_rows(blocks)
+        x = rng.normal(0, 2, (rows, k)).astype(np.float32)
+        want = x.astype(np.float64) @ weight.T.astype(np.float64)
+        step = model.matmul(x, blocks, threads=2)
+        assert np.abs(step - want).max() <= 1e-5 * np.abs(want).max()
+        assert np.abs(model.matmul(x, blocks, "prompt", threads=2) - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_logits_match_onnxruntime_over_200_positions(q80_bundle):
+    bundle, _ = q80_bundle
+    manifest = read_manifest(bundle)
+    ids = np.random.default_rng(2).integers(3, 300, (1, 200))
+    out = {}
+    for cls in (NativeBackend, OrtBackend):
+        backend = cls(bundle, manifest.target, 2).open()
+        backend.reset(1)
+        out[cls] = np.concatenate([backend.forward(ids[:, a:b], np.array([a]))[0]
+                                   for a, b in ((0, 17), (17, 18), (18, 23), (23, 150), (150, 200))])
+    native, ort = out[NativeBackend], out[OrtBackend]
+    assert np.abs(native - ort).max() <= 1e-4 * np.abs(ort).max() and (native.argmax(-1) == ort.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("drafter,gamma", [("model", 1), ("model", 4), ("auto", 3), ("prompt_lookup", 3)])
+def test_greedy_identical_to_target_only(q80_bundle, drafter, gamma):
+    bundle, q41 = q80_bundle
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown"
+    config = GenerationConfig(max_new_tokens=40, drafter=drafter, gamma=gamma)
+    with load(bundle, backend="onnxruntime") as ort:
+        reference = ort.generate(prompt, GenerationConfig(max_new_tokens=40, drafter="none")).token_ids
+    for path, draft in ((q41, NativeBackend), (bundle, OrtBackend)):  # a native fitted draft; onnxruntime's int4
+        with load(path) as native:  # auto picks native
+            assert native.backend == "native" and isinstance(unwrapped(native.draft), draft)
+            assert native.generate(prompt, config).token_ids == reference
+
+
+def test_sampling_matches_the_target_distribution(q80_bundle):
+    _, q41 = q80_bundle
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
+    with load(q41, backend="native") as gen:
+        prompt_ids = gen.codec.encode(PROMPT)
+        counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
+        assert proposed[2] > 100 and accepted[1] > 30, (proposed, accepted)
+        assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
