@@ -15,9 +15,12 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
+
+from specdec.manifest import Role
 
 ABI_VERSION = 4  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
 FORMAT_VERSION = 2  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
@@ -36,7 +39,7 @@ class WeightLayout:
     """How a native weights file holds a model's weights; a NativeRecord's `layout` names one (WEIGHT_LAYOUTS)."""
 
     name: str
-    role: str  # the model it holds: "target" or "draft"
+    role: Role  # the model it holds
     kind: int  # specdec_native.h's model_t.kind (-1: a draft's, which runs on its target's model_t)
     per: int  # inputs one stored element of a linear weight holds along K
     linear: str | None = None  # the block (DTYPES) of its linear weights where they are GGUF blocks
@@ -48,10 +51,11 @@ class WeightLayout:
 
 
 WEIGHT_LAYOUTS = {layout.name: layout for layout in (
-    WeightLayout("q41", "target", 0, BLOCK, "blk4"),  # Q4_1 blocks [N, K / 32], a Q8_0 head
-    WeightLayout("q80", "target", 4, BLOCK, "blk8"),  # Q8_0 blocks [N, K / 32], a Q8_0 head (a Q8_0 GGUF's)
-    WeightLayout("bf16", "target", 1, 1), WeightLayout("f16", "target", 2, 1), WeightLayout("f32", "target", 3, 1),
-    WeightLayout("q41-draft", "draft", -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
+    WeightLayout("q41", Role.TARGET, 0, BLOCK, "blk4"),  # Q4_1 blocks [N, K / 32], a Q8_0 head
+    WeightLayout("q80", Role.TARGET, 4, BLOCK, "blk8"),  # Q8_0 blocks [N, K / 32], a Q8_0 head (a Q8_0 GGUF's)
+    WeightLayout("bf16", Role.TARGET, 1, 1), WeightLayout("f16", Role.TARGET, 2, 1),
+    WeightLayout("f32", Role.TARGET, 3, 1),
+    WeightLayout("q41-draft", Role.DRAFT, -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
 KINDS = {name: layout.kind for name, layout in WEIGHT_LAYOUTS.items() if layout.kind >= 0}  # model_t.kind by name
 SIZES = {"blk4": 24, "blk8": 36, "blk4p": 40}  # the header's static_asserts, checked against the library at load
 MAGIC = b"SPECDEC-NATIVE\x00\x00"  # the weights file's first 16 bytes
@@ -178,7 +182,7 @@ def row_precision(weights: list) -> str:
 def rows_of(weight: np.ndarray, precision: str) -> np.ndarray:
     """weight [N, K] float32 held exactly in `precision` -> its rows in that dtype (bf16: the top 16 bits)."""
     weight = np.ascontiguousarray(weight, dtype=np.float32)
-    if precision == "bf16":
+    if DTYPES[precision] is BF16:
         return (weight.view(np.uint32) >> 16).astype(BF16)
     return weight.astype(DTYPES[precision])
 
@@ -273,11 +277,18 @@ def nonfinite(array: np.ndarray) -> bool:
     return False
 
 
-PAGES = ("private", "shared")  # how read_tensors holds a weights file (see there)
+class Pages(StrEnum):
+    """How read_tensors holds a weights file (see there)."""
+
+    PRIVATE = "private"
+    SHARED = "shared"
+
+
+PAGES = tuple(Pages)
 READ_CHUNK = 1 << 24
 
 
-def read_tensors(path: Path, index: dict, pages: str = "shared") -> dict:
+def read_tensors(path: Path, index: dict, pages: str = Pages.SHARED) -> dict:
     """Every tensor of `index` ({name: TensorEntry}) of `path`, read only. ValueError where the file is not a native
     weights file of this format, or too short for the index.
 
@@ -297,7 +308,7 @@ def read_tensors(path: Path, index: dict, pages: str = "shared") -> dict:
     if abi != FORMAT_VERSION:
         raise ValueError(f"{path} holds native weights of format {abi}, this specdec reads format {FORMAT_VERSION}")
     check_index(index, size, str(path))
-    whole = _private_copy(path, size) if pages == "private" else np.memmap(path, dtype=np.uint8, mode="r")
+    whole = _private_copy(path, size) if pages == Pages.PRIVATE else np.memmap(path, dtype=np.uint8, mode="r")
     return {name: whole[entry.offset : entry.offset + entry.nbytes].view(DTYPES[entry.kind]).reshape(entry.shape)
             for name, entry in index.items()}
 

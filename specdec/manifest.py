@@ -12,6 +12,7 @@ import math
 import numbers
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -19,9 +20,37 @@ from specdec.errors import ManifestError
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-ROLES = ("target", "draft")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8-qdq", "fp8-qdq", "int4")
-KV_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class Role(StrEnum):
+    """A model's place in a bundle (the keys of `models`). A StrEnum: equal to the name the JSON holds."""
+
+    TARGET = "target"
+    DRAFT = "draft"
+
+
+class Precision(StrEnum):
+    """How a model's graph holds its weights (ModelEntry.precision)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8_QDQ = "int8-qdq"
+    FP8_QDQ = "fp8-qdq"
+    INT4 = "int4"
+
+
+class Dtype(StrEnum):
+    """The element type of a model's KV and logits (ModelEntry.kv_dtype, logits_dtype)."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+
+
+ROLES = tuple(role.value for role in Role)  # plain strings: messages and argparse print them
+PRECISIONS = tuple(precision.value for precision in Precision)
+KV_DTYPES = tuple(dtype.value for dtype in Dtype)
 LOWERING_NAMES = ("plain", "gqa")  # specdec.lowering holds their objects
 
 
@@ -61,7 +90,7 @@ class ParityStep:
 class SourceRecord:
     """Where a model's weights came from."""
 
-    kind: str  # "directory", "gguf", "hub", "default"
+    kind: str  # a specdec.export.sources.SourceKind: "directory", "gguf", "hub", "default"
     name: str  # what the user passed, or the default model's name
     path: str = ""
     gguf_file: str | None = None
@@ -184,11 +213,11 @@ class Manifest:
 
     @property
     def target(self) -> ModelEntry:
-        return self.models["target"]
+        return self.models[Role.TARGET]
 
     @property
     def draft(self) -> ModelEntry | None:
-        return self.models.get("draft")
+        return self.models.get(Role.DRAFT)
 
 
 _NESTED = {cls.__name__: cls for cls in (ModelDims, SourceRecord, CalibrationRecord, GammaRecord, TokenizerInfo,
@@ -279,7 +308,7 @@ def manifest_from_json(text: str) -> Manifest:
             "re-export the bundle with this version of specdec-export",
         )
     models = _typed(_require(data, "models", "manifest"), "dict", "manifest.models")
-    if "target" not in models:
+    if Role.TARGET not in models:
         raise ManifestError("manifest has no target model", "re-export the bundle")
     unknown = sorted(set(models) - set(ROLES))
     if unknown:

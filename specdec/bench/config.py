@@ -2,12 +2,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from specdec.errors import ConfigError
-from specdec.runtime.config import DRAFTER_KINDS, DRAFTERS, NAMED_BACKENDS
+from specdec.runtime.adaptive_gamma import GammaPolicyName
+from specdec.runtime.config import DRAFTER_KINDS, DRAFTERS, NAMED_BACKENDS, DrafterName
 
 BASELINE = "target-only"
+SYSTEM = "specdec"  # the `system` of this package's records (a peer writes its own name)
+SWEPT_POLICIES = (GammaPolicyName.ADAPTIVE, GammaPolicyName.HEURISTIC)  # besides fixed
+
+
+class Status(StrEnum):
+    """A record's `status`."""
+
+    OK = "ok"  # measured
+    UNSUPPORTED = "unsupported"  # a peer cannot run the mode (the reason in `note`)
+    FAILED = "failed"  # it ran and failed (the reason in `note`)
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,7 @@ class BenchConfig:
         object.__setattr__(self, "drafters", tuple(self.drafters))
         object.__setattr__(self, "gammas", tuple(sorted(set(self.gammas))))
         object.__setattr__(self, "policies", tuple(self.policies))
-        bad_policies = [p for p in self.policies if p not in ("adaptive", "heuristic")]
+        bad_policies = [p for p in self.policies if p not in SWEPT_POLICIES]
         if bad_policies:
             raise ConfigError(f"unknown γ policies {bad_policies}", "use --gamma-policies adaptive,heuristic")
         if not Path(self.bundle).is_dir():
@@ -58,7 +70,7 @@ class BenchConfig:
         if self.backend not in NAMED_BACKENDS:
             raise ConfigError(f"backend {self.backend!r} is not a backend a benchmark can name",
                               f"use one of {', '.join(NAMED_BACKENDS)}")
-        bad = [d for d in self.drafters if d not in DRAFTERS or d == "none"]
+        bad = [d for d in self.drafters if d not in DRAFTERS or not DRAFTER_KINDS[d].drafts]
         if bad:
             raise ConfigError(f"drafter {bad[0]!r} is unknown", "choose from model, prompt_lookup, auto")
         if any(not isinstance(g, int) or g < 1 for g in self.gammas):
@@ -77,17 +89,17 @@ class BenchConfig:
 def plan_modes(config: BenchConfig, has_draft: bool, gamma_default: int, gamma_max: int) -> list:
     """Target-only, each drafter at the bundle's γ, and the γ sweep (γ ≤ γ_max) of the drafters that run the draft
     model: model and auto (the default drafter, whose best γ need not be the model's)."""
-    modes = [Mode(BASELINE, "none")]
+    modes = [Mode(BASELINE, DrafterName.NONE)]
     for drafter in config.drafters:
         if DRAFTER_KINDS[drafter].needs_model and not has_draft:
             continue
         modes.append(Mode(f"{drafter} γ={gamma_default}", drafter, gamma_default))
-    swept = [d for d in ("model", "auto") if d in config.drafters] if has_draft else []
+    swept = [d for d in (DrafterName.MODEL, DrafterName.AUTO) if d in config.drafters] if has_draft else []
     for drafter in swept:
         for gamma in config.gammas:
             if gamma != gamma_default and gamma <= gamma_max:
                 modes.append(Mode(f"{drafter} γ={gamma}", drafter, gamma))
-    if "model" in swept:
+    if DrafterName.MODEL in swept:
         for policy in config.policies:
-            modes.append(Mode(f"model {policy} γ from {gamma_default}", "model", gamma_default, policy))
+            modes.append(Mode(f"model {policy} γ from {gamma_default}", DrafterName.MODEL, gamma_default, policy))
     return modes

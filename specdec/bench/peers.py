@@ -1,7 +1,8 @@
 """Peer results: JSONL records written by benchmarks/peers/*.py in their own virtual environments.
 
 A record has the columns of specdec.bench.table.COLUMNS that the peer can measure; the rest are left empty.
-`status` is "ok", or "unsupported" / "failed" with the reason in `note` (one record per such mode, no timings).
+`status` is a specdec.bench.config.Status: ok, or unsupported / failed with the reason in `note` (one record per such
+mode, no timings).
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdec.bench.config import SYSTEM, Status
 from specdec.errors import missing_dependency
+from specdec.runtime.config import DrafterName
 
 
 def _figure(width: float, height: float, columns: int = 1):
@@ -18,7 +20,7 @@ def _figure(width: float, height: float, columns: int = 1):
 
 def plot_latency(requests, path: Path) -> Path:
     """Box plots of time per output token and end-to-end latency per (system, mode)."""
-    ok = requests.filter(requests["status"] == "ok")
+    ok = requests.filter(requests["status"] == Status.OK)
     labels, tpot, e2e = [], [], []
     for (system, mode), group in ok.group_by(["system", "mode"], maintain_order=True):
         labels.append(f"{system}: {mode}")
@@ -38,7 +40,7 @@ def plot_latency(requests, path: Path) -> Path:
 
 def plot_speedup_vs_gamma(summary, path: Path) -> Path:
     """specdec's model drafter: measured same-run speedup and the docs/design.md prediction against γ."""
-    rows = summary.filter((summary["system"] == "specdec") & (summary["drafter"] == "model")).sort("gamma")
+    rows = summary.filter((summary["system"] == SYSTEM) & (summary["drafter"] == DrafterName.MODEL)).sort("gamma")
     figure, (axes,) = _figure(6.5, 4.2)
     gammas = rows["gamma"].to_list()
     axes.plot(gammas, rows["speedup"].to_list(), "o-", label="measured (same run)")

@@ -7,6 +7,7 @@ import os
 import platform
 from pathlib import Path
 
+from specdec.bench.config import SYSTEM
 from specdec.bench.summary import per_position, summary_from_requests
 from specdec.bench.table import csv_frame, frame_from_records
 
@@ -115,7 +116,7 @@ def merge_peer_results(bench_out: str | Path, peers: str | Path, plots: bool = T
     from specdec.bench.table import polars
 
     out = Path(bench_out)
-    ours = polars().read_parquet(out / "requests.parquet").filter(polars().col("system") == "specdec")
+    ours = polars().read_parquet(out / "requests.parquet").filter(polars().col("system") == SYSTEM)
     records = [{k: v for k, v in r.items() if k not in ("identical", "token_agreement")} for r in ours.to_dicts()]
     info = json.loads((out / "run.json").read_text(encoding="utf-8"))
     info["peers"] = str(peers)

@@ -5,12 +5,11 @@ import logging
 import time
 from pathlib import Path
 
-from specdec.bench.config import BenchConfig, Mode, plan_modes
+from specdec.bench.config import SYSTEM, BenchConfig, Mode, Status, plan_modes
 from specdec.bench.prompts import read_prompts, select_prompts
 from specdec.runtime.config import DRAFTER_KINDS
 
 log = logging.getLogger(__name__)
-SYSTEM = "specdec"
 
 
 def record_from_result(result, elapsed: float, mode: Mode, gamma: int, prompt, repeat: int, seed: int) -> dict:
@@ -21,7 +20,7 @@ def record_from_result(result, elapsed: float, mode: Mode, gamma: int, prompt, r
     proposed, passes = stats.proposed, stats.verify_passes
     return dict(
         system=SYSTEM, mode=mode.name, drafter=mode.drafter, gamma=gamma if DRAFTER_KINDS[mode.drafter].drafts else 0,
-        note="", status="ok", prompt_id=prompt.id, cls=prompt.cls, repeat=repeat, seed=seed,
+        note="", status=Status.OK, prompt_id=prompt.id, cls=prompt.cls, repeat=repeat, seed=seed,
         prompt_tokens=len(result.prompt_ids), new_tokens=new, finish_reason=result.finish_reason,
         ttft_s=ttft, tpot_s=(elapsed - ttft) / (new - 1) if new > 1 else 0.0, e2e_s=elapsed,
         tokens_per_s=new / elapsed if elapsed else 0.0, prefill_s=stats.prefill_s, draft_s=stats.draft_s,

@@ -1,7 +1,7 @@
 """Per-mode summary: percentiles, same-run speedup over target-only, the docs/design.md prediction, agreement."""
 from __future__ import annotations
 
-from specdec.bench.config import BASELINE
+from specdec.bench.config import BASELINE, SYSTEM, Status
 from specdec.bench.table import PERCENTILES, polars
 from specdec.runtime.adaptive_gamma import expected_speedup
 
@@ -12,7 +12,7 @@ def _percentiles(pl, column: str, name: str) -> list:
 
 
 def _aggregations(pl) -> list:
-    ok = pl.col("status") == "ok"
+    ok = pl.col("status") == Status.OK
     decode = (pl.col("e2e_s") - pl.col("ttft_s")).filter(ok).sum()
     drafted = pl.col("proposed").sum() > 0
     return [
@@ -72,7 +72,7 @@ def summary_from_requests(frame):
     base = (summary.filter(pl.col("mode") == BASELINE)
             .select("system", pl.col("tpot_mean_ms").alias("base_tpot"), pl.col("e2e_mean_s").alias("base_e2e"),
                     pl.col("verify_per_pass_s").alias("plain_s")))
-    ours = base.filter(pl.col("system") == "specdec")["base_tpot"]
+    ours = base.filter(pl.col("system") == SYSTEM)["base_tpot"]
     ours_tpot = float(ours[0]) if len(ours) else None
     summary = summary.join(base, on="system", how="left").with_columns(
         (pl.col("base_tpot") / pl.col("tpot_mean_ms")).alias("speedup"),

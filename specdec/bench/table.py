@@ -1,7 +1,7 @@
 """Requests and per-mode summaries as polars DataFrames (polars is imported here, lazily for the package)."""
 from __future__ import annotations
 
-from specdec.bench.config import BASELINE
+from specdec.bench.config import BASELINE, SYSTEM, Status
 from specdec.errors import missing_dependency
 from specdec.runtime.state import common_prefix
 # column -> polars dtype name, in table order
@@ -38,13 +38,13 @@ def add_agreement(records: list) -> list:
     `identical`, and `token_agreement` = common prefix length / the longer output's length."""
     base = {}
     for r in records:
-        if r["system"] == "specdec" and r["mode"] == BASELINE and r.get("token_ids") is not None:
+        if r["system"] == SYSTEM and r["mode"] == BASELINE and r.get("token_ids") is not None:
             base.setdefault(r["prompt_id"], r["token_ids"])
     out = []
     for r in records:
         ids, ref = r.get("token_ids"), base.get(r.get("prompt_id"))
         row = dict(r)
-        if ids is not None and ref is not None and r.get("status") == "ok":
+        if ids is not None and ref is not None and r.get("status") == Status.OK:
             row["identical"] = list(ids) == list(ref)
             row["token_agreement"] = common_prefix(ids, ref) / max(len(ids), len(ref), 1)
         out.append(row)

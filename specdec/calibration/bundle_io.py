@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from specdec.calibration.data import DataConfig, describe_source, split_texts, texts_from_source, token_windows
-from specdec.calibration.quantize import QuantizeConfig, check_lowering, quantize_onnx
+from specdec.calibration.quantize import Method, QuantizeConfig, check_lowering, quantize_onnx
 from specdec.calibration.reader import StaticKVReader
 from specdec.errors import ConfigError
 from specdec.publish import check_destination, staged_bundle, write_atomic
@@ -17,6 +17,8 @@ from specdec.manifest import (
     CalibrationRecord,
     Manifest,
     ModelEntry,
+    Precision,
+    Role,
     json_from_manifest,
     read_manifest,
     sha256_file,
@@ -25,7 +27,7 @@ from specdec.manifest import (
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("target", "draft")  # the fp32 model of the input bundle that is quantized
+SOURCES = (Role.TARGET.value, Role.DRAFT.value)  # the fp32 model of the input bundle that is quantized
 
 
 def write_manifest(bundle: Path, manifest: Manifest) -> None:
@@ -81,7 +83,7 @@ def _native_draft(root: Path, manifest: Manifest, source: ModelEntry, config: Qu
     None: the native engine runs such a draft on its target's Q4_1 blocks (fitted where the target keeps rows), in
     pairs, with the draft's trimmed head."""
     target = manifest.target.native
-    if config.method != "int4-q41" or config.role != "draft" or source.role != "target" or target is None:
+    if config.method != Method.INT4_Q41 or config.role != Role.DRAFT or source.role != Role.TARGET or target is None:
         return None
     from specdec.blocks import TensorEntry, read_tensors
     from specdec.calibration.q41 import HEAD_FILL
@@ -95,15 +97,16 @@ def source_entry(manifest: Manifest, bundle: Path, config: QuantizeConfig, sourc
     """The fp32 model of `bundle` that `config` quantizes: its target, or (source='draft') its draft."""
     if source not in SOURCES:
         raise ConfigError(f"quantization source {source!r} is unknown", "use --source target or --source draft")
-    if source == "draft" and config.role != "draft":
+    if source == Role.DRAFT and config.role != Role.DRAFT:
         raise ConfigError(f"--source draft with --role {config.role}", "a quantized draft can only replace the draft: "
                           "use --role draft, or --source target to quantize the target")
     entry = manifest.models.get(source)
     if entry is None:
         raise ConfigError(f"{bundle} has no {source} to quantize",
                           "export one first (specdec-export --draft-layers K), or use --source target")
-    if entry.precision != "fp32":
-        how = "export it with --draft-layers K or --draft MODEL" if source == "draft" else "specdec-export --dtype fp32"
+    if entry.precision != Precision.FP32:
+        how = ("export it with --draft-layers K or --draft MODEL" if source == Role.DRAFT
+               else "specdec-export --dtype fp32")
         raise ConfigError(f"the {source} of {bundle} is {entry.precision} ({entry.derived or 'exported'})",
                           f"quantize from a bundle whose {source} is fp32 ({how})")
     return entry
@@ -133,7 +136,7 @@ def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite:
             method=config.method, precision=config.precision, backend=config.backend,
             origin=f"{entry.onnx_path} ({origin})", details=details,
             data=describe_source(config.data, windows) if config.needs_data else None,
-            accuracy_level=config.accuracy_level if config.method.startswith("int4") else None)
+            accuracy_level=config.accuracy_level if config.precision == Precision.INT4 else None)
         native = _native_draft(tmp, manifest, entry, config, keep)
         models = {**manifest.models, config.role: dataclasses.replace(_entry_for(entry, tmp, config, record),
                                                                       native=native)}

@@ -24,6 +24,7 @@ grid: exact for SmolLM2, and 2.7× faster than the fp32 Gemm at T = 1 on this CP
 from __future__ import annotations
 
 import logging
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,16 @@ log = logging.getLogger(__name__)
 BLOCK = 32
 ACCURACY_LEVEL = 4  # int8 compute in MatMulNBits: the fast path on x86 CPUs
 GRID_TOLERANCE = 1e-3  # max |w − dequant| / d for a block to count as on the grid
-MINIMUMS = ("rows", "exact")  # how the float minimum's residual is added back (module docstring)
+
+
+class Minimum(StrEnum):
+    """How the float minimum's residual is added back (module docstring)."""
+
+    ROWS = "rows"
+    EXACT = "exact"
+
+
+MINIMUMS = tuple(minimum.value for minimum in Minimum)  # plain strings: argparse and messages print them
 
 
 def _pack_nibbles(values: np.ndarray) -> np.ndarray:
@@ -89,18 +99,18 @@ def _replace(node, weight: np.ndarray, sums: dict, add_init, helper, accuracy_le
     nodes, row_error = [], 0.0
     if x not in sums:
         nodes, sums[x] = _block_sums(x, k, base, add_init, helper)
-        if minimum == "rows":
+        if minimum == Minimum.ROWS:
             nodes.append(helper.make_node("Concat", [x, sums[x]], [f"{base}_augmented"], name=f"{base}_augmented",
                                           axis=-1))
             sums[x] = f"{base}_augmented"
-    if minimum == "rows":
+    if minimum == Minimum.ROWS:
         codes, scale, zero_point, row_error = residual_rows(q["residual"], q["scale"])
         q = {"codes": np.concatenate([q["codes"], codes]), "scale": np.concatenate([q["scale"], scale]),
              "zero_point": np.concatenate([q["zero_point"], zero_point]), "grid_error": q["grid_error"]}
     packed, scales, zero_points = matmulnbits_tensors(q)
     for suffix, value in (("Q4", packed), ("scales", scales), ("zp", zero_points)):
         add_init(f"{base}_{suffix}", value)
-    if minimum == "rows":  # MatMulNBits pads the last, partial block of the nb extra inputs
+    if minimum == Minimum.ROWS:  # MatMulNBits pads the last, partial block of the nb extra inputs
         nodes.append(helper.make_node(
             "MatMulNBits", [sums[x], f"{base}_Q4", f"{base}_scales", f"{base}_zp"], [out], name=f"{base}_Q4",
             domain="com.microsoft", K=k + k // BLOCK, N=n, bits=4, block_size=BLOCK, accuracy_level=accuracy_level))
@@ -203,7 +213,7 @@ def _replace_group(group: list, weights: list, sums: dict, add_init, helper, acc
 
 
 def q41_from_onnx(source: Path, dest: Path, progress: bool = False, accuracy_level: int = ACCURACY_LEVEL,
-                  fuse: bool = True, head_keep: np.ndarray | None = None, minimum: str = "rows") -> dict:
+                  fuse: bool = True, head_keep: np.ndarray | None = None, minimum: str = Minimum.ROWS) -> dict:
     """Rewrite every constant-weight MatMul of `source` (K % 32 == 0) as Q4_1-grid MatMulNBits with its float
     minimum added back (`minimum`: "rows" or "exact", see the module docstring), and the tied LM head Gemm as 8-bit
     MatMulNBits on the Q8_0 grid. fuse: MatMuls sharing an input become one. head_keep: sorted token ids of a

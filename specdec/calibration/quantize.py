@@ -18,21 +18,38 @@ import logging
 import re
 import tempfile
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from specdec.calibration.data import DataConfig
-from specdec.calibration.q41 import MINIMUMS
+from specdec.calibration.q41 import MINIMUMS, Minimum
 from specdec.errors import ConfigError, missing_dependency
 from specdec.lowering import lowering_for
+from specdec.manifest import Precision, Role
 
 log = logging.getLogger(__name__)
 
 BLOCK = 32
 ACCURACY_LEVEL = 4
+
+
+class Method(StrEnum):
+    """A quantization method (the table above)."""
+
+    INT4_RTN = "int4-rtn"
+    INT4_HQQ = "int4-hqq"
+    INT4_GPTQ = "int4-gptq"
+    INT4_Q41 = "int4-q41"
+    INT8_QDQ = "int8-qdq"
+    MODELOPT_INT8 = "modelopt-int8"
+    MODELOPT_FP8 = "modelopt-fp8"
+
+
 METHODS = {  # method -> (manifest precision, needs calibration data)
-    "int4-rtn": ("int4", False), "int4-hqq": ("int4", False), "int4-gptq": ("int4", True),
-    "int4-q41": ("int4", False), "int8-qdq": ("int8-qdq", True), "modelopt-int8": ("int8-qdq", True),
-    "modelopt-fp8": ("fp8-qdq", True),
+    Method.INT4_RTN: (Precision.INT4, False), Method.INT4_HQQ: (Precision.INT4, False),
+    Method.INT4_GPTQ: (Precision.INT4, True), Method.INT4_Q41: (Precision.INT4, False),
+    Method.INT8_QDQ: (Precision.INT8_QDQ, True), Method.MODELOPT_INT8: (Precision.INT8_QDQ, True),
+    Method.MODELOPT_FP8: (Precision.FP8_QDQ, True),
 }
 @dataclass(frozen=True)
 class QuantTarget:
@@ -45,12 +62,12 @@ class QuantTarget:
 
 
 QUANT_TARGETS = {target.name: target for target in (
-    QuantTarget("onnxruntime", ("int4-rtn", "int4-hqq", "int4-gptq", "int4-q41", "int8-qdq", "modelopt-int8"), True,
-                False),
-    QuantTarget("tensorrt", ("int8-qdq", "modelopt-int8", "modelopt-fp8"), False, True),
+    QuantTarget("onnxruntime", (Method.INT4_RTN, Method.INT4_HQQ, Method.INT4_GPTQ, Method.INT4_Q41, Method.INT8_QDQ,
+                                Method.MODELOPT_INT8), True, False),
+    QuantTarget("tensorrt", (Method.INT8_QDQ, Method.MODELOPT_INT8, Method.MODELOPT_FP8), False, True),
 )}
 BACKENDS = {name: target.methods for name, target in QUANT_TARGETS.items()}
-ROLES = ("draft", "target")
+ROLES = (Role.DRAFT.value, Role.TARGET.value)  # plain strings: argparse prints them
 
 
 @dataclass(frozen=True)
@@ -81,16 +98,16 @@ class QuantizeConfig:
             )
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ConfigError(f"accuracy_level {self.accuracy_level} is not 0..4", "use 4 (int8) or 1 (fp32)")
-        if self.head_tokens < 0 or (self.head_tokens and (self.method != "int4-q41" or self.role != "draft")):
+        if self.head_tokens < 0 or (self.head_tokens and (self.method != Method.INT4_Q41 or self.role != Role.DRAFT)):
             raise ConfigError(f"--head-tokens {self.head_tokens} with {self.method} for the {self.role}",
                               "a trimmed LM head is for int4-q41 drafts only (--method int4-q41 --role draft), "
                               "and counts tokens (>= 1)")
-        if self.q41_minimum is not None and (self.method != "int4-q41" or self.q41_minimum not in MINIMUMS):
+        if self.q41_minimum is not None and (self.method != Method.INT4_Q41 or self.q41_minimum not in MINIMUMS):
             raise ConfigError(f"--q41-minimum {self.q41_minimum} with {self.method}",
                               f"it is for --method int4-q41 only, one of {', '.join(MINIMUMS)}")
 
     @property
-    def precision(self) -> str:
+    def precision(self) -> Precision:
         return METHODS[self.method][0]
 
     @property
@@ -117,12 +134,12 @@ def _gptq_block(model) -> int:
 def _matmul_nbits(source: Path, dest: Path, algo_config, accuracy_level: int) -> int:
     try:
         import onnx
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        from onnxruntime.quantization.matmul_nbits_quantizer import GPTQWeightOnlyQuantConfig, MatMulNBitsQuantizer
     except ImportError as exc:
         raise missing_dependency("onnxruntime", "cpu") from exc
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     model = onnx.load(str(source))
-    block = _gptq_block(model) if getattr(algo_config, "algorithm", "") == "GPTQ" else BLOCK
+    block = _gptq_block(model) if isinstance(algo_config, GPTQWeightOnlyQuantConfig) else BLOCK
     quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=False,
                                      accuracy_level=accuracy_level, algo_config=algo_config)
     quantizer.process()
@@ -134,15 +151,15 @@ def _matmul_nbits(source: Path, dest: Path, algo_config, accuracy_level: int) ->
 def _int4(source: Path, dest: Path, config: QuantizeConfig, reader, head_keep=None) -> dict:
     from onnxruntime.quantization import matmul_nbits_quantizer as nbits
 
-    if config.method == "int4-q41":
+    if config.method == Method.INT4_Q41:
         from specdec.calibration.q41 import q41_from_onnx
 
         return q41_from_onnx(source, dest, config.progress, config.accuracy_level, head_keep=head_keep,
-                             minimum=config.q41_minimum or MINIMUMS[0])
+                             minimum=config.q41_minimum or Minimum.ROWS)
     algo = None
-    if config.method == "int4-hqq":
+    if config.method == Method.INT4_HQQ:
         algo = nbits.HQQWeightOnlyQuantConfig(block_size=BLOCK, bits=4)
-    elif config.method == "int4-gptq":
+    elif config.method == Method.INT4_GPTQ:
         algo = nbits.GPTQWeightOnlyQuantConfig(calibration_data_reader=reader, percdamp=0.01, block_size=128)
     return {"block_size": _matmul_nbits(source, dest, algo, config.accuracy_level)}
 
@@ -237,9 +254,9 @@ def quantize_onnx(source: Path, dest: Path, config: QuantizeConfig, reader=None,
     for stale in (dest, dest.with_name(dest.name + ".data"), dest.with_name(dest.name + "_data")):  # _data: ModelOpt
         stale.unlink(missing_ok=True)
     log.info("quantizing %s with %s", source, config.method)
-    if config.method.startswith("int4"):
+    if config.precision == Precision.INT4:
         return _int4(source, dest, config, reader, head_keep)
-    if config.method == "int8-qdq":
+    if config.method == Method.INT8_QDQ:
         return _int8_static(source, dest, reader, config.backend)
     return _modelopt(source, dest, config.method.split("-", 1)[1], reader)
 

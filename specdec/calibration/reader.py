@@ -7,6 +7,7 @@ feeds and the prefill run come from the model's lowering driver (specdec.lowerin
 from __future__ import annotations
 
 import logging
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +24,19 @@ except ImportError:  # the reader is only built where onnxruntime is installed; 
     CalibrationDataReader = object
 
 
+class FeedKind(StrEnum):
+    """The feeds a reader yields for each batch of windows."""
+
+    PREFILL = "prefill"  # cache_len 0, empty KV
+    VERIFY = "verify"  # T = verify_len after the prefill
+
+
 class StaticKVReader(CalibrationDataReader):
     """Feeds for `quantize_static`, GPTQ and ModelOpt: dicts of input_ids [B,T], cache_len [B],
     past_keys / past_values [L,B,Hkv,S,D]. The KV of verify feeds is prefilled by the fp32 graph `fp32_path`."""
 
     def __init__(self, fp32_path: Path, entry: ModelEntry, windows: np.ndarray, verify_len: int = 5,
-                 batch: int = 1, kinds: tuple = ("prefill", "verify")):
+                 batch: int = 1, kinds: tuple = tuple(FeedKind)):
         # windows: [N, W] int64 token windows; each splits into a prefill of W - verify_len and a verify chunk
         self.fp32_path = Path(fp32_path)
         self.entry = entry
@@ -53,7 +61,7 @@ class StaticKVReader(CalibrationDataReader):
         lowering_for(self.entry.lowering).calibration_batch(self.batch)
         if not 1 <= self.batch <= self.entry.max_batch:
             raise ConfigError(f"calibration batch {self.batch} is outside 1..{self.entry.max_batch}", "use batch 1")
-        if not set(self.kinds) <= {"prefill", "verify"} or not self.kinds:
+        if not set(self.kinds) <= set(FeedKind) or not self.kinds:
             raise ConfigError(f"feed kinds {self.kinds} are unknown", "use ('prefill', 'verify')")
 
     def __deepcopy__(self, memo):
@@ -84,8 +92,8 @@ class StaticKVReader(CalibrationDataReader):
         prefill = width - self.verify_len
         driver = self._driver(batch)
         first_ids, first_len = rows[:, :prefill].copy(), np.zeros(batch, np.int64)
-        feeds = [driver.feeds(first_ids, first_len)] if "prefill" in self.kinds else []
-        if "verify" in self.kinds:
+        feeds = [driver.feeds(first_ids, first_len)] if FeedKind.PREFILL in self.kinds else []
+        if FeedKind.VERIFY in self.kinds:
             driver.run(first_ids, first_len, last_only=True)  # fills the KV of the prefill
             feeds.append(driver.feeds(rows[:, prefill:].copy(), np.full(batch, prefill, np.int64)))
         return feeds

@@ -16,7 +16,7 @@ from specdec.calibration.quality import (
     teacher_forced,
 )
 from specdec.errors import ConfigError
-from specdec.manifest import read_manifest
+from specdec.manifest import Precision, Role, read_manifest
 from specdec.runtime.ort_backend import OrtBackend
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def _row(name, root, entry, reference, windows, config, as_draft: bool) -> Quali
 def quality_report(bundles: list, config: ReportConfig) -> list[QualityRow]:
     """Rows for the reference's fp32 target and every non-fp32 model (and every draft) of `bundles`."""
     ref_manifest = read_manifest(config.reference)
-    if ref_manifest.target.precision != "fp32":
+    if ref_manifest.target.precision != Precision.FP32:
         raise ConfigError(f"the reference target is {ref_manifest.target.precision}", "pass a bundle with an fp32 target")
     windows = _held_out_windows(config)
     rows = []
@@ -77,9 +77,10 @@ def quality_report(bundles: list, config: ReportConfig) -> list[QualityRow]:
         for bundle in map(Path, bundles):
             manifest = read_manifest(bundle)
             for role, entry in manifest.models.items():
-                if role == "target" and entry.precision == "fp32":
+                if role == Role.TARGET and entry.precision == Precision.FP32:
                     continue
-                rows.append(_row(f"{bundle.name}/{role}", bundle, entry, reference, windows, config, role == "draft"))
+                rows.append(_row(f"{bundle.name}/{role}", bundle, entry, reference, windows, config,
+                                 role == Role.DRAFT))
     finally:
         reference.close()
     return rows

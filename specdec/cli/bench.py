@@ -8,6 +8,7 @@ import sys
 from specdec.runtime.config import NAMED_BACKENDS
 
 DEFAULT_BACKEND = NAMED_BACKENDS[0]  # onnxruntime: every bundle
+DEFAULT_PROMPTS = "benchmarks/prompts"
 
 
 def _ints(text: str) -> tuple:
@@ -25,7 +26,7 @@ def add_bench_parser(commands) -> None:
     parser = commands.add_parser("bench", help="benchmark a bundle's decoding modes (needs specdec[bench])")
     parser.add_argument("bundle")
     parser.add_argument("--out", default="bench-results", help="output folder (default bench-results)")
-    parser.add_argument("--prompts", default="benchmarks/prompts", help="folder of *.jsonl prompt sets, or one file")
+    parser.add_argument("--prompts", default=DEFAULT_PROMPTS, help="folder of *.jsonl prompt sets, or one file")
     parser.add_argument("--per-class", type=int, default=0, help="prompts per class (default 0: all)")
     parser.add_argument("--new-tokens", type=int, default=96, help="max new tokens per request (default 96)")
     parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats (default 2)")
@@ -75,8 +76,9 @@ def command_from_args(args: argparse.Namespace) -> str:
     parts += ["--drafters", ",".join(args.drafters)]
     if args.gamma_policies:
         parts += ["--gamma-policies", ",".join(args.gamma_policies)]
-    for flag, value in (("--prompts", args.prompts), ("--threads", args.threads), ("--peers", args.peers)):
-        if value is not None and not (flag == "--prompts" and value == "benchmarks/prompts"):
+    for flag, value, default in (("--prompts", args.prompts, DEFAULT_PROMPTS), ("--threads", args.threads, None),
+                                 ("--peers", args.peers, None)):
+        if value is not None and value != default:
             parts += [flag, str(value)]
     if args.backend != DEFAULT_BACKEND:
         parts += ["--backend", args.backend]

@@ -23,7 +23,7 @@ def add_calibrate_parser(commands) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     quantize = actions.add_parser("quantize", help="a copy of BUNDLE with its draft or target quantized")
     quantize.add_argument("bundle")
-    quantize.add_argument("--method", required=True, choices=tuple(METHODS))
+    quantize.add_argument("--method", required=True, choices=tuple(method.value for method in METHODS))
     quantize.add_argument("--out", required=True, help="bundle directory to write")
     quantize.add_argument("--role", choices=ROLES, default="draft", help="model to replace (default draft)")
     quantize.add_argument("--source", choices=SOURCES, default="target",

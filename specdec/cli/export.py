@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 from specdec.calibration.quantize import METHODS as QUANTIZE_METHODS, ROLES as QUANTIZE_ROLES
-from specdec.engines.trt_config import HARDWARE_COMPATIBILITY
+from specdec.engines.trt_config import BACKEND as TENSORRT, HARDWARE_COMPATIBILITY
 from specdec.errors import ConfigError
 from specdec.export.config import DRAFT_DERIVATIONS, DTYPES, LOWERINGS, WEIGHTS, ExportConfig
+from specdec.manifest import Precision, Role
 
 
 def add_export_args(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +46,7 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
     _add_quantize_args(parser)
     engines = parser.add_argument_group("engines (on the GPU that will run them)")
-    engines.add_argument("--engine", choices=["tensorrt"], help="also build TensorRT plans; with an existing --out "
+    engines.add_argument("--engine", choices=[TENSORRT], help="also build TensorRT plans; with an existing --out "
                          "bundle and no --overwrite or --quantize, only (re)build its plans")
     engines.add_argument("--version-compatible", action="store_true", help="plans that run on later TensorRT")
     engines.add_argument("--hardware-compatibility", choices=HARDWARE_COMPATIBILITY, default="none",
@@ -54,7 +55,7 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_quantize_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("quantization (as `specdec calibrate quantize`, after the fp32 export)")
-    group.add_argument("--quantize", choices=tuple(QUANTIZE_METHODS), metavar="METHOD",
+    group.add_argument("--quantize", choices=tuple(method.value for method in QUANTIZE_METHODS), metavar="METHOD",
                        help=f"one of {', '.join(QUANTIZE_METHODS)}. By default the draft becomes the target quantized, "
                             "or with --draft-layers K the K-layer draft quantized (no INT4 self-draft is made)")
     group.add_argument("--quantize-role", choices=QUANTIZE_ROLES,
@@ -103,11 +104,11 @@ def check_quantized_export(config: ExportConfig, quantize) -> str:
 
     method, role = quantize.method, quantize.role
     check_lowering(quantize, config.lowering)
-    if config.dtype != "fp32":
+    if config.dtype != Precision.FP32:
         raise ConfigError(f"--quantize {method} with --dtype {config.dtype}",
                           "quantization starts from fp32 weights: drop --dtype (fp32 is the default)")
     given = [name for name, on in config.draft_choices().items() if on and name != "--draft-layers"]
-    if role == "draft" and given:
+    if role == Role.DRAFT and given:
         raise ConfigError(
             f"--quantize {method} makes the draft, which conflicts with {given[0]}",
             f"drop {given[0]}; add --draft-layers K to quantize a K-layer draft, "
@@ -120,7 +121,7 @@ def check_quantized_export(config: ExportConfig, quantize) -> str:
             f"(a window is a prefill and a {shortest - 1}-token verify, within --max-seq-len)",
             f"pass --calibration-seq-len from {shortest} to {config.max_seq_len}",
         )
-    return "draft" if role == "draft" and config.draft_layers is not None else "target"
+    return Role.DRAFT if role == Role.DRAFT and config.draft_layers is not None else Role.TARGET
 
 
 def export_quantized(config: ExportConfig, quantize) -> tuple[Path, str]:
@@ -137,7 +138,7 @@ def export_quantized(config: ExportConfig, quantize) -> tuple[Path, str]:
     check_destination(config.out, config.overwrite, sources_read(config))
     texts_from_source(quantize.data.source, quantize.data.field)  # a bad file fails before the export
     # the same models, except that a draft about to be replaced is not made twice (a layer draft stays: the source)
-    no_draft = config.no_draft or (quantize.role == "draft" and config.draft_layers is None)
+    no_draft = config.no_draft or (quantize.role == Role.DRAFT and config.draft_layers is None)
     staging = staging_dir(config.out)
     try:
         fp32 = export_bundle(replace(config, out=staging / "fp32", overwrite=False, no_draft=no_draft))
@@ -161,11 +162,11 @@ def run_export(args) -> int:
     config = None if engines_only else _export_config(args, quantize)
     if config is not None and quantize is not None:
         check_quantized_export(config, quantize)
-    if args.engine == "tensorrt":
+    if args.engine == TENSORRT:
         _check_tensorrt()
     if config is not None:
         _export(config, quantize)
-    if args.engine == "tensorrt":
+    if args.engine == TENSORRT:
         _build_engines(args)
     return 0
 

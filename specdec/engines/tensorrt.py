@@ -39,6 +39,7 @@ from specdec.publish import write_atomic
 from specdec.manifest import (
     MANIFEST_NAME,
     ModelEntry,
+    Precision,
     check_bundle_files,
     json_from_manifest,
     read_manifest,
@@ -117,7 +118,7 @@ def build_engine(onnx_path, build: BuildConfig, entry: ModelEntry) -> bytes:
 
 def check_buildable(entry: ModelEntry) -> None:
     lowering_for(entry.lowering).check_tensorrt(entry.role)
-    if entry.precision == "int4":  # every int4 method (export's, calibrate's RTN/HQQ/GPTQ/Q4_1) writes MatMulNBits
+    if entry.precision == Precision.INT4:  # every int4 method (export's, calibrate's RTN/HQQ/GPTQ/Q4_1): MatMulNBits
         raise EngineBuildError(
             f"{entry.role} is an int4 model ({entry.derived}) made of onnxruntime's MatMulNBits, which TensorRT "
             "does not parse",

@@ -11,16 +11,27 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from specdec.errors import BackendError, ConfigError, EngineBuildError
 from specdec.lowering import LOWERINGS
-from specdec.manifest import ROLES, EngineRecord, Manifest, ModelEntry
+from specdec.manifest import ROLES, EngineRecord, Manifest, ModelEntry, Role
 
 BACKEND = "tensorrt"
 PROFILE_NAMES = ("prefill", "step")  # optimization profile indices 0 and 1, in this order
 INPUT_NAMES, OUTPUT_NAMES = (tuple(names) for names in LOWERINGS["plain"].io_names(0))  # TensorRT's input
-HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
+
+
+class HardwareCompatibility(StrEnum):
+    """The GPUs a plan runs on (specdec.engines.trt_select)."""
+
+    NONE = "none"  # the compute capability it was built on
+    AMPERE_PLUS = "ampere_plus"  # any of compute capability 8.0 or later
+    SAME_COMPUTE_CAPABILITY = "same_compute_capability"
+
+
+HARDWARE_COMPATIBILITY = tuple(level.value for level in HardwareCompatibility)  # plain strings: argparse prints them
 
 
 @dataclass(frozen=True)
@@ -34,7 +45,7 @@ class BuildConfig:
     max_seq_len: int
     opt_batch: int = 1  # the batch TensorRT tunes kernels for (latency: 1)
     version_compatible: bool = False  # plan runs on later TensorRT versions (lean runtime embedded, slower)
-    hardware_compatibility: str = "none"  # "none" | "ampere_plus" | "same_compute_capability"
+    hardware_compatibility: str = "none"  # a HardwareCompatibility
     timing_cache: Path | None = None  # reused and updated across builds
     workspace_bytes: int | None = None  # None: TensorRT's default (the device's memory)
     builder_optimization_level: int = 3  # 0..5; higher builds longer and may run faster
@@ -119,7 +130,7 @@ def _ranges(entry: ModelEntry, batch: tuple, tokens: tuple) -> dict:
 
 def step_opt_tokens(build: BuildConfig, role: str) -> int:
     """The verify pass feeds γ+1 tokens; the draft decodes one token per call."""
-    return 1 if role == "draft" else build.gamma + 1
+    return 1 if role == Role.DRAFT else build.gamma + 1
 
 
 def optimization_profiles(build: BuildConfig, entry: ModelEntry) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec.engines.trt_config import BACKEND, capability_text, parse_compute_capability
+from specdec.engines.trt_config import BACKEND, HardwareCompatibility, capability_text, parse_compute_capability
 from specdec.errors import BackendError
 from specdec.manifest import EngineRecord, ModelEntry, sha256_file
 
@@ -28,7 +28,7 @@ def capability_mismatch(record: EngineRecord, capability: tuple) -> str | None:
     """Why the plan cannot run on a GPU of `capability`, or None."""
     built = parse_compute_capability(record.compute_capability)
     level = record.hardware_compatibility
-    if level == "ampere_plus" and built >= AMPERE and capability >= AMPERE:
+    if level == HardwareCompatibility.AMPERE_PLUS and built >= AMPERE and capability >= AMPERE:
         return None
     if built == capability:
         return None

@@ -42,12 +42,13 @@ def architecture_for(model: nn.Module) -> "Architecture":
 
 
 def dims_from_config(config) -> ModelDims:
-    """Convert an HF config once into ModelDims through optimum's normalized configs."""
+    """Convert an HF config once into ModelDims through optimum's normalized configs and the family's class."""
     from optimum.utils import NormalizedConfigManager
 
     normalized = NormalizedConfigManager.get_normalized_config_class(config.model_type)(config)
+    family = _REGISTRY.get(config.model_type, Architecture)
     heads = normalized.num_attention_heads
-    kv_heads = getattr(normalized, "num_key_value_heads", heads) if config.model_type != "gpt2" else heads
+    kv_heads = family.kv_heads(normalized)
     head_dim = getattr(config, "head_dim", None) or normalized.hidden_size // heads
     return ModelDims(
         model_type=config.model_type,
@@ -57,7 +58,7 @@ def dims_from_config(config) -> ModelDims:
         head_dim=head_dim,
         hidden_size=normalized.hidden_size,
         vocab_size=normalized.vocab_size,
-        max_positions=config.max_position_embeddings if config.model_type != "gpt2" else config.n_positions,
+        max_positions=family.max_positions(config),
     )
 
 
@@ -91,6 +92,16 @@ class Architecture:
         self.model = model
         self.config = model.config
         self.dims = dims_from_config(model.config)
+
+    # --- dims (from the config alone: an export checks them before it loads weights) -------------
+    @staticmethod
+    def kv_heads(normalized) -> int:
+        """K/V heads of optimum's normalized config."""
+        return getattr(normalized, "num_key_value_heads", normalized.num_attention_heads)
+
+    @staticmethod
+    def max_positions(config) -> int:
+        return config.max_position_embeddings
 
     # --- structure -------------------------------------------------------------------------------
     def layers(self) -> nn.ModuleList:
@@ -227,6 +238,14 @@ class Gpt2Architecture(Architecture):
     decoder_attr = "transformer"
     layers_attr = "h"
     layer_count_attr = "n_layer"
+
+    @staticmethod
+    def kv_heads(normalized) -> int:
+        return normalized.num_attention_heads  # multi-head attention: one K/V head per head
+
+    @staticmethod
+    def max_positions(config) -> int:
+        return config.n_positions
 
     def embed_weight(self):
         return self.model.transformer.wte.weight

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specdec.errors import ExportError
 from specdec.export.architectures import architecture_for, dims_from_config, supported_model_types
-from specdec.export.config import ExportConfig
+from specdec.export.config import DraftKind, ExportConfig
 from specdec.export.drafts import int4_from_onnx, layer_draft, layer_draft_range
 from specdec.export.onnx_graph import KV_DTYPE_NAMES, TORCH_DTYPES, onnx_from_hf
 from specdec.export.native_pack import NativeSkipped, write_target
@@ -30,6 +30,8 @@ from specdec.manifest import (
     Defaults,
     Manifest,
     ModelEntry,
+    Precision,
+    Role,
     TokenizerInfo,
     json_from_manifest,
     sha256_file,
@@ -93,7 +95,7 @@ def _preflight(config: ExportConfig):
     if config.draft_layers is not None:
         layer_draft_range(dims_from_config(hf_config).num_layers, config.draft_layers)
     draft_source = None
-    if config.draft_kind == "model":
+    if config.draft_kind == DraftKind.MODEL:
         draft_source = resolve_source(config.draft)
         _check_length(_check_target(draft_source, config), config, "draft")
     tokenizer = load_tokenizer(source)
@@ -116,17 +118,18 @@ def _session(path: Path, dtype: str):
     try:
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), ""
     except Exception as exc:  # onnxruntime raises its own C++ exception types
-        if dtype == "bf16" and "NOT_IMPLEMENTED" in str(exc):
+        if dtype == Precision.BF16 and "NOT_IMPLEMENTED" in str(exc):
             log.warning("parity not checked: onnxruntime's CPU EP has no bf16 kernels")
             return None, "skipped: onnxruntime's CPU EP has no bf16 kernels; check on a GPU back end"
         raise ExportError(f"onnxruntime cannot load the exported {path.name}: {exc}", "run with -v and report it") from exc
 
 
 def _export_model(role, arch, reference, source, derived, root, config, steps, precision=None):
-    """Export (or quantize) one model into root/role/, check parity, and return its ModelEntry."""
+    """Export (or quantize to `precision` int4) one model into root/role/, check parity, and return its ModelEntry."""
     path = root / role / "model.onnx"
+    quantized = precision == Precision.INT4
     with steps.step(f"export {role}"):
-        if derived == "int4":
+        if quantized:
             int4_from_onnx(root / "target" / "model.onnx", path)
         else:
             onnx_from_hf(arch, config.max_seq_len, config.max_batch, config.dtype, path, config.lowering)
@@ -135,7 +138,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
         with steps.step(f"check {role}"):
             session, note = _session(path, config.dtype)
         if session is not None:
-            enforced = derived != "int4"
+            enforced = not quantized
             runner = runner_for(session, arch.dims, config.max_seq_len, KV_DTYPE_NAMES[config.dtype], config.lowering)
             parity, _ = check_parity(runner, reference, arch.dims, config.max_seq_len, config.gamma_max,
                                      config.dtype, enforced)
@@ -143,7 +146,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
             enforce_parity(role, parity)
             note = "checked" if enforced else "informational: quantized graph"
     inputs, outputs = lowering_for(config.lowering).io_specs(arch.dims, config.max_seq_len, KV_DTYPE_NAMES[config.dtype])
-    native = _native_weights(root, role, arch.dims, config) if role == "target" else None
+    native = _native_weights(root, role, arch.dims, config) if role == Role.TARGET else None
     files = _files_of(root, role)
     return ModelEntry(
         role=role,
@@ -169,7 +172,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
 
 def _native_weights(root: Path, role: str, dims, config: ExportConfig):
     """The native engine's weights of an fp32 target (its NativeRecord), or None where its graph cannot have them."""
-    if config.dtype != "fp32":
+    if config.dtype != Precision.FP32:
         return None
     try:
         return write_target(root, role, dims)
@@ -224,7 +227,7 @@ def _tool_versions() -> dict:
 
 def _step_names(config: ExportConfig) -> list[str]:
     names = ["load models", "export target"] + (["check target"] if config.check_parity else [])
-    if config.draft_kind != "none":
+    if config.draft_kind != DraftKind.NONE:
         names += ["export draft"] + (["check draft"] if config.check_parity else [])
     return names + ["write bundle"]
 
@@ -232,13 +235,13 @@ def _step_names(config: ExportConfig) -> list[str]:
 def _load_draft(config: ExportConfig, target_arch, draft_source, dtype):
     """(architecture, reference model, source, derived tag) of the draft, or None."""
     kind = config.draft_kind
-    if kind == "none":
+    if kind == DraftKind.NONE:
         return None
-    if kind == "layers":
+    if kind == DraftKind.LAYERS:
         arch = layer_draft(target_arch, config.draft_layers)
         return arch, arch.model, None, f"layers:{config.draft_layers}"
-    if kind == "int4":
-        return target_arch, target_arch.model, None, "int4"
+    if kind == DraftKind.INT4:
+        return target_arch, target_arch.model, None, DraftKind.INT4.value
     arch = architecture_for(rounded(load_model(draft_source, dtype), config.weights))
     return arch, arch.model, draft_source, ""
 
@@ -260,12 +263,12 @@ def export_bundle(config: ExportConfig) -> Path:
             with steps.step("load models"):
                 target = architecture_for(rounded(load_model(source, dtype), config.weights))
                 draft = _load_draft(config, target, draft_source, dtype)
-            models = {"target": _export_model("target", target, target.model, source, "", tmp, config, steps)}
+            models = {Role.TARGET: _export_model(Role.TARGET, target, target.model, source, "", tmp, config, steps)}
             if draft is not None:
                 arch, reference, draft_source, derived = draft
-                precision = "int4" if derived == "int4" else None
-                models["draft"] = _export_model(
-                    "draft", arch, reference, draft_source or source, derived, tmp, config, steps, precision
+                precision = Precision.INT4 if config.draft_kind == DraftKind.INT4 else None
+                models[Role.DRAFT] = _export_model(
+                    Role.DRAFT, arch, reference, draft_source or source, derived, tmp, config, steps, precision
                 )
             with steps.step("write bundle"):
                 manifest = Manifest(

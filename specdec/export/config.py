@@ -2,14 +2,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from specdec.errors import ConfigError
-from specdec.manifest import LOWERING_NAMES as LOWERINGS
+from specdec.manifest import LOWERING_NAMES as LOWERINGS, Precision
 
-DTYPES = ("fp32", "fp16", "bf16")
-WEIGHTS = ("bf16", "fp16")  # --weights: what an fp32 export's weights are rounded to first
-DRAFT_DERIVATIONS = ("int4",)
+
+class DraftKind(StrEnum):
+    """The draft an export makes (ExportConfig.draft_kind)."""
+
+    NONE = "none"
+    MODEL = "model"  # --draft: a separate model
+    LAYERS = "layers"  # --draft-layers K: the target's first K layers
+    INT4 = "int4"  # --draft-from-target int4, the default: the target quantized
+
+
+# The choices as plain strings: argparse and messages print them
+DTYPES = (Precision.FP32.value, Precision.FP16.value, Precision.BF16.value)
+WEIGHTS = (Precision.BF16.value, Precision.FP16.value)  # --weights: what an fp32 export's weights are rounded to first
+DRAFT_DERIVATIONS = (DraftKind.INT4.value,)
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,7 @@ class ExportConfig:
             raise ConfigError(f"--dtype {self.dtype!r} is not supported", f"choose one of {', '.join(DTYPES)}")
         if self.weights is not None and self.weights not in WEIGHTS:
             raise ConfigError(f"--weights {self.weights!r} is not supported", f"choose one of {', '.join(WEIGHTS)}")
-        if self.weights is not None and self.dtype != "fp32":
+        if self.weights is not None and self.dtype != Precision.FP32:
             raise ConfigError(f"--weights {self.weights} with --dtype {self.dtype}",
                               "--weights rounds the weights of an fp32 graph (CPU: the native engine keeps them as "
                               "2-byte rows); --dtype makes a half-precision graph for GPU back ends: pick one")
@@ -82,12 +94,12 @@ class ExportConfig:
         }
 
     @property
-    def draft_kind(self) -> str:
-        """'model', 'int4', 'layers' or 'none'; with no draft option the default is the INT4 self-draft."""
+    def draft_kind(self) -> DraftKind:
+        """With no draft option, the INT4 self-draft."""
         if self.no_draft:
-            return "none"
+            return DraftKind.NONE
         if self.draft is not None:
-            return "model"
+            return DraftKind.MODEL
         if self.draft_layers is not None:
-            return "layers"
-        return self.draft_from_target or "int4"
+            return DraftKind.LAYERS
+        return DraftKind(self.draft_from_target or DraftKind.INT4)

@@ -19,6 +19,7 @@ from specdec.blocks import (BLOCK4, BLOCK8, FORMAT_VERSION, GridError, float_row
                             q41_pairs, q8_blocks, row_precision, rows_of, write_tensors)
 from specdec.errors import missing_dependency
 from specdec.manifest import ModelDims, NativeRecord
+from specdec.native.weights import LINEARS
 
 ALLOWED_OPS = {"Shape", "Squeeze", "Gather", "Add", "Sub", "Cast", "ReduceMax", "SimplifiedLayerNormalization",
                "SkipSimplifiedLayerNormalization", "MatMul", "GroupQueryAttention", "Split", "Sigmoid", "Mul",
@@ -142,7 +143,7 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float
     tensors, linears = {}, {}
     for i in range(dims.num_layers):
         tensors[f"layers.{i}.input_norm"], tensors[f"layers.{i}.post_norm"] = gamma(norms[2 * i]), gamma(norms[2 * i + 1])
-        for name, node in zip(("qkv", "o", "gate_up", "down"), matmuls[4 * i : 4 * i + 4]):
+        for name, node in zip(LINEARS, matmuls[4 * i : 4 * i + 4]):
             linears[f"layers.{i}.{name}"] = _float(array(node.input[1]).T)  # B: [K, N]
     head_weight, embedding = _float(array(head.input[1])), _float(array(parts["embeddings"][0].input[0]))
     for name, weight in [*linears.items(), ("head", head_weight), ("embedding", embedding)]:
@@ -183,7 +184,7 @@ def write_draft(root: Path, role: str, layout: str, target: dict, keep: np.ndarr
         return w if w.dtype == BLOCK4 else q41_blocks(float_rows(w))[0]
 
     tensors = {f"{name}_p": q41_pairs(q41_of(w)) for name, w in target.items()
-               if name.startswith("layers.") and name.rsplit(".", 1)[1] in ("qkv", "o", "gate_up", "down")}
+               if name.startswith("layers.") and name.rsplit(".", 1)[1] in LINEARS}
     head = np.asarray(target["head"])
     head = head if keep is None else head[keep]
     tensors["head"] = np.ascontiguousarray(head) if head.dtype == BLOCK8 else q8_blocks(float_rows(head))[0]

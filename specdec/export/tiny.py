@@ -22,7 +22,10 @@ FAMILY_CONFIGS = {
     "qwen3": dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, head_dim=8),
     "mistral": dict(num_attention_heads=4, num_key_value_heads=1, intermediate_size=64, sliding_window=None),
     "phi3": dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=64),
+    "gpt2": dict(n_head=4),
 }
+SIZE_NAMES = ("hidden_size", "num_hidden_layers", "max_position_embeddings")  # hidden size, layers, positions
+FAMILY_SIZE_NAMES = {"gpt2": ("n_embd", "n_layer", "n_positions")}  # families that name them otherwise
 
 
 def tiny_tokenizer(vocab_size: int):
@@ -50,16 +53,8 @@ def tiny_model(family: str, vocab_size: int, layers: int = 2, hidden: int = 32, 
 
     torch.manual_seed(seed)
     special = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=init_range)
-    if family == "gpt2":
-        config = AutoConfig.for_model(
-            "gpt2", vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=4, n_positions=positions, **special
-        )
-    else:
-        extra = FAMILY_CONFIGS[family]
-        config = AutoConfig.for_model(
-            family, vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-            max_position_embeddings=positions, **extra, **special,
-        )
+    sizes = dict(zip(FAMILY_SIZE_NAMES.get(family, SIZE_NAMES), (hidden, layers, positions)))
+    config = AutoConfig.for_model(family, vocab_size=vocab_size, **sizes, **FAMILY_CONFIGS[family], **special)
     return AutoModelForCausalLM.from_config(config).eval()
 
 

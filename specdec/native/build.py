@@ -23,6 +23,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from enum import StrEnum
 from pathlib import Path
 
 from specdec.blocks import ABI_VERSION, SIZES
@@ -40,8 +41,19 @@ REQUIRED_FLAGS = ("avx2", "fma", "f16c")  # /proc/cpuinfo names of what FLAGS le
 # Wider kernels where the CPU has them: 16-lane products, 32 registers, VNNI's int8 dot products (same results)
 AVX512_FLAGS = ("-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx512vnni")
 AVX512_CPU = ("avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_vnni")
-ISA_ENV = "SPECDEC_NATIVE_ISA"  # auto (default: avx512 where the CPU has it, else avx2), avx2, avx512
-ISAS = ("auto", "avx2", "avx512")
+ISA_ENV = "SPECDEC_NATIVE_ISA"  # an Isa
+
+
+class Isa(StrEnum):
+    """The instruction set the kernels are built for."""
+
+    AUTO = "auto"  # the default: avx512 where the CPU has it, else avx2
+    AVX2 = "avx2"
+    AVX512 = "avx512"
+
+
+ISAS = tuple(Isa)
+ISA_FLAGS = {Isa.AVX2: (), Isa.AVX512: AVX512_FLAGS}  # beyond FLAGS
 NO_NATIVE = "use backend='onnxruntime'"
 LIBRARY_NAME = "libspecdec_native.so"
 
@@ -75,18 +87,18 @@ def missing_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), required: tuple = R
     return [flag for flag in required if flag not in words]
 
 
-def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> Isa:
     """The instruction set the kernels are built for: $SPECDEC_NATIVE_ISA, where auto (or unset) means avx512 on a
     CPU with every one of AVX512_CPU, else avx2. Both compute the same bits (tests/native/test_isa.py)."""
-    wanted = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
+    wanted = os.environ.get(ISA_ENV, "").strip().lower() or Isa.AUTO
     if wanted not in ISAS:
         raise BackendError(f"{ISA_ENV}={os.environ[ISA_ENV]!r} is not one of {', '.join(ISAS)}",
                            f"unset it (auto picks the widest this CPU runs), or {NO_NATIVE}")
     lacking = missing_cpu_flags(cpuinfo, AVX512_CPU)
-    if wanted == "avx512" and lacking:
+    if wanted == Isa.AVX512 and lacking:
         raise BackendError(f"{ISA_ENV}=avx512, but this CPU lacks {', '.join(lacking)}",
                            f"unset {ISA_ENV} or set it to avx2")
-    return "avx512" if wanted == "avx512" or (wanted == "auto" and not lacking) else "avx2"
+    return Isa.AVX512 if wanted == Isa.AVX512 or (wanted == Isa.AUTO and not lacking) else Isa.AVX2
 
 
 def compiler() -> str:
@@ -99,7 +111,7 @@ def compiler() -> str:
 
 
 def build_flags() -> tuple:
-    flags = FLAGS + (AVX512_FLAGS if isa() == "avx512" else ())
+    flags = FLAGS + ISA_FLAGS[isa()]
     return flags + SANITIZE_FLAGS if os.environ.get(SANITIZE_ENV) == "1" else flags
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import BLOCK, DTYPES, FORMAT_VERSION, WEIGHT_LAYOUTS, TensorEntry, nonfinite, read_tensors
+from specdec.blocks import BLOCK, DTYPES, FORMAT_VERSION, WEIGHT_LAYOUTS, Pages, TensorEntry, nonfinite, read_tensors
 from specdec.errors import BackendError
 from specdec.manifest import ModelDims, ModelEntry, NativeRecord
 
@@ -110,7 +110,7 @@ def _expect(tensors: dict, name: str, kind: np.dtype, shape: tuple, role: str) -
     return array
 
 
-def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str = "shared") -> NativeWeights:
+def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str = Pages.SHARED) -> NativeWeights:
     """The weights of a target (layout "q41" or "q80", or rows), each tensor's kind and shape checked against `dims`."""
     from specdec.blocks import BLOCK8
 
@@ -142,7 +142,7 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
 
 
 def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: NativeWeights,
-                  pages: str = "shared") -> DraftWeights:
+                  pages: str = Pages.SHARED) -> DraftWeights:
     """The "q41-draft" weights of an int4-q41 draft of `target`."""
     from specdec.blocks import BLOCK4P, BLOCK8
 

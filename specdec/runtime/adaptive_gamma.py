@@ -16,6 +16,7 @@ rows of a round record (specdec.runtime.state.Round) whose drafts came from the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable
 
 import numpy as np
@@ -69,7 +70,7 @@ class GammaPolicy:
     def observe(self, record) -> None:
         """Learn from the model-drafted rows of a round record."""
         for row in record.rows:
-            if row is not None and row.source == "model":
+            if row is not None and row.from_model:
                 self.observe_row(row.proposed, row.accepted)
 
     def observe_row(self, proposed: int, accepted: int) -> None:
@@ -165,16 +166,24 @@ class GammaStart:
     cost_ratio: float
 
 
+class GammaPolicyName(StrEnum):
+    """A `gamma_policy=` value."""
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
+    HEURISTIC = "heuristic"
+
+
 @dataclass(frozen=True)
 class PolicyKind:
     """One `gamma_policy=` choice: a name and how a request's policy is built from its GammaStart."""
 
-    name: str
+    name: GammaPolicyName
     build: Callable[[GammaStart], GammaPolicy]
 
 
 GAMMA_POLICY_KINDS = {kind.name: kind for kind in (
-    PolicyKind("fixed", lambda start: FixedGamma(start.gamma)),
-    PolicyKind("adaptive", lambda s: adaptive_from_record(s.record, s.gamma_max, s.alpha, s.cost_ratio)),
-    PolicyKind("heuristic", lambda start: HeuristicGamma(start.gamma, start.gamma_max)),
+    PolicyKind(GammaPolicyName.FIXED, lambda start: FixedGamma(start.gamma)),
+    PolicyKind(GammaPolicyName.ADAPTIVE, lambda s: adaptive_from_record(s.record, s.gamma_max, s.alpha, s.cost_ratio)),
+    PolicyKind(GammaPolicyName.HEURISTIC, lambda start: HeuristicGamma(start.gamma, start.gamma_max)),
 )}

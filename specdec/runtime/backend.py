@@ -15,6 +15,7 @@ import numpy as np
 
 from specdec.errors import BackendError, CapacityError
 from specdec.manifest import ModelEntry
+from specdec.runtime.config import Device
 
 
 def bounds(values: np.ndarray) -> tuple[int, int]:
@@ -39,8 +40,8 @@ def check_capacity(cache_len: np.ndarray, steps: int, max_seq_len: int) -> None:
 class Backend:
     """Shared fields, checks and lifetime of every backend; subclasses implement open, _reset, _forward, close."""
 
-    name = ""  # the `backend=` value of specdec.load
-    devices = ("cpu",)  # device prefixes it runs on
+    name = ""  # the `backend=` value of specdec.load (a BackendName)
+    devices = (Device.CPU,)  # device prefixes it runs on
     # Whether a position's K/V depends only on the tokens up to it, bit for bit, however they were fed (whole or in
     # pieces, alone or batched, by a prompt or a verify pass): then a slot's K/V of an earlier request's tokens may
     # stand in for a prefill of the same tokens, invisibly (specdec serve reuses a shared prompt prefix so)

@@ -5,18 +5,54 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable
 
 from specdec.errors import CapacityError, ConfigError
 from specdec.runtime.adaptive_gamma import GAMMA_POLICY_KINDS
 
-AUTO_BACKEND = "auto"  # cuda on a GPU; on the CPU native where the bundle and machine allow it, else onnxruntime
-NAMED_CPU_BACKENDS = ("onnxruntime", "native")
-NAMED_BACKENDS = (*NAMED_CPU_BACKENDS, "cuda")  # what a benchmark measures (one backend, by name)
+
+class BackendName(StrEnum):
+    """A `backend=` value of specdec.load (specdec.runtime.registry.BACKENDS holds the classes)."""
+
+    AUTO = "auto"  # cuda on a GPU; on the CPU native where the bundle and machine allow it, else onnxruntime
+    ONNXRUNTIME = "onnxruntime"
+    NATIVE = "native"
+    CUDA = "cuda"
+    TENSORRT = "tensorrt"
+
+
+class Device(StrEnum):
+    """The kind of device a backend runs on: a `device=` value is "cpu" or "cuda:N"."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class Coupling(StrEnum):
+    """How a sampled token is drawn and verified (specdec.runtime.sampling)."""
+
+    LEVIATHAN = "leviathan"
+    GUMBEL = "gumbel"
+
+
+class DrafterName(StrEnum):
+    """A `drafter=` value; DRAFTER_KINDS holds what each builds."""
+
+    AUTO = "auto"  # prompt lookup, else the model where it pays
+    MODEL = "model"
+    PROMPT_LOOKUP = "prompt_lookup"
+    NONE = "none"
+
+
+# The choices as plain strings: argparse, pydantic and messages print them (a member's repr is not its value)
+AUTO_BACKEND = BackendName.AUTO.value
+NAMED_CPU_BACKENDS = (BackendName.ONNXRUNTIME.value, BackendName.NATIVE.value)
+NAMED_BACKENDS = (*NAMED_CPU_BACKENDS, BackendName.CUDA.value)  # what a benchmark measures (one backend, by name)
 BACKEND_CHOICES = (AUTO_BACKEND, *NAMED_BACKENDS)  # what the CLI and the server offer: tensorrt runs through
 # specdec.load(backend="tensorrt", device="cuda:N")
-GAMMA_POLICIES = tuple(GAMMA_POLICY_KINDS)
-COUPLINGS = ("leviathan", "gumbel")  # how a sampled token is drawn and verified (specdec.runtime.sampling)
+GAMMA_POLICIES = tuple(name.value for name in GAMMA_POLICY_KINDS)
+COUPLINGS = tuple(coupling.value for coupling in Coupling)
 
 
 @dataclass(frozen=True)
@@ -25,19 +61,19 @@ class DrafterKind:
     specdec.runtime.drafters (handed in: that module imports this one), a generator's prompt-lookup drafter and its
     model drafter (None without a draft model); it returns None where rows of this kind are never drafted for."""
 
-    name: str
+    name: DrafterName
     build: Callable
     needs_model: bool = False  # refused on a bundle without a draft model
     drafts: bool = True  # False: rows of this kind verify one token per round
 
 
 DRAFTER_KINDS = {kind.name: kind for kind in (
-    DrafterKind("auto", lambda drafters, lookup, model: drafters.ChainDrafter(lookup, model)),  # lookup, else the model
-    DrafterKind("model", lambda drafters, lookup, model: model, needs_model=True),
-    DrafterKind("prompt_lookup", lambda drafters, lookup, model: lookup),
-    DrafterKind("none", lambda drafters, lookup, model: None, drafts=False),
+    DrafterKind(DrafterName.AUTO, lambda drafters, lookup, model: drafters.ChainDrafter(lookup, model)),
+    DrafterKind(DrafterName.MODEL, lambda drafters, lookup, model: model, needs_model=True),
+    DrafterKind(DrafterName.PROMPT_LOOKUP, lambda drafters, lookup, model: lookup),
+    DrafterKind(DrafterName.NONE, lambda drafters, lookup, model: None, drafts=False),
 )}
-DRAFTERS = tuple(DRAFTER_KINDS)
+DRAFTERS = tuple(name.value for name in DRAFTER_KINDS)
 
 
 class RequestRefusal:
@@ -153,6 +189,11 @@ class GenerationConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def gumbel(self) -> bool:
+        """Whether draft and target take their tokens from the same Gumbel noise (Coupling.GUMBEL)."""
+        return self.coupling == Coupling.GUMBEL
 
     @property
     def seeded_sample(self) -> bool:

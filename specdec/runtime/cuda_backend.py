@@ -20,9 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.blocks import Pages
 from specdec.errors import BackendError, CapacityError
-from specdec.manifest import ModelEntry
+from specdec.manifest import ModelEntry, Role
 from specdec.runtime.backend import Backend, SharedKvDraft, bounds, check_capacity, check_tokens
+from specdec.runtime.config import BackendName, Device
 from specdec.native.weights import LINEARS, drafts_natively
 
 MAX_HEAD_DIM = 256  # kernels.cu's attention holds D / 32 values a lane in 8 registers
@@ -50,8 +52,8 @@ def device_index(device: str) -> int:
 
 
 class CudaBackend(SharedKvDraft, Backend):
-    name = "cuda"
-    devices = ("cuda",)
+    name = BackendName.CUDA
+    devices = (Device.CUDA,)
     exact_prefix_kv = False  # a prefill chunk's products run on cuBLAS, a verify pass's on kernels.cu
 
     def __init__(self, root: Path, entry: ModelEntry, options: CudaOptions = CudaOptions(),
@@ -85,14 +87,14 @@ class CudaBackend(SharedKvDraft, Backend):
         from specdec.native.weights import check_layout, draft_weights, target_weights
 
         self.defaults = read_manifest(self.root).defaults
-        role = "target" if self.target is None else "draft"
+        role = Role.TARGET if self.target is None else Role.DRAFT
         record = check_layout(self.entry.native, role)
         dims = self.entry.dims
         if dims.head_dim > MAX_HEAD_DIM:
             raise BackendError(f"the {role}'s head size is {dims.head_dim}; the cuda kernels take at most "
                                f"{MAX_HEAD_DIM}", "use backend='native' or 'onnxruntime'")
         if self.target is None:
-            weights = target_weights(self.root, record, dims, "shared")  # mapped: uploaded, then dropped
+            weights = target_weights(self.root, record, dims, Pages.SHARED)  # mapped: uploaded, then dropped
             self.kernels = self._kernels()
             self.model = self._model(weights, None, None)
         else:
@@ -101,7 +103,7 @@ class CudaBackend(SharedKvDraft, Backend):
                                    "open the draft on onnxruntime (the pair planner chooses)")
             self.kernels = self.target.kernels
             target = self.target.model
-            draft = draft_weights(self.root, record, dims, target.weights, "shared")
+            draft = draft_weights(self.root, record, dims, target.weights, Pages.SHARED)
             self.model = self._model(target.weights, draft, target)
         return self
 

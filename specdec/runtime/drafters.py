@@ -10,19 +10,20 @@ import numpy as np
 
 from specdec.runtime.adaptive_gamma import cumulative_from_conditional, speedup_table
 from specdec.runtime.backend import unwrapped
+from specdec.runtime.config import DrafterName
 from specdec.runtime.sampling import gumbel_choice, sample, warp
-from specdec.runtime.state import Row, feed_chunks, forward_rows
+from specdec.runtime.state import DraftSource, Row, feed_chunks, forward_rows
 
 
 @dataclass
 class Proposal:
     tokens: np.ndarray  # [k] int64
     q: np.ndarray | None  # [k, V] warped draft probabilities, or None for point masses (and greedy)
-    source: str  # "model" or "lookup"
+    source: DraftSource
     strong: bool = False  # a lookup that matched the longest n-gram and filled the whole limit
 
 
-EMPTY = Proposal(np.zeros(0, dtype=np.int64), None, "none")
+EMPTY = Proposal(np.zeros(0, dtype=np.int64), None, DraftSource.NONE)
 
 
 def lookup(tokens: list, limit: int, max_ngram: int, min_ngram: int = 1) -> np.ndarray:
@@ -55,7 +56,7 @@ def lookup_match(tokens: list, limit: int, max_ngram: int, min_ngram: int = 1) -
 class PromptLookupDrafter:
     """n-gram match in the context; no model, no cost."""
 
-    name = "prompt_lookup"
+    name = DrafterName.PROMPT_LOOKUP
 
     def propose(self, rows: list, limits: list) -> list:
         return [self._one(row, lim) if lim > 0 else EMPTY for row, lim in zip(rows, limits)]
@@ -64,7 +65,7 @@ class PromptLookupDrafter:
     def _one(row: Row, limit: int) -> Proposal:
         longest = row.config.lookup_ngram
         found, size = lookup_match(row.tokens, limit, longest, row.config.lookup_min_ngram)
-        return Proposal(found, None, "lookup", strong=size == longest and found.size == limit)
+        return Proposal(found, None, DraftSource.LOOKUP, strong=size == longest and found.size == limit)
 
 
 class ModelDrafter:
@@ -75,7 +76,7 @@ class ModelDrafter:
     state depends only on the row's tokens, never on whether the row was interrupted and prefilled again (another
     request used the models meanwhile), and a seeded request drafts the same tokens on every path."""
 
-    name = "model"
+    name = DrafterName.MODEL
 
     def __init__(self, backend, chunk: int, step_timer=None, kv_source=None):
         self.backend = backend
@@ -90,7 +91,7 @@ class ModelDrafter:
         if row.config.greedy:
             return int(np.argmax(logits)), None
         q = warp(logits, row.config)
-        if row.config.coupling == "gumbel":  # the draft's guess at the target's coupled sample: a point proposal
+        if row.config.gumbel:  # the draft's guess at the target's coupled sample: a point proposal
             return gumbel_choice(q, row.noise(row.generated + step, len(logits))), None
         return sample(q, row.rng), q
 
@@ -161,8 +162,8 @@ class ModelDrafter:
 
     @staticmethod
     def _proposal(row: Row, drafts: list, dists: list) -> Proposal:
-        q = None if row.config.greedy or row.config.coupling == "gumbel" else np.stack(dists)
-        return Proposal(np.asarray(drafts, dtype=np.int64), q, "model")
+        q = None if row.config.greedy or row.config.gumbel else np.stack(dists)
+        return Proposal(np.asarray(drafts, dtype=np.int64), q, DraftSource.MODEL)
 
 
 class ModelGate:
@@ -269,7 +270,7 @@ class ModelGate:
 class ChainDrafter:
     """`auto`: prompt lookup where the context offers a match, the model elsewhere, and only where it pays."""
 
-    name = "auto"
+    name = DrafterName.AUTO
 
     def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None):
         self.lookup = lookup_drafter

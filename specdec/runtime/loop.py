@@ -15,7 +15,7 @@ import numpy as np
 
 from specdec.runtime.drafters import EMPTY, Proposal
 from specdec.runtime.sampling import accept_greedy, accept_sampled, gumbel_choice, warp
-from specdec.runtime.state import Round, Row, RowRound, feed_chunks, forward_rows
+from specdec.runtime.state import Finish, Round, Row, RowRound, feed_chunks, forward_rows
 from specdec.runtime.text import StopStrings
 
 
@@ -94,7 +94,7 @@ class SpeculativeLoop:
         config, drafts = row.config, prop.tokens
         if config.greedy:  # a device backend's logits answer argmax from the ids that came back with them
             return accept_greedy(drafts, logits.argmax(axis=-1))
-        if config.coupling == "gumbel":  # the target's own coupled samples; drafts are accepted while they match
+        if config.gumbel:  # the target's own coupled samples; drafts are accepted while they match
             probs, vocab = warp(logits, config), logits.shape[-1]
             chosen = [gumbel_choice(probs[j], row.noise(row.generated + j, vocab)) for j in range(len(drafts) + 1)]
             return accept_greedy(drafts, np.asarray(chosen))
@@ -113,15 +113,15 @@ class SpeculativeLoop:
         for index in range(old_len, len(row.tokens)):
             if row.tokens[index] in self.eos_ids:
                 del row.tokens[index + 1 :]
-                row.finish = "eos"
+                row.finish = Finish.EOS
                 break
         if row.generated >= row.config.max_new_tokens:
             del row.tokens[row.prompt_len + row.config.max_new_tokens :]
-            row.finish = row.finish or "max_new_tokens"
+            row.finish = row.finish or Finish.MAX_NEW_TOKENS
         if self.stops is not None and row.config.stop:
             self.stops.apply(row, since=old_len - row.prompt_len)
         if row.active and len(row.tokens) >= self.target.max_seq_len:
-            row.finish = "length"
+            row.finish = Finish.LENGTH
 
     def step(self, rows: list) -> Round:
         """One round for every active row."""
@@ -150,7 +150,7 @@ class SpeculativeLoop:
         which no row verified drafts (a one-token pass)."""
         runs = {}  # per gate: (gate, [(proposed, accepted) of each of its rows])
         for row, row_record in zip(rows, record.rows):
-            if row_record is not None and row.gate is not None and row_record.source == "model":
+            if row_record is not None and row.gate is not None and row_record.from_model:
                 runs.setdefault(id(row.gate), (row.gate, []))[1].append((row_record.proposed, row_record.accepted))
         for gate, pairs in runs.values():
             gate.observe(sum(p for p, _ in pairs), sum(a for _, a in pairs), record.verify_s, pairs)

@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from specdec.errors import BackendError
-from specdec.manifest import ModelEntry
+from specdec.manifest import Dtype, ModelEntry, Role
 from specdec.native.weights import NATIVE_DRAFT, drafts_natively
 from specdec.runtime.backend import Backend, SharedKvDraft, check_tokens, default_threads
+from specdec.runtime.config import BackendName, Device
 
 HINT = "use backend='onnxruntime'"
 PAGES_ENV = "SPECDEC_NATIVE_PAGES"  # "private" (default) or "shared": how the weights are held (specdec.blocks)
@@ -31,9 +32,9 @@ PAGES_ENV = "SPECDEC_NATIVE_PAGES"  # "private" (default) or "shared": how the w
 
 def pages() -> str:
     """How this process holds native weights: $SPECDEC_NATIVE_PAGES, else "private"."""
-    from specdec.blocks import PAGES
+    from specdec.blocks import PAGES, Pages
 
-    value = os.environ.get(PAGES_ENV, "").strip() or "private"
+    value = os.environ.get(PAGES_ENV, "").strip() or Pages.PRIVATE
     if value not in PAGES:
         raise BackendError(f"{PAGES_ENV}={value!r} is not one of {', '.join(PAGES)}",
                            "set it to private (the default: faster steps) or shared (one copy for all processes)")
@@ -41,8 +42,8 @@ def pages() -> str:
 
 
 class NativeBackend(SharedKvDraft, Backend):
-    name = "native"
-    devices = ("cpu",)
+    name = BackendName.NATIVE
+    devices = (Device.CPU,)
 
     def __init__(self, root: Path, entry: ModelEntry, threads: int | None = None,
                  target: "NativeBackend | None" = None):
@@ -70,9 +71,9 @@ class NativeBackend(SharedKvDraft, Backend):
         from specdec.native.model import NativeModel
         from specdec.native.weights import check_layout, draft_weights, target_weights
 
-        role = "target" if self.target is None else "draft"
+        role = Role.TARGET if self.target is None else Role.DRAFT
         record = check_layout(self.entry.native, role)  # export writes native weights for gqa graphs only
-        if self.entry.kv_dtype != "float32":
+        if self.entry.kv_dtype != Dtype.FLOAT32:
             raise BackendError(f"the {role} has KV dtype {self.entry.kv_dtype}; the native backend keeps fp32 KV",
                                f"re-export with --dtype fp32, or {HINT}")
         kernels = load_kernels()

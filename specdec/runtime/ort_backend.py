@@ -7,14 +7,15 @@ import numpy as np
 
 from specdec.errors import BackendError, ConfigError, missing_dependency
 from specdec.lowering import kv_numpy_dtype, lowering_for
-from specdec.manifest import ModelEntry
+from specdec.manifest import ModelEntry, Role
 from specdec.runtime.backend import Backend, session_options, steady_malloc, unwrapped
+from specdec.runtime.config import BackendName
 
 
 class OrtBackend(Backend):
     """onnxruntime on the CPU execution provider; KV buffers in numpy, written by the lowering's driver."""
 
-    name = "onnxruntime"
+    name = BackendName.ONNXRUNTIME
 
     def __init__(self, root: Path, entry: ModelEntry, threads: int | None = None):
         super().__init__(root, entry)
@@ -60,8 +61,9 @@ class OrtBackend(Backend):
         and S, no more layers. Exactness never depends on it: acceptance uses the q the draft proposed."""
         source = unwrapped(source)
         mine, theirs = self.entry, getattr(source, "entry", None)
-        return (getattr(source, "kv_layout", None) == mine.lowering and theirs is not None and theirs.role == "target"
-                and mine.role == "draft" and bool(mine.derived) and mine.lowering == theirs.lowering
+        return (getattr(source, "kv_layout", None) == mine.lowering and theirs is not None
+                and theirs.role == Role.TARGET and mine.role == Role.DRAFT and bool(mine.derived)
+                and mine.lowering == theirs.lowering
                 and mine.kv_dtype == theirs.kv_dtype and mine.max_seq_len == theirs.max_seq_len
                 and (mine.dims.num_kv_heads, mine.dims.head_dim) == (theirs.dims.num_kv_heads, theirs.dims.head_dim)
                 and mine.dims.num_layers <= theirs.dims.num_layers)

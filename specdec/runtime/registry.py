@@ -17,6 +17,7 @@ from pathlib import Path
 from specdec.errors import BackendError, SpecDecError
 from specdec.manifest import Manifest, check_bundle_files
 from specdec.runtime.backend import Backend
+from specdec.runtime.config import BackendName, Device
 from specdec.runtime.cuda_backend import CudaBackend
 from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
@@ -24,7 +25,7 @@ from specdec.runtime.trt_backend import TrtBackend
 
 log = logging.getLogger(__name__)
 BACKENDS: dict[str, type[Backend]] = {cls.name: cls for cls in (OrtBackend, NativeBackend, TrtBackend, CudaBackend)}
-AUTO = "auto"  # cuda on a GPU where it opens; on the CPU native where it opens, else onnxruntime
+AUTO = BackendName.AUTO  # cuda on a GPU where it opens; on the CPU native where it opens, else onnxruntime
 FALLBACK = OrtBackend  # runs every CPU bundle, and any draft beside any target
 BACKEND_ENV = "SPECDEC_BACKEND"  # "onnxruntime": the native backend is off for this process
 
@@ -37,7 +38,7 @@ def backend_class(name: str) -> type[Backend]:
 
 def _check_device(cls: type[Backend], device: str) -> None:
     if not device.startswith(cls.devices):
-        raise BackendError(f"backend={cls.name!r} does not run on device={device!r}",
+        raise BackendError(f"backend='{cls.name}' does not run on device={device!r}",
                            "use backend='onnxruntime' or 'native' with device='cpu', or backend='cuda' or "
                            "'tensorrt' with device='cuda:N'")
 
@@ -83,10 +84,10 @@ def open_backends(root: Path, manifest: Manifest, backend: str, device: str | No
     """(target, draft, the backend's name, why the backend auto wanted did not open, or None) for `specdec.load`;
     verify: hash each file a backend reads before it opens. device None: a GPU where CuPy sees one, else the CPU."""
     if backend != AUTO:
-        device = device or ("cuda:0" if backend_class(backend).devices == ("cuda",) else "cpu")
+        device = device or ("cuda:0" if backend_class(backend).devices == (Device.CUDA,) else Device.CPU)
         return (*open_pair(backend_class(backend), root, manifest, device, threads, verify), backend, None)
     note = None
-    if device is None and gpu_visible() or device is not None and device.startswith("cuda"):
+    if device is None and gpu_visible() or device is not None and device.startswith(Device.CUDA):
         try:
             return (*open_pair(CudaBackend, root, manifest, device or "cuda:0", threads, verify), CudaBackend.name,
                     None)
@@ -94,17 +95,17 @@ def open_backends(root: Path, manifest: Manifest, backend: str, device: str | No
             note = f"the cuda backend did not open: {getattr(exc, 'message', None) or exc}"
             if device is not None:
                 _warn_once(note, "the CPU")
-    elif device not in (None, "cpu"):
+    elif device is not None and device != Device.CPU:
         raise BackendError(f"backend='auto' runs on the CPU or a CUDA GPU, not on {device!r}",
                            "pass device='cpu' or 'cuda:N', or leave device unset")
     try:
-        return (*open_pair(NativeBackend, root, manifest, "cpu", threads, verify), NativeBackend.name, note)
+        return (*open_pair(NativeBackend, root, manifest, Device.CPU, threads, verify), NativeBackend.name, note)
     except (SpecDecError, OSError, AttributeError) as exc:  # not this bundle, this machine, or this cache
         native = f"the native backend did not open: {getattr(exc, 'message', None) or exc}"
         note = native if note is None else f"{note}; {native}"
     if not _native_off():
         _warn_once(native, "onnxruntime")
-    return (*open_pair(FALLBACK, root, manifest, "cpu", threads, verify), FALLBACK.name, note)
+    return (*open_pair(FALLBACK, root, manifest, Device.CPU, threads, verify), FALLBACK.name, note)
 
 
 def gpu_visible() -> bool:

@@ -25,7 +25,7 @@ from specdec.runtime import drafters as drafter_classes
 from specdec.runtime.adaptive_gamma import GammaStart
 from specdec.runtime.config import DRAFTER_KINDS, GenerationConfig, OptionError, RequestCapacityError
 from specdec.runtime.drafters import ModelDrafter, ModelGate, PromptLookupDrafter
-from specdec.runtime.state import Row, row_rng
+from specdec.runtime.state import Finish, Row, row_rng
 from specdec.runtime.text import TextCodec, holdback
 
 DEFAULT_ALPHA, DEFAULT_COST = 0.7, 0.5  # priors of sampled requests where the bundle has no γ calibration
@@ -233,7 +233,7 @@ class RequestLayer:
         active, without a tail that could still grow into a stop string or is an incomplete UTF-8 sequence. Each
         call's text starts with the previous call's, so streamed pieces add up to the final text."""
         text = self.codec.decode(row.tokens[row.prompt_len :])
-        if row.finish == "stop":
+        if row.finish == Finish.STOP:
             return text[: row.stop_at]
         if row.active:
             text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence: the next token may complete it
@@ -269,7 +269,7 @@ def _token_ids(prompt) -> list:
 
 
 def _noise_key(config: GenerationConfig, row: int) -> tuple | None:
-    if config.greedy or config.coupling != "gumbel":
+    if config.greedy or not config.gumbel:
         return None
     seed = config.seed if config.seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
     return (seed, row)

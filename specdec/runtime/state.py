@@ -3,12 +3,30 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
 from specdec.lowering import PAD_ID
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.sampling import gumbel_noise
+
+
+class Finish(StrEnum):
+    """Why a row stopped (its `finish`, the result's finish_reason)."""
+
+    EOS = "eos"
+    MAX_NEW_TOKENS = "max_new_tokens"
+    STOP = "stop"  # a stop string
+    LENGTH = "length"  # the bundle's max_seq_len
+
+
+class DraftSource(StrEnum):
+    """Where a round's drafts for a row came from (Proposal.source, RowRound.source)."""
+
+    MODEL = "model"
+    LOOKUP = "lookup"
+    NONE = "none"
 
 
 def row_rng(seed: int | None, row: int) -> np.random.Generator:
@@ -33,10 +51,10 @@ class Row:
     draft_len: int = 0  # valid KV slots in the draft model (a prefix of tokens)
     kv_copied: int = 0  # draft KV slots [0, kv_copied) hold the target's KV (a draft that copies it)
     reused: int = 0  # prompt tokens its prefill did not feed: their target KV was already in the slot
-    finish: str | None = None
+    finish: Finish | None = None
     gate: object = None  # the ModelGate deciding `auto` for this row (specdec.runtime.drafters)
-    stop_at: int | None = None  # for finish == "stop": the text length at which the stop string begins
-    noise_key: tuple | None = None  # (seed, row) of the Gumbel noise when config.coupling == "gumbel"
+    stop_at: int | None = None  # for Finish.STOP: the text length at which the stop string begins
+    noise_key: tuple | None = None  # (seed, row) of the Gumbel noise under Coupling.GUMBEL
     noise_cache: dict = field(default_factory=dict, repr=False)  # position -> noise, drafted but not yet verified
     drafter: object = None  # the DrafterKind of config.drafter (specdec.runtime.config.DRAFTER_KINDS)
 
@@ -70,8 +88,13 @@ class RowRound:
     proposed: int  # drafts verified
     accepted: int
     committed: list  # tokens appended (after stops)
-    source: str  # "model", "lookup" or "none"
-    finish: str | None
+    source: DraftSource
+    finish: Finish | None
+
+    @property
+    def from_model(self) -> bool:
+        """Whether the draft model proposed this row's drafts: what γ policies and gates learn acceptance from."""
+        return self.source == DraftSource.MODEL
 
 
 @dataclass(frozen=True)
@@ -85,7 +108,7 @@ class Round:
 
     def model_counts(self) -> tuple[int, int]:
         """(proposed, accepted) over the rows whose drafts came from the model."""
-        model = [r for r in self.rows if r is not None and r.source == "model"]
+        model = [r for r in self.rows if r is not None and r.from_model]
         return sum(r.proposed for r in model), sum(r.accepted for r in model)
 
 

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from specdec.errors import ConfigError, ManifestError, missing_dependency
+from specdec.runtime.state import Finish
 
 
 class TextCodec:
@@ -83,7 +84,7 @@ class StopStrings:
 
     def apply(self, row, since: int = 0) -> None:
         """If the row's text contains one of its stop strings, keep the shortest prefix of tokens whose text does,
-        set finish = "stop" and stop_at = where the earliest stop string begins in that text. `since`: generated
+        set finish = Finish.STOP and stop_at = where the earliest stop string begins in that text. `since`: generated
         tokens whose text was already checked (it held no stop string)."""
         stops = row.config.stop
         generated = row.tokens[row.prompt_len :]
@@ -93,7 +94,7 @@ class StopStrings:
             at, found = _first_stop(self.codec.decode(generated[:end]), stops)
             if found:
                 del row.tokens[row.prompt_len + end :]
-                row.finish, row.stop_at = "stop", at
+                row.finish, row.stop_at = Finish.STOP, at
                 return
 
 

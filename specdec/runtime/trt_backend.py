@@ -21,8 +21,9 @@ from specdec.engines.trt_config import INPUT_NAMES, OUTPUT_NAMES, PROFILE_NAMES,
 from specdec.engines.trt_select import check_plan_file, rebuild_hint, select_engine
 from specdec.errors import BackendError
 from specdec.lowering import PAD_ID
-from specdec.manifest import ModelEntry
+from specdec.manifest import Dtype, ModelEntry
 from specdec.runtime.backend import Backend
+from specdec.runtime.config import BackendName, Device
 
 KV_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 INT64 = 8
@@ -37,7 +38,7 @@ class TrtOptions:
 class TrtBackend(Backend):
     """A bundle model on its TensorRT plan; `open()` (or `with`) loads it, `close()` frees the GPU."""
 
-    name = "tensorrt"
+    name = BackendName.TENSORRT
 
     def __init__(self, root: Path, entry: ModelEntry, options: TrtOptions = TrtOptions()):
         super().__init__(root, entry)
@@ -48,7 +49,7 @@ class TrtBackend(Backend):
         self.bound = None  # (profile, B, T) the context is set up for
         self.replays = 0
 
-    devices = ("cuda",)
+    devices = (Device.CUDA,)
 
     @classmethod
     def for_target(cls, root: Path, entry: ModelEntry, device: str, threads: int | None) -> "TrtBackend":
@@ -69,7 +70,7 @@ class TrtBackend(Backend):
         from specdec.engines.trt_compat import import_tensorrt
 
         trt = import_tensorrt()
-        if self.entry.logits_dtype != "float32" or self.entry.kv_dtype not in KV_ITEMSIZE:
+        if self.entry.logits_dtype != Dtype.FLOAT32 or self.entry.kv_dtype not in KV_ITEMSIZE:
             raise BackendError(
                 f"{self.entry.role} has logits {self.entry.logits_dtype}, KV {self.entry.kv_dtype}",
                 "the TensorRT backend needs float32 logits and a float32/float16/bfloat16 KV; re-export",

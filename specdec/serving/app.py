@@ -14,7 +14,7 @@ from fastapi.responses import Response
 
 from specdec.errors import CapacityError, ConfigError, ManifestError, SpecDecError
 from specdec.runtime.config import GenerationConfig
-from specdec.serving.engine import Engine, EngineClosedError, QueueFullError
+from specdec.serving.engine import Engine, EngineClosedError, EventKind, QueueFullError
 from specdec.serving.metrics import Metrics
 from specdec.serving.options import ServeOptions
 from specdec.serving.prompts import INLINE_CHARS, PromptBudgetError, PromptPool, PromptWorkersBusy
@@ -224,7 +224,7 @@ async def _collect(ticket, request: Request) -> tuple:
     async def final():
         parts = []
         async for event in ticket.events():
-            if event.kind == "text":
+            if event.kind == EventKind.TEXT:
                 parts.append(event.text)
             else:
                 return "".join(parts), event
@@ -241,7 +241,7 @@ async def _collect(ticket, request: Request) -> tuple:
     if waiter.cancelled():
         raise ApiError(499, "the client closed the request", "client_closed")
     text, event = waiter.result()
-    if event.kind == "error":
+    if event.kind == EventKind.ERROR:
         raise ApiError(event.status, event.text, "generation_failed")
     return text, event
 
@@ -262,9 +262,9 @@ async def _completion_events(ticket, rid: str, created: int, name: str, include_
         return sse(Completion(id=rid, created=created, model=name, choices=choice, usage=usage))
 
     async for event in ticket.events():
-        if event.kind == "text":
+        if event.kind == EventKind.TEXT:
             yield chunk(event.text)
-        elif event.kind == "done":
+        elif event.kind == EventKind.DONE:
             yield chunk(finish=event.finish_reason)
             if include_usage:
                 yield chunk(usage=_usage(event), choices=False)
@@ -280,9 +280,9 @@ async def _chat_events(ticket, rid: str, created: int, name: str, include_usage:
 
     yield chunk(Delta(role="assistant", content=""))
     async for event in ticket.events():
-        if event.kind == "text":
+        if event.kind == EventKind.TEXT:
             yield chunk(Delta(content=event.text))
-        elif event.kind == "done":
+        elif event.kind == EventKind.DONE:
             yield chunk(Delta(), event.finish_reason)
             if include_usage:
                 yield chunk(None, usage=_usage(event))

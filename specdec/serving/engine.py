@@ -19,11 +19,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from specdec.errors import SpecDecError
+from specdec.manifest import Role
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.generator import Generator, load
-from specdec.runtime.state import Row
+from specdec.runtime.state import Finish, Row
 from specdec.runtime.text import StopStrings
 from specdec.serving.batching import ServingLoop
 from specdec.serving.goodput import GoodputGamma, Metered, measure_costs
@@ -31,7 +33,7 @@ from specdec.serving.metrics import Metrics
 from specdec.serving.options import ServeOptions
 
 log = logging.getLogger(__name__)
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_new_tokens": "length", "length": "length"}
+FINISH_REASONS = {Finish.EOS: "stop", Finish.STOP: "stop", Finish.MAX_NEW_TOKENS: "length", Finish.LENGTH: "length"}
 
 
 class QueueFullError(SpecDecError):
@@ -42,9 +44,17 @@ class EngineClosedError(SpecDecError):
     """The engine is not running (HTTP 503)."""
 
 
+class EventKind(StrEnum):
+    """What an Event carries to the HTTP side."""
+
+    TEXT = "text"  # a delta
+    DONE = "done"  # the final event
+    ERROR = "error"  # the request failed (message, no details)
+
+
 @dataclass(frozen=True)
 class Event:
-    kind: str  # "text": a delta; "done": the final event; "error": the request failed (message, no details)
+    kind: EventKind
     text: str = ""
     finish_reason: str | None = None
     prompt_tokens: int = 0
@@ -52,9 +62,9 @@ class Event:
     status: int = 500  # of an error: the HTTP status it is answered with
 
 
-FAILED = Event("error", "the engine failed on this request")
-CANCELLED = Event("error", "cancelled", status=499)
-SHUTTING_DOWN = Event("error", "the server is shutting down; retry on another replica or later", status=503)
+FAILED = Event(EventKind.ERROR, "the engine failed on this request")
+CANCELLED = Event(EventKind.ERROR, "cancelled", status=499)
+SHUTTING_DOWN = Event(EventKind.ERROR, "the server is shutting down; retry on another replica or later", status=503)
 
 
 @dataclass(eq=False)
@@ -85,7 +95,7 @@ class Ticket:
         while True:
             event = await self.queue.get()
             yield event
-            if event.kind != "text":
+            if event.kind != EventKind.TEXT:
                 return
 
     def cancel(self) -> None:
@@ -146,8 +156,8 @@ class Engine:
                                        requests.gamma(self.options.gamma), (record.alphas if record else None) or 0.7,
                                        gen.draft is not None,
                                        gen.draft is not None and gen.draft.takes_kv_from(gen.target))
-        draft = Metered(gen.draft, "draft", self.controller.observe_call) if gen.draft is not None else None
-        self.loop = ServingLoop(Metered(gen.target, "target", self.controller.observe_call),
+        draft = Metered(gen.draft, Role.DRAFT, self.controller.observe_call) if gen.draft is not None else None
+        self.loop = ServingLoop(Metered(gen.target, Role.TARGET, self.controller.observe_call),
                                 requests.drafters(draft, gen.target), self.controller, defaults.max_prefill_chunk,
                                 gen.manifest.tokenizer.eos_token_ids, StopStrings(gen.codec),
                                 reuse_prefix=self.options.reuse_prefix)
@@ -250,7 +260,7 @@ class Engine:
         try:
             _, first = self.loop.prefill([job.row])  # the prefill gives the row its first token
         except SpecDecError as exc:
-            self._release(job, "error", Event("error", exc.message))
+            self._release(job, "error", Event(EventKind.ERROR, exc.message))
             return
         except Exception:  # noqa: BLE001 - the engine outlives a failed prefill; the request gets a clean 500
             log.exception("a prefill failed")
@@ -300,7 +310,7 @@ class Engine:
         stepped = time.perf_counter()
         self.controller.observe_host(stepped - started - record.draft_s - record.verify_s, len(rows))
         for job, row_round in zip(list(self._active), record.rows):
-            if job.pinned is not None and row_round.source == "model":
+            if job.pinned is not None and row_round.from_model:
                 job.pinned.observe_row(row_round.proposed, row_round.accepted)
             self._progress(job, row_round)
         seconds = time.perf_counter() - started
@@ -320,13 +330,13 @@ class Engine:
             return
         self._active.remove(job)
         self._send_delta(job, self.gen.requests.text(row))
-        job.deliver(Event("done", finish_reason=FINISH_REASONS.get(row.finish, "stop"),
+        job.deliver(Event(EventKind.DONE, finish_reason=FINISH_REASONS.get(row.finish, "stop"),
                           prompt_tokens=row.prompt_len, completion_tokens=row.generated))
         self._release(job, "success")
 
     def _send_delta(self, job: Job, text: str) -> None:
         if len(text) > len(job.shown) and text.startswith(job.shown):
-            job.deliver(Event("text", text[len(job.shown) :]))
+            job.deliver(Event(EventKind.TEXT, text[len(job.shown) :]))
             job.shown = text
 
     def _release(self, job: Job, status: str, event: Event | None = None) -> None:

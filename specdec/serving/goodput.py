@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdec.lowering import PAD_ID
+from specdec.manifest import Role
 from specdec.runtime.adaptive_gamma import AdaptiveGamma, GammaPolicy, cumulative_from_conditional
+from specdec.serving.options import Speculation
 
 EMA = 0.2  # weight of the newest round in a moving average, once a cell has 1/EMA observations
 PRIOR_WEIGHT = 2.0  # pseudo-rounds the prior acceptance counts for
@@ -121,7 +123,7 @@ class Metered:
     width: the rows the call costs, as the gqa driver runs them (a T = 1 call of several rows is one batched run
     over slots 0..max(slot); a T > 1 call is one run per row)."""
 
-    def __init__(self, backend, role: str, observe):
+    def __init__(self, backend, role: Role, observe):
         self.backend = backend
         self.role = role
         self.observe = observe
@@ -142,9 +144,9 @@ class Metered:
 class GoodputGamma(GammaPolicy):
     """The engine's γ policy: `plan(rows, drafting)` before a round sets `gamma`; `observe_call` learns the cost
     of every forward call, the loop's `observe(record)` the acceptance, `observe_round` the measured goodput.
-    mode: "adaptive" (goodput), "fixed" (always `fixed`), "off" (0)."""
+    mode: a Speculation: adaptive (goodput), fixed (always `fixed`), off (0)."""
 
-    def __init__(self, costs: Costs, gamma_max: int, mode: str = "adaptive", fixed: int = 4,
+    def __init__(self, costs: Costs, gamma_max: int, mode: str = Speculation.ADAPTIVE, fixed: int = 4,
                  prior_alpha=0.7, has_model: bool = True, copies_kv: bool = False):
         self.costs = costs
         self.gamma_max = gamma_max
@@ -153,7 +155,7 @@ class GoodputGamma(GammaPolicy):
         self.has_model = has_model
         self.copies_kv = copies_kv  # the draft copies the target's KV: every catch-up is one T = 1 step
         self.acceptance = AdaptiveGamma(gamma_max, 1.0, prior_alpha, prior_weight=PRIOR_WEIGHT)  # its running α only
-        self.gamma = 0 if mode == "off" else self.fixed
+        self.gamma = 0 if mode == Speculation.OFF else self.fixed
         self.goodput = {}  # (rows, speculating) -> [decayed tokens, decayed seconds] of whole rounds
         self.counted = {}  # (rows, speculating) -> rounds counted
         self.streak = {}  # rows -> rounds since the side not chosen was last re-measured at that load
@@ -193,7 +195,7 @@ class GoodputGamma(GammaPolicy):
     def plan(self, rows: int, drafting: int) -> int:
         """Set and return γ for the next round of `rows` active rows, `drafting` of which may draft."""
         self.previous_gamma = self.gamma
-        if self.mode != "adaptive" or not rows:
+        if self.mode != Speculation.ADAPTIVE or not rows:
             return self.gamma
         rows = min(rows, len(self.costs.target_step) - 1)
         self.load = rows if not self.load else self.load + LOAD_EMA * (rows - self.load)
@@ -276,20 +278,20 @@ class GoodputGamma(GammaPolicy):
         speculated: whether any row drafted (default: γ > 0); a round the engine ran at γ = 0 for every row (each
         a request's first round) is a plain round whatever γ was planned."""
         speculating = self.gamma > 0 if speculated is None else speculated
-        if self.mode != "adaptive" or (speculating and self.previous_gamma == 0) or seconds <= 0:
+        if self.mode != Speculation.ADAPTIVE or (speculating and self.previous_gamma == 0) or seconds <= 0:
             return  # the first speculative round after plain ones pays the draft's catch-up: not counted
         key = (min(max(1, rows), len(self.costs.target_step) - 1), speculating)  # the rows it really had
         old_tokens, old_seconds = self.goodput.get(key, (0.0, 0.0))
         self.goodput[key] = (DECAY * old_tokens + tokens, DECAY * old_seconds + seconds)
         self.counted[key] = self.counted.get(key, 0) + 1
 
-    def observe_call(self, role: str, width: int, steps: int, seconds: float) -> None:
+    def observe_call(self, role: Role, width: int, steps: int, seconds: float) -> None:
         """The cost of one forward call (Metered): T = 1 steps of either model by width, target passes of T > 1
         per row."""
         c = self.costs
         if steps == 1:
-            c.update(c.draft_step if role == "draft" else c.target_step, width, seconds)
-        elif role == "target":
+            c.update(c.draft_step if role == Role.DRAFT else c.target_step, width, seconds)
+        elif role == Role.TARGET:
             c.update(c.verify, steps, seconds / width)
         elif steps == 2:
             c.update(c.draft_pass, 2, seconds / width)
@@ -297,7 +299,7 @@ class GoodputGamma(GammaPolicy):
     def observe(self, record) -> None:
         """Learn per-position acceptance from the model-drafted rows of a Round record."""
         for row in record.rows:
-            if row is not None and row.source == "model":
+            if row is not None and row.from_model:
                 self.acceptance.observe_row(row.proposed, row.accepted)
 
     def observe_host(self, seconds: float, rows: int) -> None:

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 
 from specdec.errors import ConfigError
 from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES, checked_int
 from specdec.runtime.generator import check_threads
 
-SPECULATION = ("adaptive", "fixed", "off")
+
+class Speculation(StrEnum):
+    """How the server picks γ per round (specdec.serving.goodput.GoodputGamma)."""
+
+    ADAPTIVE = "adaptive"  # from measured goodput
+    FIXED = "fixed"  # the bundle's γ
+    OFF = "off"  # γ = 0
+
+
+SPECULATION = tuple(mode.value for mode in Speculation)  # plain strings: argparse prints them
 API_KEY_ENV = "SPECDEC_API_KEY"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -32,7 +42,7 @@ class ServeOptions:
     max_queue: int = 64  # requests waiting for a row; one more is answered 429
     api_key: str | None = None  # None: the SPECDEC_API_KEY environment variable, if set
     model_name: str | None = None  # None: the bundle directory's name
-    speculation: str = "adaptive"  # γ per round from measured goodput; "fixed": the bundle's γ; "off": γ = 0
+    speculation: str = "adaptive"  # a Speculation
     gamma: int | None = None  # the fixed γ (default: the bundle's); at most the bundle's γ_max
     max_body_bytes: int = 1 << 20
     threads: int | None = None  # onnxruntime intra-op / OpenMP threads (None: every core this process may use)

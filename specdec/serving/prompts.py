@@ -12,6 +12,7 @@ costs more than they do); a text too long for S by its byte count never reaches 
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 import resource
 import signal
@@ -32,6 +33,27 @@ START_TIMEOUT_S = 60.0  # a worker that has not opened the tokenizer by then fai
 STOP_TIMEOUT_S = 2.0  # a worker asked to stop that has not ended by then is killed
 
 
+class Op(enum.Enum):
+    """What a worker is asked to do (the pipe carries members: they pickle as themselves)."""
+    CHAT = "chat"  # render a conversation and tokenize it
+    TEXT = "text"  # tokenize a text
+
+
+class Reply(enum.Enum):
+    READY = "ready"  # the worker opened the tokenizer
+    FAILED = "failed"  # ... it could not
+    OK = "ok"
+    ERROR = "error"
+
+
+class Failure(enum.Enum):
+    """Why a worker's request failed."""
+    LIMIT = "limit"  # the rendering grew past its bound of characters
+    REFUSED = "refused"  # the template refused the conversation, or failed on it
+    UNSAFE = "unsafe"  # the sandbox refused the template
+    MEMORY = "memory"  # the worker's data memory ran out
+
+
 class PromptBudgetError(SpecDecError):
     """A prompt's rendering or tokenization broke the workers' budget (time, memory), or its worker died."""
 
@@ -50,8 +72,8 @@ class PromptBudget:
 
 def _work(conn, root: str, memory_bytes: int) -> None:
     """A worker process: open the bundle's tokenizer and chat template, then answer requests until the pipe closes.
-    Requests: ("chat", messages, max_chars) -> ids of the rendered conversation; ("text", text, None) -> ids.
-    Replies: ("ok", ids) or ("error", kind, detail) with kind limit / refused / unsafe / memory."""
+    Requests: (Op.CHAT, messages, max_chars) -> ids of the rendered conversation; (Op.TEXT, text, None) -> ids.
+    Replies: (Reply.OK, ids) or (Reply.ERROR, Failure, detail)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server stops us
     threading.Thread(target=_orphan_watch, args=(os.getppid(),), daemon=True).start()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -62,35 +84,35 @@ def _work(conn, root: str, memory_bytes: int) -> None:
         codec = TextCodec(Path(root)).open()
         resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
     except (SpecDecError, OSError, ValueError) as exc:
-        conn.send(("failed", str(exc)))
+        conn.send((Reply.FAILED, str(exc)))
         return
-    conn.send(("ready", None))
+    conn.send((Reply.READY, None))
     while True:
         try:
             op, payload, max_chars = conn.recv()
         except (EOFError, OSError):
             return
         try:
-            if op == "chat":
+            if op is Op.CHAT:
                 text = codec.render_chat(payload, max_chars)
                 if max_chars is not None and len(text.encode("utf-8", "surrogatepass")) > max_chars:
                     raise RenderLimitError(max_chars)
-                reply = ("ok", codec.encode(text, special=False))
+                reply = (Reply.OK, codec.encode(text, special=False))
             else:
-                reply = ("ok", codec.encode(payload))
+                reply = (Reply.OK, codec.encode(payload))
         except MemoryError:
-            reply = ("error", "memory", None)
+            reply = (Reply.ERROR, Failure.MEMORY, None)
         except RenderLimitError as exc:
-            reply = ("error", "limit", exc.limit)
+            reply = (Reply.ERROR, Failure.LIMIT, exc.limit)
         except ManifestError as exc:
-            reply = ("error", "unsafe", exc.message)
+            reply = (Reply.ERROR, Failure.UNSAFE, exc.message)
         except ConfigError as exc:
-            reply = ("error", "refused", exc.message)
+            reply = (Reply.ERROR, Failure.REFUSED, exc.message)
         del payload
         try:
             conn.send(reply)
         except MemoryError:
-            conn.send(("error", "memory", None))
+            conn.send((Reply.ERROR, Failure.MEMORY, None))
 
 
 def _orphan_watch(parent: int) -> None:
@@ -125,8 +147,8 @@ class _Worker:
         try:
             state, detail = self.conn.recv()
         except (EOFError, OSError):
-            state, detail = "failed", f"it exited with code {self.process.poll()}"
-        if state != "ready":
+            state, detail = Reply.FAILED, f"it exited with code {self.process.poll()}"
+        if state is not Reply.READY:
             self.stop()
             raise PromptBudgetError(f"a prompt worker failed to start: {detail}",
                                     "raise --prompt-worker-memory, or check the bundle's tokenizer files")
@@ -199,10 +221,10 @@ class PromptPool:
         """Ids of a conversation rendered by the bundle's template (the assistant's turn opened), at most
         `max_chars` characters. Raises RenderLimitError or ConfigError (the template's refusal) as rendering
         in the server would, ManifestError for an unsafe template, PromptBudgetError past the budget."""
-        return await self._ask(("chat", messages, max_chars))
+        return await self._ask((Op.CHAT, messages, max_chars))
 
     async def text_ids(self, text: str) -> list:
-        return await self._ask(("text", text, None))
+        return await self._ask((Op.TEXT, text, None))
 
     async def _ask(self, request: tuple) -> list:
         from specdec.chat_template import RenderLimitError, TemplateRefusal
@@ -223,14 +245,14 @@ class PromptPool:
             self._retire(worker)
             raise
         self._idle.put_nowait(worker)
-        if reply[0] == "ok":
+        if reply[0] is Reply.OK:
             return reply[1]
         kind, detail = reply[1], reply[2]
-        if kind == "limit":
+        if kind is Failure.LIMIT:
             raise RenderLimitError(detail)
-        if kind == "refused":
+        if kind is Failure.REFUSED:
             raise TemplateRefusal(detail)
-        if kind == "unsafe":
+        if kind is Failure.UNSAFE:
             raise ManifestError(detail)
         raise PromptBudgetError(f"the prompt needed more than the prompt workers' {self.budget.memory_mb} MB",
                                 "the chat template builds too much text, or raise --prompt-worker-memory")
