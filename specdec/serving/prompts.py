@@ -345,5 +345,7 @@ class PromptPool:
         self._alive = 0
 
 
-if __name__ == "__main__":  # a worker, started by _Worker
-    _work(Connection(int(sys.argv[1])), sys.argv[2], int(sys.argv[3]))
+if __name__ == "__main__":  # a worker, started by _Worker: its replies pickle this package module's enums
+    from specdec.serving.prompts import _work as work  # (not __main__'s copies, which the server cannot unpickle)
+
+    work(Connection(int(sys.argv[1])), sys.argv[2], int(sys.argv[3]))
