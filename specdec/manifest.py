@@ -180,6 +180,7 @@ class ModelEntry:
     size_bytes: int = 0
     calibration: CalibrationRecord = field(default_factory=CalibrationRecord)
     native: NativeRecord | None = None  # the native engine's weights, where export could write them
+    native_note: str = ""  # why export wrote none for this model (its graph outside the native layout), or ""
 
 
 @dataclass(frozen=True)

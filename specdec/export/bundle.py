@@ -146,7 +146,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
             enforce_parity(role, parity)
             note = "checked" if enforced else "informational: quantized graph"
     inputs, outputs = lowering_for(config.lowering).io_specs(arch.dims, config.max_seq_len, KV_DTYPE_NAMES[config.dtype])
-    native = _native_weights(root, role, arch.dims, config) if role == Role.TARGET else None
+    native, native_note = _native_weights(root, role, arch.dims, config) if role == Role.TARGET else (None, "")
     files = _files_of(root, role)
     return ModelEntry(
         role=role,
@@ -167,18 +167,19 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
         parity_note=note,
         size_bytes=sum((root / rel).stat().st_size for rel in files),
         native=native,
+        native_note=native_note,
     )
 
 
-def _native_weights(root: Path, role: str, dims, config: ExportConfig):
-    """The native engine's weights of an fp32 target (its NativeRecord), or None where its graph cannot have them."""
+def _native_weights(root: Path, role: str, dims, config: ExportConfig) -> tuple:
+    """(NativeRecord, "") of an fp32 target's native weights, or (None, why its graph cannot have them)."""
     if config.dtype != Precision.FP32:
-        return None
+        return None, f"the {role} is exported in {config.dtype}; the native engine reads an fp32 export's weights"
     try:
-        return write_target(root, role, dims)
+        return write_target(root, role, dims), ""
     except NativeSkipped as why:
         log.info("no native weights for the %s: %s", role, why)
-        return None
+        return None, f"{dims.model_type}, {config.lowering} lowering: {why}"
 
 
 def _tokenizer_info(tokenizer, model, root: Path) -> TokenizerInfo:

@@ -2,7 +2,7 @@
 onto the GGUF grids and checked there, so that the runtime only reads them.
 
 The reader accepts the LLaMA layout our gqa export writes and nothing else: per layer a (Skip)SimplifiedLayerNorm,
-one q/k/v MatMul into GroupQueryAttention (rotary inside, not interleaved), the o MatMul, a SkipSimplifiedLayerNorm,
+one q/k/v MatMul (plus a bias: Qwen2) into GroupQueryAttention (rotary inside, not interleaved), the o MatMul, a SkipSimplifiedLayerNorm,
 one gate/up MatMul split in halves, SiLU(gate)·up, the down MatMul; a final norm and a bias-free LM head. Where every
 linear weight lies on a Q4_1 grid (or every one on a Q8_0 grid) and the head on a Q8_0 grid (a GGUF's, exported), the
 weights keep those blocks and the kernels compute the graph's own function. Weights off those grids are kept in the narrowest of bf16, f16 and fp32 that holds every
@@ -44,7 +44,7 @@ def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:
     """The graph's nodes by role, after checking that it has the layout of the module docstring."""
     nodes = list(graph.node)
     stray = sorted({node.op_type for node in nodes} - ALLOWED_OPS)
-    biased = [node.name for node in nodes if node.op_type == "Add" and any(i in inits for i in node.input)]
+    qkv_biases, biased = _qkv_biases(nodes, inits)
     if stray or biased:
         raise NativeSkipped(f"{path.name} holds {', '.join(stray + biased)}, which the native engine does not run")
     parts = {"norms": [n for n in nodes if n.op_type.endswith("SimplifiedLayerNormalization")],
@@ -58,7 +58,30 @@ def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:
     counts = {role: len(found) for role, found in parts.items()}
     if counts != expected:
         raise NativeSkipped(f"{path.name} is not a LLaMA-layout gqa graph of {layers} layers: it has {counts}")
+    if qkv_biases and len(qkv_biases) != layers:
+        raise NativeSkipped(f"{path.name} has q/k/v biases in {len(qkv_biases)} of its {layers} layers")
+    parts["qkv_biases"] = qkv_biases
     return parts
+
+
+def _qkv_biases(nodes: list, inits: dict) -> tuple[dict, list]:
+    """({q/k/v MatMul output: its bias initializer}, [other Adds of an initializer]): a bias is an Add of one
+    initializer to a MatMul's output that feeds a GroupQueryAttention as its packed q/k/v (Qwen2's); the native engine
+    runs no other bias."""
+    made_by = {output: node for node in nodes for output in node.output}
+    packed = {node.input[0] for node in nodes if node.op_type == "GroupQueryAttention"}
+    biases, others = {}, []
+    for node in nodes:
+        constant = [name for name in node.input if name in inits]
+        if node.op_type != "Add" or not constant:
+            continue
+        varying = [made_by.get(name) for name in node.input if name not in inits]
+        source = varying[0] if len(constant) == 1 and len(varying) == 1 else None
+        if source is not None and source.op_type == "MatMul" and node.output[0] in packed:
+            biases[source.output[0]] = constant[0]
+        else:
+            others.append(node.name)
+    return biases, others
 
 
 def _attributes(node, onnx) -> dict:
@@ -145,6 +168,11 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float
         tensors[f"layers.{i}.input_norm"], tensors[f"layers.{i}.post_norm"] = gamma(norms[2 * i]), gamma(norms[2 * i + 1])
         for name, node in zip(LINEARS, matmuls[4 * i : 4 * i + 4]):
             linears[f"layers.{i}.{name}"] = _float(array(node.input[1]).T)  # B: [K, N]
+        bias = parts["qkv_biases"].get(matmuls[4 * i].output[0])
+        if parts["qkv_biases"] and bias is None:
+            raise NativeSkipped(f"{path.name}'s layer {i} has a bias on another product than its q/k/v")
+        if bias is not None:
+            tensors[f"layers.{i}.qkv_bias"] = _float(array(bias))
     head_weight, embedding = _float(array(head.input[1])), _float(array(parts["embeddings"][0].input[0]))
     for name, weight in [*linears.items(), ("head", head_weight), ("embedding", embedding)]:
         if weight.ndim != 2 or weight.shape[1] % 32:

@@ -33,7 +33,7 @@ static int check_layers(const model_t *m, int quant) {
     for (int t = 0; t < 4; t++)
         if (!tables[t]) return SPECDEC_E_NULL;
     for (int l = 0; l < m->L; l++) {
-        if (!m->in_norm[l] || !m->post_norm[l]) return SPECDEC_E_NULL;
+        if (!m->in_norm[l] || !m->post_norm[l] || (m->qkv_bias && !m->qkv_bias[l])) return SPECDEC_E_NULL;
         for (int t = 0; t < 4; t++)
             if (!tables[t][l]) return SPECDEC_E_NULL;
     }
@@ -168,7 +168,11 @@ static void layer(const pass_t *p, int l) {
     const int H = m->H, I = m->I, M = p->B * p->T, QD = m->Hq * m->D;
     float *x = BUF(p, x), *xn = BUF(p, xn), *tmp = BUF(p, tmp), *gu = BUF(p, gu), *act = BUF(p, act);
     for (int r = 0; r < M; r++) rmsnorm(x + (size_t)r * H, m->in_norm[l], m->eps, H, xn + (size_t)r * H);
-    dense(p, xn, H, WEIGHT(p, qkv, l), tmp, (m->Hq + 2 * m->Hkv) * m->D);
+    const int QKV = (m->Hq + 2 * m->Hkv) * m->D;
+    dense(p, xn, H, WEIGHT(p, qkv, l), tmp, QKV);
+    if (m->qkv_bias)
+        for (int r = 0; r < M; r++)
+            for (int i = 0; i < QKV; i++) tmp[(size_t)r * QKV + i] += m->qkv_bias[l][i];
     place_qkv(p, l, tmp);
     const float **rows = (const float **)(p->base + p->at.ptrs);  // each row's keys, then values, of layer l
     for (int b = 0; b < p->B; b++) {

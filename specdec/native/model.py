@@ -29,7 +29,7 @@ class ModelStruct(ctypes.Structure):
                 ("positions", _I), ("kind", _I), ("eps", _F), ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P),
                 ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P),
                 ("gate_up_p", _P), ("down_p", _P), ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P),
-                ("embedding_rows", _P)]
+                ("embedding_rows", _P), ("qkv_bias", _P)]
 
 
 def _pointers(arrays: list) -> np.ndarray:
@@ -112,7 +112,8 @@ class NativeModel:
         tables = [_pointers([getattr(layer, name) for layer in layers])
                   for name in ("input_norm", "post_norm", *LINEARS)]
         paired = [_pointers(list(column)) for column in zip(*self.draft.pairs)] if self.draft else []
-        self._tables = tables + paired  # kept alive with the struct
+        biases = _pointers([layer.qkv_bias for layer in layers]) if layers[0].qkv_bias is not None else None
+        self._tables = tables + paired + [biases]  # kept alive with the struct
         rows = WEIGHT_LAYOUTS[weights.layout].rows  # rows: a tied embedding is the head itself
         embedding = weights.head if rows and weights.embedding is None else weights.embedding
         return ModelStruct(
@@ -121,7 +122,8 @@ class NativeModel:
             None if embedding is None else embedding.ctypes.data, *(table.ctypes.data for table in tables),
             *([table.ctypes.data for table in paired] or [None] * len(LINEARS)),  # NULL for a target
             weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data,
-            weights.head.ctypes.data if embedding is None else None)  # the whole head, not a draft's rows
+            weights.head.ctypes.data if embedding is None else None,  # the whole head, not a draft's rows
+            None if biases is None else biases.ctypes.data)
 
     @property
     def keys(self):

@@ -42,7 +42,8 @@ enum {
     SPECDEC_Q80 = 4,   // linears and head blk8 [N, K / 32] (a Q8_0 GGUF's), embedding fp32 or embedding_rows
 };
 
-// A LLaMA-layout model: per layer RMSNorm, packed q/k/v, rotate-half rotary, causal GQA over static KV, o, RMSNorm,
+// A LLaMA-layout model: per layer RMSNorm, packed q/k/v (plus biases, where qkv_bias is set), rotate-half rotary,
+// causal GQA over static KV, o, RMSNorm,
 // packed gate/up, SiLU(gate) * up, down; a final RMSNorm and the head's V rows.
 typedef struct {
     int32_t L, H, Hq, Hkv, D, I, V;  // layers, hidden, query heads, KV heads, head size, MLP width, head rows
@@ -59,6 +60,7 @@ typedef struct {
     const void *head;         // blk8 [V, H / 32] (Q41, Q80, and a draft's), or rows of kind [V, H]
     const float *cos, *sin;   // [positions, D / 2]
     const blk8 *embedding_rows;  // [vocab, H / 32]: row t of the embedding is d * q of these (tied weights), or NULL
+    const float *const *qkv_bias;  // [L] of [(Hq + 2 Hkv) D]: biases added to q/k/v before rotary (Qwen2), or NULL
 } model_t;
 
 // Status codes: 0, or what was wrong with the arguments. Nothing is written where a call fails its checks.

@@ -5,7 +5,8 @@ Layouts (the manifest's NativeRecord.layout):
 - "q41": a target whose linear weights lie on a GGUF Q4_1 grid and whose head on a Q8_0 grid. Tensors: per layer
   `layers.{i}.input_norm`, `.post_norm` [H] f32, `.qkv` [(Hq + 2 Hkv) D, H / 32], `.o` [H, Hq D / 32], `.gate_up`
   [2 I, H / 32], `.down` [H, I / 32] of blk4; `final_norm` [H]; `head` [V, H / 32] of blk8; `cos`, `sin`
-  [positions, D / 2]; `embedding` [V, H] f32 only where the head's blocks do not hold it (untied weights).
+  [positions, D / 2]; `embedding` [V, H] f32 only where the head's blocks do not hold it (untied weights); and in
+  every layout, for a family whose q/k/v projections have biases (Qwen2), `layers.{i}.qkv_bias` [(Hq + 2 Hkv) D] f32.
 - "q80": the same for a Q8_0 GGUF: every linear weight on a Q8_0 grid, as blk8 [N, K / 32] (4.5 bits a weight
   more than Q4_1's, no minimum).
 - "bf16", "f16", "f32": a target in a checkpoint's own precision: the same tensors, with the linear weights and the
@@ -39,6 +40,7 @@ class Layer:
     o: np.ndarray  # [H, Hq D / 32]
     gate_up: np.ndarray  # [2 I, H / 32]
     down: np.ndarray  # [H, I / 32]
+    qkv_bias: np.ndarray | None = None  # [(Hq + 2 Hkv) D] float32: q/k/v biases (Qwen2), or None
 
 
 @dataclass
@@ -130,6 +132,8 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
     shapes = {"input_norm": ((H,), f32), "post_norm": ((H,), f32), "qkv": ((qkv, H // per), linear),
               "o": ((H, width // per), linear), "gate_up": ((2 * mlp, H // per), linear),
               "down": ((H, mlp // per), linear)}
+    if t.get("layers.0.qkv_bias") is not None:  # every layer or none (Qwen2's q/k/v biases)
+        shapes["qkv_bias"] = ((qkv,), f32)
     layer_list = [Layer(**{name: _expect(t, f"layers.{i}.{name}", kind, shape, "target")
                            for name, (shape, kind) in shapes.items()}) for i in range(layers)]
     embedding = t.get("embedding")
@@ -161,11 +165,13 @@ def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: Nat
     return DraftWeights(pairs=pairs, head=head, head_rows=rows, fill=record.fill)
 
 
-def check_layout(record: NativeRecord | None, role: str) -> NativeRecord:
-    """The record, where it is one this engine reads for `role`; BackendError otherwise."""
+def check_layout(record: NativeRecord | None, role: str, note: str = "") -> NativeRecord:
+    """The record, where it is one this engine reads for `role`; BackendError otherwise (`note`: why export wrote
+    none, as the manifest says)."""
     if record is None:
-        raise BackendError(f"the bundle's {role} carries no native weights (specdec-export writes them for "
-                           "LLaMA-layout gqa targets, and calibrate quantize for their int4-q41 drafts)", HINT)
+        why = (f": {note}" if note else " (specdec-export writes them for LLaMA-layout gqa targets, and calibrate "
+               "quantize for their int4-q41 drafts)")
+        raise BackendError(f"the bundle's {role} carries no native weights{why}", HINT)
     layout = WEIGHT_LAYOUTS.get(record.layout)
     if layout is None or layout.role != role:
         raise BackendError(f"the {role}'s native weights have layout {record.layout!r}, which this engine does not "

@@ -88,13 +88,16 @@ class CudaBackend(SharedKvDraft, Backend):
 
         self.defaults = read_manifest(self.root).defaults
         role = Role.TARGET if self.target is None else Role.DRAFT
-        record = check_layout(self.entry.native, role)
+        record = check_layout(self.entry.native, role, self.entry.native_note)
         dims = self.entry.dims
         if dims.head_dim > MAX_HEAD_DIM:
             raise BackendError(f"the {role}'s head size is {dims.head_dim}; the cuda kernels take at most "
                                f"{MAX_HEAD_DIM}", "use backend='native' or 'onnxruntime'")
         if self.target is None:
             weights = target_weights(self.root, record, dims, Pages.SHARED)  # mapped: uploaded, then dropped
+            if weights.layers[0].qkv_bias is not None:
+                raise BackendError("the cuda kernels do not add q/k/v biases (Qwen2's) yet",
+                                   "use backend='native' (on the CPU) or 'onnxruntime'")
             self.kernels = self._kernels()
             self.model = self._model(weights, None, None)
         else:

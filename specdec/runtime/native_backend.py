@@ -72,7 +72,7 @@ class NativeBackend(SharedKvDraft, Backend):
         from specdec.native.weights import check_layout, draft_weights, target_weights
 
         role = Role.TARGET if self.target is None else Role.DRAFT
-        record = check_layout(self.entry.native, role)  # export writes native weights for gqa graphs only
+        record = check_layout(self.entry.native, role, self.entry.native_note)  # export writes native weights for gqa graphs only
         if self.entry.kv_dtype != Dtype.FLOAT32:
             raise BackendError(f"the {role} has KV dtype {self.entry.kv_dtype}; the native backend keeps fp32 KV",
                                f"re-export with --dtype fp32, or {HINT}")
