@@ -178,18 +178,17 @@ def _end(pids: list, grace_s: float = 3.0) -> None:
         except OSError:
             return True
 
+    def send(sig, to):
+        for pid in to:
+            try:
+                os.kill(pid, sig)
+            except OSError:  # gone meanwhile
+                pass
+
     left = [pid for pid in pids if alive(pid)]
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
+    send(signal.SIGTERM, left)
     deadline = time.monotonic() + grace_s
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = [pid for pid in left if alive(pid)]
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    send(signal.SIGKILL, left)

@@ -7,14 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec import GenerationConfig
 from specdec.manifest import read_manifest
 from specdec.native import build
 from specdec.runtime import load
-from specdec.runtime.backend import unwrapped
 from specdec.runtime.native_backend import NativeBackend
-from specdec.runtime.ort_backend import OrtBackend
 from tests.native.conftest import HEAD_TOKENS, _gqa_export
+from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only,
+                                 assert_logits_match_onnxruntime)
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
@@ -60,29 +59,13 @@ def test_qwen2_biases_are_native_weights(qwen2_bundles):
 
 def test_qwen2_logits_match_onnxruntime_over_200_positions(qwen2_bundles):
     bundle, _ = qwen2_bundles
-    manifest = read_manifest(bundle)
-    ids = np.random.default_rng(2).integers(3, 300, (1, 200))
-    out = {}
-    for cls in (NativeBackend, OrtBackend):
-        backend = cls(bundle, manifest.target, 2).open()
-        backend.reset(1)
-        out[cls] = np.concatenate([backend.forward(ids[:, a:b], np.array([a]))[0]
-                                   for a, b in ((0, 17), (17, 18), (18, 23), (23, 150), (150, 200))])
-    native, ort = out[NativeBackend], out[OrtBackend]
-    assert np.abs(native - ort).max() <= 1e-4 * np.abs(ort).max() and (native.argmax(-1) == ort.argmax(-1)).all()
+    assert_logits_match_onnxruntime(bundle)
 
 
-@pytest.mark.parametrize("drafter,gamma", [("model", 1), ("model", 4), ("auto", 3), ("prompt_lookup", 3)])
+@pytest.mark.parametrize("drafter,gamma", DRAFTER_CASES)
 def test_qwen2_greedy_identical_to_target_only(qwen2_bundles, drafter, gamma):
     bundle, q41 = qwen2_bundles
-    prompt = "The quick brown fox jumps over the lazy dog. The quick brown"
-    config = GenerationConfig(max_new_tokens=40, drafter=drafter, gamma=gamma)
-    with load(bundle, backend="onnxruntime") as ort:
-        reference = ort.generate(prompt, GenerationConfig(max_new_tokens=40, drafter="none")).token_ids
-    for path, draft in ((q41, NativeBackend), (bundle, OrtBackend)):
-        with load(path) as native:  # auto picks native
-            assert native.backend == "native" and isinstance(unwrapped(native.draft), draft)
-            assert native.generate(prompt, config).token_ids == reference
+    assert_greedy_identical_to_target_only(bundle, q41, drafter, gamma)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])

@@ -13,10 +13,10 @@ from specdec.blocks import float_rows, row_precision, rows_of
 from specdec.manifest import read_manifest
 from specdec.native import build
 from specdec.runtime import load
-from specdec.runtime.backend import unwrapped
 from specdec.runtime.native_backend import NativeBackend
-from specdec.runtime.ort_backend import OrtBackend
 from tests.native.conftest import HEAD_TOKENS, _gqa_export
+from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only,
+                                 assert_logits_match_onnxruntime)
 from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
@@ -75,29 +75,13 @@ def test_layout_and_size(half_bundle):
 
 def test_logits_match_onnxruntime_over_200_positions(half_bundle):
     _, bundle, _ = half_bundle
-    manifest = read_manifest(bundle)
-    ids = np.random.default_rng(2).integers(3, 300, (1, 200))
-    out = {}
-    for cls in (NativeBackend, OrtBackend):
-        backend = cls(bundle, manifest.target, 2).open()
-        backend.reset(1)
-        out[cls] = np.concatenate([backend.forward(ids[:, a:b], np.array([a]))[0]
-                                   for a, b in ((0, 17), (17, 18), (18, 23), (23, 150), (150, 200))])
-    native, ort = out[NativeBackend], out[OrtBackend]
-    assert np.abs(native - ort).max() <= 1e-4 * np.abs(ort).max() and (native.argmax(-1) == ort.argmax(-1)).all()
+    assert_logits_match_onnxruntime(bundle)
 
 
-@pytest.mark.parametrize("drafter,gamma", [("model", 1), ("model", 4), ("auto", 3), ("prompt_lookup", 3)])
+@pytest.mark.parametrize("drafter,gamma", DRAFTER_CASES)
 def test_greedy_identical_to_target_only(half_bundle, drafter, gamma):
     _, bundle, q41 = half_bundle
-    prompt = "The quick brown fox jumps over the lazy dog. The quick brown"
-    config = GenerationConfig(max_new_tokens=40, drafter=drafter, gamma=gamma)
-    with load(bundle, backend="onnxruntime") as ort:
-        reference = ort.generate(prompt, GenerationConfig(max_new_tokens=40, drafter="none")).token_ids
-    for path, draft in ((q41, NativeBackend), (bundle, OrtBackend)):  # a native fitted draft; onnxruntime's int4
-        with load(path, backend="native") as native:
-            assert isinstance(unwrapped(native.draft), draft)
-            assert native.generate(prompt, config).token_ids == reference
+    assert_greedy_identical_to_target_only(bundle, q41, drafter, gamma)
 
 
 def test_sampling_matches_the_target_distribution(half_bundle):

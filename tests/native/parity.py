@@ -1,0 +1,41 @@
+"""The checks every native layout and family passes against onnxruntime (test_rows, test_q80, test_families)."""
+from __future__ import annotations
+
+import numpy as np
+
+from specdec import GenerationConfig
+from specdec.manifest import read_manifest
+from specdec.runtime import load
+from specdec.runtime.backend import unwrapped
+from specdec.runtime.native_backend import NativeBackend
+from specdec.runtime.ort_backend import OrtBackend
+
+DRAFTER_CASES = [("model", 1), ("model", 4), ("auto", 3), ("prompt_lookup", 3)]  # (drafter, γ)
+GREEDY_PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
+CHUNKS = ((0, 17), (17, 18), (18, 23), (23, 150), (150, 200))  # prefill, step, verify, chunks: 200 positions
+
+
+def assert_logits_match_onnxruntime(bundle) -> None:
+    """The native target's logits at 200 positions, fed in CHUNKS, within 1e-4 of onnxruntime's largest and with
+    the same argmax everywhere."""
+    manifest = read_manifest(bundle)
+    ids = np.random.default_rng(2).integers(3, 300, (1, 200))
+    out = {}
+    for cls in (NativeBackend, OrtBackend):
+        backend = cls(bundle, manifest.target, 2).open()
+        backend.reset(1)
+        out[cls] = np.concatenate([backend.forward(ids[:, a:b], np.array([a]))[0] for a, b in CHUNKS])
+    native, ort = out[NativeBackend], out[OrtBackend]
+    assert np.abs(native - ort).max() <= 1e-4 * np.abs(ort).max() and (native.argmax(-1) == ort.argmax(-1)).all()
+
+
+def assert_greedy_identical_to_target_only(bundle, q41, drafter: str, gamma: int) -> None:
+    """`load` (auto) opens native on `bundle` (onnxruntime's int4 draft) and on `q41` (a native int4-q41 draft), and
+    each's greedy output with `drafter` equals the onnxruntime target's alone."""
+    config = GenerationConfig(max_new_tokens=40, drafter=drafter, gamma=gamma)
+    with load(bundle, backend="onnxruntime") as ort:
+        reference = ort.generate(GREEDY_PROMPT, GenerationConfig(max_new_tokens=40, drafter="none")).token_ids
+    for path, draft in ((q41, NativeBackend), (bundle, OrtBackend)):
+        with load(path) as native:
+            assert native.backend == "native" and isinstance(unwrapped(native.draft), draft)
+            assert native.generate(GREEDY_PROMPT, config).token_ids == reference
