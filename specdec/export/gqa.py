@@ -288,11 +288,16 @@ class GqaDecoder(StaticKVDecoder):
         return (logits, *presents_k, *presents_v)
 
 
-def check_gqa_supported(arch) -> None:
+def check_gqa_supported(arch, max_seq_len: int) -> None:
+    """ExportError where the gqa lowering cannot give the model's function: a sliding window shorter than S (one of
+    S positions or more never masks a key: a query sees at most S - 1 positions back, as the window allows)."""
     from specdec.errors import ExportError
 
-    if arch.sliding_window() is not None:
+    window = arch.sliding_window()
+    if window is not None and window < max_seq_len:
         raise ExportError(
-            f"the gqa lowering does not implement sliding-window attention ({arch.dims.model_type})",
-            "export with --lowering plain",
+            f"the gqa lowering does not implement sliding-window attention ({arch.dims.model_type}: a window of "
+            f"{window} positions, shorter than --max-seq-len {max_seq_len})",
+            f"export with --max-seq-len {window} or less (a window as long as S never masks a key), or with "
+            "--lowering plain",
         )

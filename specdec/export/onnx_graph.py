@@ -42,7 +42,7 @@ def _plain_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: t
 
 
 def _gqa_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: torch.dtype):
-    check_gqa_supported(arch)
+    check_gqa_supported(arch, max_seq_len)
     ids, cache_len, keys, values = example_inputs(arch, max_seq_len, dtype)
     layers = arch.dims.num_layers
     args = (ids, cache_len, torch.arange(ids.shape[1]), list(keys), list(values))

@@ -78,3 +78,33 @@ def test_a_family_the_engine_does_not_run_says_why(tmp_path, family):
     assert note.startswith(f"{family}, gqa lowering: ") and "native engine does not run" in note, note
     with load(bundle) as gen:
         assert gen.backend == "onnxruntime" and note in gen.backend_note
+
+
+def _mistral_with_window(folder, window: int):
+    import json
+
+    from specdec.export.tiny import save_tiny
+
+    folder = save_tiny(folder, family="mistral", seed=0, init_range=0.5, hidden=64)
+    config = json.loads((folder / "config.json").read_text())
+    config["sliding_window"] = window
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_window_as_long_as_s_runs_natively(tmp_path):
+    """A sliding window of S positions or more never masks a key (Phi-3-mini's 2047, Mistral 7B v0.1's 4096 beside
+    a shorter S): the gqa lowering exports it, and the native target computes its graph's function."""
+    model = _mistral_with_window(tmp_path / "hf", 256)  # _gqa_export's S
+    bundle = _gqa_export(tmp_path / "b", model, no_draft=True)
+    assert read_manifest(bundle).target.native is not None
+    assert_logits_match_onnxruntime(bundle)
+
+
+def test_a_window_shorter_than_s_is_refused_by_gqa_and_says_why(tmp_path):
+    from specdec.errors import ExportError
+
+    model = _mistral_with_window(tmp_path / "hf", 64)
+    with pytest.raises(ExportError, match="window of 64 positions, shorter than --max-seq-len 256") as caught:
+        _gqa_export(tmp_path / "b", model, no_draft=True)
+    assert "--max-seq-len 64 or less" in caught.value.hint
