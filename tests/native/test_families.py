@@ -1,7 +1,7 @@
-"""The native engine beyond the bias-free LLaMA layout: Qwen2 (q/k/v biases, added after the packed product) runs
-natively, the same function as its ONNX graph (logits against onnxruntime over 200 positions, greedy equality for
-every drafter, `auto` picks native). A family it does not run falls back to onnxruntime, and `backend_note` says why
-(the reason export recorded in the manifest)."""
+"""The native engine beyond Llama: Phi-3 and Mistral (a sliding window, if any, as long as S) are its layout, and
+Qwen2 (q/k/v biases, added after the packed product) runs natively, the same function as its ONNX graph (logits
+against onnxruntime over 200 positions, greedy equality for every drafter, `auto` picks native). A family it does not
+run falls back to onnxruntime, and `backend_note` says why (the reason export recorded in the manifest)."""
 from __future__ import annotations
 
 import numpy as np
@@ -108,3 +108,14 @@ def test_a_window_shorter_than_s_is_refused_by_gqa_and_says_why(tmp_path):
     with pytest.raises(ExportError, match="window of 64 positions, shorter than --max-seq-len 256") as caught:
         _gqa_export(tmp_path / "b", model, no_draft=True)
     assert "--max-seq-len 64 or less" in caught.value.hint
+
+
+@pytest.mark.parametrize("family", ["phi3", "mistral"])
+def test_packed_and_plain_llama_layouts_run_natively(tmp_path, family):
+    """Phi-3 (q/k/v and gate/up packed in its checkpoint) and Mistral without a window are the LLaMA layout."""
+    from specdec.export.tiny import save_tiny
+
+    model = save_tiny(tmp_path / "hf", family=family, seed=0, init_range=0.5, hidden=64)
+    bundle = _gqa_export(tmp_path / "b", model, no_draft=True)
+    assert read_manifest(bundle).target.native is not None
+    assert_logits_match_onnxruntime(bundle)
