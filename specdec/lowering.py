@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.errors import ConfigError, EngineBuildError, ManifestError
-from specdec.manifest import LOWERING_NAMES, ModelDims, TensorSpec
+from specdec.manifest import LOWERING_NAMES, MODELOPT_METHODS, ModelDims, TensorSpec
 
 KV_NUMPY = {"float32": np.float32, "float16": np.float16}  # the one KV dtype map (no bfloat16 on the CPU)
 PAD_ID = 0
@@ -248,7 +248,7 @@ class Lowering:
     def check_quantization(self, method: str, backend: str, standard_onnx: bool) -> None:
         """ModelOpt and a back end that reads standard ONNX only (standard_onnx: TensorRT) stop at contrib ops; raise
         ConfigError where this graph has them."""
-        if self.contrib_ops and (standard_onnx or method.startswith("modelopt")):
+        if self.contrib_ops and (standard_onnx or method in MODELOPT_METHODS):
             who = f"the {backend} back end" if standard_onnx else "ModelOpt"
             raise ConfigError(f"{method} for {who} needs the plain lowering; this graph is {self.name} "
                               "(onnxruntime contrib ops)", "export with specdec-export --lowering plain, then quantize that")

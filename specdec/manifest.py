@@ -40,6 +40,27 @@ class Precision(StrEnum):
     INT4 = "int4"
 
 
+class Method(StrEnum):
+    """A quantization method: how `specdec calibrate quantize` derived a model (ModelEntry.derived names it)."""
+
+    INT4_RTN = "int4-rtn"
+    INT4_HQQ = "int4-hqq"
+    INT4_GPTQ = "int4-gptq"
+    INT4_Q41 = "int4-q41"
+    INT8_QDQ = "int8-qdq"
+    MODELOPT_INT8 = "modelopt-int8"
+    MODELOPT_FP8 = "modelopt-fp8"
+
+
+MODELOPT_METHODS = frozenset({Method.MODELOPT_INT8, Method.MODELOPT_FP8})  # quantized by NVIDIA ModelOpt
+
+
+class EngineBackend(StrEnum):
+    """What built an engine plan (EngineRecord.backend)."""
+
+    TENSORRT = "tensorrt"
+
+
 class Dtype(StrEnum):
     """The element type of a model's KV and logits (ModelEntry.kv_dtype, logits_dtype)."""
 
@@ -102,7 +123,7 @@ class SourceRecord:
 class EngineRecord:
     """One built TensorRT plan of a model (specdec.engines.trt_config.engine_record writes it)."""
 
-    backend: str
+    backend: str  # an EngineBackend
     path: str  # relative to the bundle
     compute_capability: str  # "major.minor"
     tensorrt_version: str

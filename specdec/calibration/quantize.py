@@ -18,31 +18,18 @@ import logging
 import re
 import tempfile
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 from specdec.calibration.data import DataConfig
 from specdec.calibration.q41 import MINIMUMS, Minimum
 from specdec.errors import ConfigError, missing_dependency
 from specdec.lowering import lowering_for
-from specdec.manifest import Precision, Role
+from specdec.manifest import Method, Precision, Role
 
 log = logging.getLogger(__name__)
 
 BLOCK = 32
 ACCURACY_LEVEL = 4
-
-
-class Method(StrEnum):
-    """A quantization method (the table above)."""
-
-    INT4_RTN = "int4-rtn"
-    INT4_HQQ = "int4-hqq"
-    INT4_GPTQ = "int4-gptq"
-    INT4_Q41 = "int4-q41"
-    INT8_QDQ = "int8-qdq"
-    MODELOPT_INT8 = "modelopt-int8"
-    MODELOPT_FP8 = "modelopt-fp8"
 
 
 METHODS = {  # method -> (manifest precision, needs calibration data)

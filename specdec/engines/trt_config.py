@@ -16,9 +16,9 @@ from pathlib import Path
 
 from specdec.errors import BackendError, ConfigError, EngineBuildError
 from specdec.lowering import LOWERINGS
-from specdec.manifest import ROLES, EngineRecord, Manifest, ModelEntry, Role
+from specdec.manifest import ROLES, EngineBackend, EngineRecord, Manifest, ModelEntry, Role
 
-BACKEND = "tensorrt"
+BACKEND = EngineBackend.TENSORRT
 PROFILE_NAMES = ("prefill", "step")  # optimization profile indices 0 and 1, in this order
 INPUT_NAMES, OUTPUT_NAMES = (tuple(names) for names in LOWERINGS["plain"].io_names(0))  # TensorRT's input
 

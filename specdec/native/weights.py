@@ -25,11 +25,11 @@ import numpy as np
 
 from specdec.blocks import BLOCK, DTYPES, FORMAT_VERSION, WEIGHT_LAYOUTS, Pages, TensorEntry, nonfinite, read_tensors
 from specdec.errors import BackendError
-from specdec.manifest import ModelDims, ModelEntry, NativeRecord
+from specdec.manifest import Method, ModelDims, ModelEntry, NativeRecord
 
 HINT = "re-export the bundle with this specdec (specdec-export writes native weights), or use backend='onnxruntime'"
 LINEARS = ("qkv", "o", "gate_up", "down")
-NATIVE_DRAFT = "int4-q41"  # the derived drafts the native and cuda backends run beside their target
+NATIVE_DRAFT = Method.INT4_Q41  # the derived drafts the native and cuda backends run beside their target
 
 
 @dataclass
