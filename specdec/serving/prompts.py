@@ -132,8 +132,7 @@ class _Worker:
             end.setblocking(True)
         command = [sys.executable, "-m", "specdec.serving.prompts", str(theirs.fileno()), str(root), str(memory_bytes)]
         try:
-            self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                            start_new_session=False)
+            self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
         self.conn = Connection(ours.detach())
@@ -164,7 +163,8 @@ class _Worker:
 
 class PromptPool:
     """The prompt workers of one server: `await chat_ids(...)` / `await text_ids(...)`, each under the budget.
-    Created and used on the server's event loop; `start` spawns the workers in the background."""
+    Created and used on the server's event loop; `await start()` returns once every worker has opened the tokenizer,
+    and a worker killed past its budget is replaced in the background."""
 
     def __init__(self, root: Path, budget: PromptBudget = PromptBudget()):
         self.root, self.budget = Path(root), budget
