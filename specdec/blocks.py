@@ -22,15 +22,16 @@ import numpy as np
 
 from specdec.manifest import Role
 
-ABI_VERSION = 4  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
+ABI_VERSION = 5  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
 FORMAT_VERSION = 2  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
 BLOCK = 32  # weights per block along K
 BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1; qs[j] = q[j] | q[j + 16] << 4
 BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # blk8: Q8_0
 BLOCK4P = np.dtype([("h", "<f2", 4), ("qs", "u1", 32)])  # blk4p: two BLOCK4 of a column, fp16 d0 d1 m0 m1
+BLOCK6 = np.dtype([("d", "<f4", 2), ("qs", "i1", 32)])  # blk6: Q8 with a scale per 16 (a Q6_K's sub-blocks)
 GRID_TOLERANCE = 1e-4  # max |w − dequant| / d of a weight the native engine takes: fp32 rounding, not a coarser grid
 BF16 = np.dtype("<u2")  # a bf16 value: the top 16 bits of its fp32
-DTYPES = {"blk4": BLOCK4, "blk8": BLOCK8, "blk4p": BLOCK4P, "f32": np.dtype("<f4"), "i64": np.dtype("<i8"),
+DTYPES = {"blk4": BLOCK4, "blk8": BLOCK8, "blk4p": BLOCK4P, "blk6": BLOCK6, "f32": np.dtype("<f4"), "i64": np.dtype("<i8"),
           "bf16": BF16, "f16": np.dtype("<f2")}
 
 
@@ -49,16 +50,23 @@ class WeightLayout:
         """Whether its linear weights and head are rows [N, K] in a checkpoint's precision (else GGUF blocks)."""
         return self.per == 1
 
+    @property
+    def mixed(self) -> bool:
+        """Whether each linear weight has blocks of its own kind (MIXED_LINEARS; model_t.kinds says which)."""
+        return self.linear is None and not self.rows
+
 
 WEIGHT_LAYOUTS = {layout.name: layout for layout in (
     WeightLayout("q41", Role.TARGET, 0, BLOCK, "blk4"),  # Q4_1 blocks [N, K / 32], a Q8_0 head
     WeightLayout("q80", Role.TARGET, 4, BLOCK, "blk8"),  # Q8_0 blocks [N, K / 32], a Q8_0 head (a Q8_0 GGUF's)
+    WeightLayout("mixed", Role.TARGET, 5, BLOCK),  # each linear blk4, blk8 or blk6 (MIXED_LINEARS), a Q8_0 head
     WeightLayout("bf16", Role.TARGET, 1, 1), WeightLayout("f16", Role.TARGET, 2, 1),
     WeightLayout("f32", Role.TARGET, 3, 1),
     WeightLayout("q41-draft", Role.DRAFT, -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
 KINDS = {name: layout.kind for name, layout in WEIGHT_LAYOUTS.items() if layout.kind >= 0}  # model_t.kind by name
-SIZES = {"blk4": 24, "blk8": 36, "blk4p": 40}  # the header's static_asserts, checked against the library at load
+SIZES = {"blk4": 24, "blk8": 36, "blk4p": 40, "blk6": 40}  # the header's static_asserts, checked against the library at load
 MAGIC = b"SPECDEC-NATIVE\x00\x00"  # the weights file's first 16 bytes
+MIXED_LINEARS = (BLOCK4, BLOCK8, BLOCK6)  # a "mixed" layout's linear blocks, narrowest first (24, 36, 40 bytes)
 ALIGN = 64  # every tensor of the weights file starts at a multiple of this (cache lines, AVX loads)
 
 
@@ -134,6 +142,118 @@ def on_grid(name: str, weight: np.ndarray, fit) -> np.ndarray:
     return blocks
 
 
+# ---- a K-quant GGUF's grids, a linear at a time (the "mixed" layout) ------------------------------------------------
+EUCLID_STEPS = 64  # steps of Euclid's algorithm a group may take; values on no common grid take more
+FIT_ROWS = 2048  # rows fitted at a time (bounds the fitters' temporaries)
+
+
+def float_gcd(values: np.ndarray) -> np.ndarray:
+    """values [..., g] float32 -> [...]: the largest d of which every |value| is an integer multiple, by Euclid's
+    algorithm on floats. fmod is exact, so for values d·c with small integers c (a GGUF block's, dequantized: d·c is
+    exact in float32) this is d·gcd(c) exactly. NaN where a group does not settle within EUCLID_STEPS steps (values
+    on no common grid); 0 for a group of zeros."""
+    v = np.abs(np.asarray(values, dtype=np.float32))
+    g, settled = v[..., 0].copy(), np.ones(v.shape[:-1], bool)
+    with np.errstate(invalid="ignore"):
+        for i in range(1, v.shape[-1]):
+            a, b = g, v[..., i].copy()
+            for _ in range(EUCLID_STEPS):
+                live = b > 0
+                if not live.any():
+                    break
+                a, b = np.where(live, b, a), np.where(live, np.fmod(a, np.where(live, b, 1)), 0).astype(np.float32)
+            settled &= ~(b > 0)
+            g = a
+    return np.where(settled, g, np.nan).astype(np.float32)
+
+
+def _symmetric(weight: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """weight [N, K] -> (scales [N, K / group], codes int8 [N, K / 32, 32]) with w = d·q exactly (|q| <= 127) per
+    `group` along K; None where a group is on no such grid."""
+    n, k = weight.shape
+    groups = weight.reshape(n, k // group, group)
+    d = float_gcd(groups)
+    d = np.where(d > 0, d, np.float32(1)).astype(np.float32)  # an all-zero group: any scale
+    with np.errstate(invalid="ignore", divide="ignore"):
+        codes = groups / d[..., None]
+    if not (np.isfinite(codes).all() and np.abs(codes).max(initial=0) <= 127):
+        return None
+    codes = np.rint(codes)
+    if not np.array_equal(codes.astype(np.float32) * d[..., None], groups):
+        return None
+    return d, codes.astype(np.int8).reshape(n, k // BLOCK, BLOCK)
+
+
+def _fit8(weight: np.ndarray) -> np.ndarray | None:
+    """weight [N, K] -> blocks [N, K / 32] of BLOCK8 holding it exactly (a Q8_0, Q5_0 or Q4_0 block's values), or
+    None."""
+    found = _symmetric(weight, BLOCK)
+    if found is None:
+        return None
+    out = np.empty(found[0].shape, BLOCK8)
+    out["d"], out["qs"] = found
+    return out
+
+
+def _fit6(weight: np.ndarray) -> np.ndarray | None:
+    """weight [N, K] -> blocks [N, K / 32] of BLOCK6 holding it exactly (a Q6_K sub-block's values: a scale per 16),
+    or None."""
+    found = _symmetric(weight, BLOCK // 2)
+    if found is None:
+        return None
+    d, codes = found
+    out = np.empty(codes.shape[:2], BLOCK6)
+    out["d"], out["qs"] = d.reshape(len(d), -1, 2), codes
+    return out
+
+
+def _fit4(weight: np.ndarray) -> np.ndarray | None:
+    """weight [N, K] -> blocks [N, K / 32] of BLOCK4 within GRID_TOLERANCE of a step (a Q4_1 or Q4_K block's values,
+    whose codes need not reach 0 and 15: the step is the span over the largest k <= 15 that fits), or None."""
+    n, k = weight.shape
+    blocks = weight.reshape(n, k // BLOCK, BLOCK)
+    low, high = blocks.min(axis=-1), blocks.max(axis=-1)
+    scale, codes = np.ones(low.shape, np.float32), np.zeros(blocks.shape, np.float32)
+    fitted = high == low  # one value: any scale, every code 0
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for span in range(15, 0, -1):
+            if fitted.all():
+                break
+            step = ((high - low) / np.float32(span)).astype(np.float32)
+            step = np.where(step > 0, step, np.float32(1))
+            q = np.clip(np.rint((blocks - low[..., None]) / step[..., None]), 0, 15)
+            error = np.abs(q * step[..., None] + low[..., None] - blocks).max(axis=-1) / step
+            take = ~fitted & (error <= GRID_TOLERANCE)
+            scale, codes = np.where(take, step, scale), np.where(take[..., None], q, codes)
+            fitted |= take
+    if not fitted.all():
+        return None
+    q = codes.astype(np.uint8)
+    out = np.empty(low.shape, BLOCK4)
+    out["d"], out["m"], out["qs"] = scale, low, q[..., :16] | (q[..., 16:] << 4)
+    return out
+
+
+def mixed_blocks(name: str, weight: np.ndarray) -> np.ndarray:
+    """weight [N, K] (K % 32 == 0) -> its blocks in the narrowest of MIXED_LINEARS that holds it (blk4 within
+    GRID_TOLERANCE, blk8 and blk6 exactly), fitted FIT_ROWS rows at a time; GridError where none does."""
+    weight = np.ascontiguousarray(weight, dtype=np.float32)
+    if weight.ndim != 2 or weight.shape[1] % BLOCK:
+        raise GridError(f"{name} has shape {list(weight.shape)}; the native kernels need K % {BLOCK} == 0")
+    for fit in (_fit4, _fit8, _fit6):
+        if fit(weight[:8]) is None:  # a few rows first: most weights are on no grid, or clearly on one
+            continue
+        parts = []
+        for start in range(0, len(weight), FIT_ROWS):
+            part = fit(weight[start : start + FIT_ROWS])
+            if part is None:
+                break
+            parts.append(part)
+        else:
+            return np.concatenate(parts)
+    raise GridError(f"{name} is on none of the grids of a K-quant GGUF (Q4_K / Q4_1, Q8_0 / Q5_0, Q6_K)")
+
+
 def q41_pairs(blocks: np.ndarray) -> np.ndarray:
     """blocks [N, nb] of BLOCK4 -> [N, ceil(nb / 2)] of BLOCK4P: each two blocks' d0, d1, m0, m1 in fp16 (a GGUF's
     own precision; elsewhere the draft's scales round to 11 bits) and their codes q0[j] | q1[j] << 4. An odd nb ends
@@ -188,12 +308,18 @@ def rows_of(weight: np.ndarray, precision: str) -> np.ndarray:
 
 
 def float_rows(rows: np.ndarray) -> np.ndarray:
-    """Rows of bf16 (as BF16), f16 or f32, or Q8_0 blocks [N, K / 32] -> float32 [N, K] (a block's d * q, as the
-    kernels compute it)."""
+    """Rows of bf16 (as BF16), f16 or f32, or blocks [N, K / 32] of BLOCK8, BLOCK6 or BLOCK4 -> float32 [N, K] (a
+    block's d * q or d * q + m)."""
     if rows.dtype == BF16:
         return (rows.astype(np.uint32) << 16).view(np.float32)
     if rows.dtype == BLOCK8:
         return (rows["d"][..., None] * rows["qs"].astype(np.float32)).reshape(rows.shape[0], -1)
+    if rows.dtype == BLOCK6:
+        scales = np.repeat(rows["d"], BLOCK // 2, axis=-1)  # [N, nb, 32]
+        return (scales * rows["qs"].astype(np.float32)).reshape(rows.shape[0], -1)
+    if rows.dtype == BLOCK4:
+        q = np.concatenate([rows["qs"] & 15, rows["qs"] >> 4], axis=-1).astype(np.float32)
+        return (q * rows["d"][..., None] + rows["m"][..., None]).reshape(rows.shape[0], -1)
     return rows.astype(np.float32)
 
 

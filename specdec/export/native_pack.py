@@ -4,8 +4,8 @@ onto the GGUF grids and checked there, so that the runtime only reads them.
 The reader accepts the LLaMA layout our gqa export writes and nothing else: per layer a (Skip)SimplifiedLayerNorm,
 one q/k/v MatMul (plus a bias: Qwen2) into GroupQueryAttention (rotary inside, not interleaved), the o MatMul, a SkipSimplifiedLayerNorm,
 one gate/up MatMul split in halves, SiLU(gate)·up, the down MatMul; a final norm and a bias-free LM head. Where every
-linear weight lies on a Q4_1 grid (or every one on a Q8_0 grid) and the head on a Q8_0 grid (a GGUF's, exported), the
-weights keep those blocks and the kernels compute the graph's own function. Weights off those grids are kept in the narrowest of bf16, f16 and fp32 that holds every
+linear weight lies on a Q4_1 grid (or every one on a Q8_0 grid, or each on one of a K-quant file's grids) and the
+head on a Q8_0 grid (a GGUF's, exported), the weights keep those blocks and the kernels compute the graph's own function. Weights off those grids are kept in the narrowest of bf16, f16 and fp32 that holds every
 one exactly (a bf16 checkpoint exported to fp32 keeps 2 bytes a weight): the same function again. A graph outside
 the layout, or with a NaN or inf weight, gets no native weights (NativeSkipped).
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (BLOCK4, BLOCK8, FORMAT_VERSION, GridError, float_rows, head_holds, on_grid, q41_blocks,
-                            q41_pairs, q8_blocks, row_precision, rows_of, write_tensors)
+from specdec.blocks import (BLOCK4, BLOCK8, FORMAT_VERSION, GridError, float_rows, head_holds, mixed_blocks, on_grid,
+                            q41_blocks, q41_pairs, q8_blocks, row_precision, rows_of, write_tensors)
 from specdec.errors import missing_dependency
 from specdec.manifest import ModelDims, NativeRecord
 from specdec.native.weights import LINEARS
@@ -106,15 +106,18 @@ def _array(init, folder: Path, numpy_helper) -> np.ndarray:
 
 def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray) -> tuple[str, dict] | None:
     """(layout, tensors) of the weights where every linear weight lies on a Q4_1 grid ("q41"), or every one on a
-    Q8_0 grid ("q80", a Q8_0 GGUF's), and the head on Q8_0's (the embedding read from the head's blocks where they
-    hold it, else kept in fp32); None where neither holds."""
+    Q8_0 grid ("q80", a Q8_0 GGUF's), or each on one of a K-quant GGUF's grids ("mixed": blk4, blk8 or blk6, a
+    Q4_K_M file's), and the head on Q8_0's (the embedding read from the head's blocks where they hold it, else kept
+    in fp32); None where none holds."""
     try:
         head_blocks = on_grid("head", head, q8_blocks)
     except GridError:
         return None
-    for layout, fit in (("q41", q41_blocks), ("q80", q8_blocks)):
+    fits = {"q41": lambda name, w: on_grid(name, w, q41_blocks), "q80": lambda name, w: on_grid(name, w, q8_blocks),
+            "mixed": mixed_blocks}
+    for layout, fit in fits.items():
         try:
-            tensors = {name: on_grid(name, weight, fit) for name, weight in linears.items()}
+            tensors = {name: fit(name, weight) for name, weight in linears.items()}
         except GridError:
             continue
         tensors["head"] = head_blocks

@@ -71,15 +71,20 @@ def save_tiny(folder: str | Path, family: str = "llama", layers: int = 2, seed: 
     return folder
 
 
-def snap_to_gguf_grids(model, q80: bool = False) -> None:
+def snap_to_gguf_grids(model, q80: bool = False, mixed: bool = False) -> None:
     """Move a LLaMA-layout model's weights onto the grids a GGUF export has: every Linear weight [N, K] onto Q4_1
-    levels d·q + m (q in 0..15, per 32 along K; or with q80 onto Q8_0's, as a Q8_0 GGUF's are), the tied
-    embedding onto Q8_0 levels d·q (q in −127..127), as the default model's are."""
+    levels d·q + m (q in 0..15, per 32 along K; or with q80 onto Q8_0's, as a Q8_0 GGUF's are; or with mixed onto a
+    Q4_K_M file's mix, MIXED_GRIDS), the tied embedding onto Q8_0 levels d·q (q in −127..127), as the default
+    model's are."""
     import torch
 
     with torch.no_grad():
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and "lm_head" not in name:
+                if mixed:
+                    layer = int(name.split("layers.")[1].split(".")[0])
+                    module.weight.copy_(_mixed_grid(name.rsplit(".", 1)[-1], layer)(module.weight))
+                    continue
                 if q80:
                     module.weight.copy_(_q8_0(module.weight))
                     continue
@@ -91,6 +96,63 @@ def snap_to_gguf_grids(model, q80: bool = False) -> None:
                 module.weight.copy_((codes * step + low).reshape(module.weight.shape))
         table = model.get_input_embeddings().weight
         table.copy_(_q8_0(table))
+
+
+def _mixed_grid(projection: str, layer: int):
+    """The snapper of a projection in a Q4_K_M-like mix that reaches every blk kind: q/k Q5_0, v Q8_0, o Q6_K,
+    gate/up Q4_K, down Q4_K in even layers and Q6_K in odd ones (llama.cpp's more bits for some layers)."""
+    grids = {"q_proj": _q5_0, "k_proj": _q5_0, "v_proj": _q8_0, "o_proj": _q6_k, "gate_proj": _q4_k, "up_proj": _q4_k,
+             "down_proj": _q6_k if layer % 2 else _q4_k}
+    return grids[projection]
+
+
+def _q5_0(weight):
+    """weight [N, K] on Q5_0 levels d·q (q in −16..15, d = fp16(x / −16) for the block's x of largest |x|)."""
+    import torch
+
+    e = weight.reshape(weight.shape[0], -1, 32)
+    extreme = e.gather(-1, e.abs().argmax(-1, keepdim=True))
+    step = _half(extreme / -16)
+    step = torch.where(step != 0, step, torch.ones_like(step))
+    return (torch.clamp(torch.round(e / step), -16, 15) * step).reshape(weight.shape)
+
+
+def _super_blocks(weight, sub: int):
+    """weight [N, K] -> [N, super-blocks, sub-blocks, sub]: K-quant super-blocks of 256 along K (or all of K where
+    it is shorter)."""
+    per = min(256, weight.shape[1]) // sub
+    return weight.reshape(weight.shape[0], -1, per, sub)
+
+
+def _q6_k(weight):
+    """weight [N, K] on Q6_K levels: per 16 along K, d·s·q (q in −32..31, s an int8 scale of the sub-block, d an
+    fp16 scale of the super-block), exact in float32."""
+    import torch
+
+    e = _super_blocks(weight, 16)
+    extreme = e.gather(-1, e.abs().argmax(-1, keepdim=True))  # [N, S, 16, 1]
+    wanted = extreme / -32
+    d = _half(wanted.abs().amax(-2, keepdim=True) / 127)
+    d = torch.where(d > 0, d, torch.ones_like(d))
+    scale = d * torch.clamp(torch.round(wanted / d), -128, 127)
+    safe = torch.where(scale != 0, scale, torch.ones_like(scale))
+    return (torch.clamp(torch.round(e / safe), -32, 31) * scale).reshape(weight.shape)
+
+
+def _q4_k(weight):
+    """weight [N, K] on Q4_K levels: per 32 along K, d·s·q − dmin·m (q in 0..15, s and m 6-bit, d and dmin fp16 per
+    super-block), rounded once in float32 as a GGUF's dequantization rounds."""
+    import torch
+
+    e = _super_blocks(weight, 32)
+    low = torch.clamp(e.amin(-1, keepdim=True), max=0)
+    wanted = (e.amax(-1, keepdim=True) - low) / 15
+    d, dmin = _half(wanted.amax(-2, keepdim=True) / 63), _half((-low).amax(-2, keepdim=True) / 63)
+    d, dmin = torch.where(d > 0, d, torch.ones_like(d)), torch.where(dmin > 0, dmin, torch.ones_like(dmin))
+    scale = d * torch.clamp(torch.round(wanted / d), 0, 63)
+    minimum = dmin * torch.clamp(torch.round(-low / dmin), 0, 63)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (torch.clamp(torch.round((e + minimum) / safe), 0, 15) * scale - minimum).reshape(weight.shape)
 
 
 def _q8_0(weight):
@@ -115,13 +177,13 @@ def _half(x, down: bool = False):
     return half.float()
 
 
-def save_tiny_on_grids(folder: str | Path, q80: bool = False, **options) -> Path:
+def save_tiny_on_grids(folder: str | Path, q80: bool = False, mixed: bool = False, **options) -> Path:
     """save_tiny, then the weights snapped to the GGUF grids (snap_to_gguf_grids) and saved again."""
     from transformers import AutoModelForCausalLM
 
     folder = save_tiny(folder, **options)
     model = AutoModelForCausalLM.from_pretrained(folder)
-    snap_to_gguf_grids(model, q80)
+    snap_to_gguf_grids(model, q80, mixed)
     model.save_pretrained(folder)
     return folder
 

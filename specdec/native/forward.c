@@ -14,12 +14,13 @@
 int specdec_abi_version(void) { return SPECDEC_ABI_VERSION; }
 
 long specdec_layout_size(int which) {
-    const long sizes[] = {sizeof(blk4), sizeof(blk8), sizeof(blk4p), sizeof(blkq), sizeof(blkqp), sizeof(model_t)};
+    const long sizes[] = {sizeof(blk4), sizeof(blk8), sizeof(blk4p), sizeof(blkq), sizeof(blkqp), sizeof(model_t),
+                          sizeof(blk6)};
     return which >= 0 && which < (int)(sizeof(sizes) / sizeof(sizes[0])) ? sizes[which] : -1;
 }
 
 static int out_of(long value, long low, long high) { return value < low || value > high; }
-static int gguf_blocks(int kind) { return kind == SPECDEC_Q41 || kind == SPECDEC_Q80; }  // else rows
+static int gguf_blocks(int kind) { return kind == SPECDEC_Q41 || kind == SPECDEC_Q80 || kind == SPECDEC_MIXED; }  // else rows
 
 static int check_layers(const model_t *m, int quant) {
     if (!m->in_norm || !m->post_norm || !m->final_norm || !m->head || !m->cos || !m->sin) return SPECDEC_E_NULL;
@@ -32,6 +33,11 @@ static int check_layers(const model_t *m, int quant) {
     }
     for (int t = 0; t < 4; t++)
         if (!tables[t]) return SPECDEC_E_NULL;
+    if (m->kind == SPECDEC_MIXED && !quant) {
+        if (!m->kinds) return SPECDEC_E_NULL;
+        for (int i = 0; i < 4 * m->L; i++)
+            if (m->kinds[i] != W_Q4 && m->kinds[i] != W_Q8 && m->kinds[i] != W_Q6) return SPECDEC_E_SHAPE;
+    }
     for (int l = 0; l < m->L; l++) {
         if (!m->in_norm[l] || !m->post_norm[l] || (m->qkv_bias && !m->qkv_bias[l])) return SPECDEC_E_NULL;
         for (int t = 0; t < 4; t++)
@@ -47,7 +53,7 @@ static int check_model(const model_t *m, int quant) {
         (m->Hq * m->D) % 32 || out_of((long)m->Hq * m->D, 32, MAX_DIM) ||
         out_of((long)(m->Hq + 2 * m->Hkv) * m->D, 1, MAX_DIM) || out_of(m->I, 32, MAX_DIM) || m->I % 32 ||
         out_of(m->V, 1, 1L << 24) || out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
-        out_of(m->kind, SPECDEC_Q41, SPECDEC_Q80) || (!gguf_blocks(m->kind) && !m->embedding) ||
+        out_of(m->kind, SPECDEC_Q41, SPECDEC_MIXED) || (!gguf_blocks(m->kind) && !m->embedding) ||
         !(m->eps >= 0.f) || !isfinite(m->scale))
         return SPECDEC_E_SHAPE;
     return check_layers(m, quant);
@@ -135,12 +141,17 @@ typedef struct {
 #define BUF(p, field) ((float *)((p)->base + (p)->at.field))
 #define WEIGHT(p, name, l) ((p)->quant ? (const void *)(p)->m->name##_p[l] : (const void *)(p)->m->name[l])
 
-static int weights_kind(const pass_t *p) {  // of the linear weights
-    return p->quant ? W_Q4P : p->m->kind == SPECDEC_Q41 ? W_Q4 : p->m->kind == SPECDEC_Q80 ? W_Q8 : row_kind(p->m->kind);
+enum { L_QKV = 0, L_O = 1, L_GATE_UP = 2, L_DOWN = 3 };  // a layer's linears, in model_t.kinds' order
+
+static int weights_kind(const pass_t *p, int l, int which) {  // of layer l's linear `which`
+    const int kind = p->m->kind;
+    if (p->quant) return W_Q4P;
+    if (kind == SPECDEC_MIXED) return p->m->kinds[4 * l + which];
+    return kind == SPECDEC_Q41 ? W_Q4 : kind == SPECDEC_Q80 ? W_Q8 : row_kind(kind);
 }
 
-static void dense(const pass_t *p, const float *x, int K, const void *w, float *y, int N) {
-    linear(p->threads, p->kernel, weights_kind(p), x, p->B * p->T, K, w, y, N, BUF(p, decoded),
+static void dense(const pass_t *p, int l, int which, const float *x, int K, const void *w, float *y, int N) {
+    linear(p->threads, p->kernel, weights_kind(p, l, which), x, p->B * p->T, K, w, y, N, BUF(p, decoded),
            p->base + p->at.rounded);
 }
 
@@ -169,7 +180,7 @@ static void layer(const pass_t *p, int l) {
     float *x = BUF(p, x), *xn = BUF(p, xn), *tmp = BUF(p, tmp), *gu = BUF(p, gu), *act = BUF(p, act);
     for (int r = 0; r < M; r++) rmsnorm(x + (size_t)r * H, m->in_norm[l], m->eps, H, xn + (size_t)r * H);
     const int QKV = (m->Hq + 2 * m->Hkv) * m->D;
-    dense(p, xn, H, WEIGHT(p, qkv, l), tmp, QKV);
+    dense(p, l, L_QKV, xn, H, WEIGHT(p, qkv, l), tmp, QKV);
     if (m->qkv_bias)
         for (int r = 0; r < M; r++)
             for (int i = 0; i < QKV; i++) tmp[(size_t)r * QKV + i] += m->qkv_bias[l][i];
@@ -182,12 +193,12 @@ static void layer(const pass_t *p, int l) {
     const attention_t a = {p->B, p->T, m->Hq, m->Hkv, m->D, p->S, m->scale, p->pos, BUF(p, q), rows, rows + p->B,
                            BUF(p, att)};
     attention(p->threads, &a, p->base + p->at.attn);
-    dense(p, BUF(p, att), QD, WEIGHT(p, o, l), tmp, H);
+    dense(p, l, L_O, BUF(p, att), QD, WEIGHT(p, o, l), tmp, H);
     for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
     for (int r = 0; r < M; r++) rmsnorm(x + (size_t)r * H, m->post_norm[l], m->eps, H, xn + (size_t)r * H);
-    dense(p, xn, H, WEIGHT(p, gate_up, l), gu, 2 * I);
+    dense(p, l, L_GATE_UP, xn, H, WEIGHT(p, gate_up, l), gu, 2 * I);
     for (int r = 0; r < M; r++) silu_times(gu + (size_t)r * 2 * I, gu + (size_t)r * 2 * I + I, I, act + (size_t)r * I);
-    dense(p, act, I, WEIGHT(p, down, l), tmp, H);
+    dense(p, l, L_DOWN, act, I, WEIGHT(p, down, l), tmp, H);
     for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
 }
 
@@ -261,9 +272,7 @@ int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int
                    void *scratch, size_t scratch_bytes, int threads) {
     if (!x || !w || !y || !scratch) return SPECDEC_E_NULL;
     if (out_of(threads, 1, SPECDEC_MAX_THREADS)) return SPECDEC_E_THREADS;
-    const int kinds = kernel == K_INT8 ? kind == W_Q4P || kind == W_Q8 : kernel >= K_STEP && kernel <= K_PROMPT &&
-                                                                            kind >= W_Q4 && kind <= W_F32 &&
-                                                                            kind != W_Q4P;
+    const int kinds = linear_kind_ok(kernel, kind);
     const long need = specdec_matmul_scratch_bytes(M, K, kernel, threads);
     if (!kinds || need < 0 || out_of(N, 1, MAX_DIM) || wblocks != linear_blocks_per_column(K, kind))
         return SPECDEC_E_SHAPE;

@@ -36,7 +36,10 @@ static inline __m256 exp256(__m256 x) {
 
 
 // ---- linear.c: x [M, K] -> y [M, N] through blocks [N, K / 32] ----
-enum { W_Q4 = 0, W_Q8 = 1, W_Q4P = 2, W_BF16 = 3, W_F16 = 4, W_F32 = 5 };  // blk4, blk8, blk4p; rows [N, K]
+enum {  // specdec_native.h's weight kinds, by shorter names: blk4, blk8, blk4p, rows [N, K], blk6
+    W_Q4 = SPECDEC_W_Q41, W_Q8 = SPECDEC_W_Q80, W_Q4P = SPECDEC_W_Q41P, W_BF16 = SPECDEC_W_BF16, W_F16 = SPECDEC_W_F16,
+    W_F32 = SPECDEC_W_F32, W_Q6 = SPECDEC_W_Q6
+};
 enum { K_STEP = 0, K_PROMPT = 1, K_INT8 = 2 };      // the kernels: specdec_native.h's specdec_matmul
 // scratch of one linear: K_PROMPT decodes columns into `decoded` (linear_decoded_floats per thread), K_INT8 rounds
 // the activations into `rounded` (linear_rounded_bytes)
@@ -46,6 +49,7 @@ size_t linear_decoded_floats(int K);
 size_t linear_rounded_bytes(int M, int K);
 int linear_blocks_per_column(int K, int kind);
 void decode8_row(const blk8 *c, int nb, float *out);  // a Q8_0 row's values, d * q (a tied embedding's row)
+int linear_kind_ok(int kernel, int kind);  // whether specdec_matmul's kernel runs weights of this kind
 void decode_row(int kind, const void *row, int K, float *out);  // a bf16 / f16 / f32 row's K values (any alignment)
 int row_kind(int model_kind);  // the linear kind of a model_t kind's rows (W_BF16, W_F16, W_F32), or -1
 

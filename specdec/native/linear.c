@@ -90,6 +90,12 @@ static inline __attribute__((always_inline)) void q8_decode16(const blk8 *blk, _
     *wa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))), d);
     *wb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16)))), d);
 }
+static inline __attribute__((always_inline)) void q6_decode16(const blk6 *blk, __m512 *wa, __m512 *wb) {
+    *wa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))),
+                        _mm512_set1_ps(blk->d[0]));
+    *wb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16)))),
+                        _mm512_set1_ps(blk->d[1]));
+}
 static inline __attribute__((always_inline)) void row_decode16(const int kind, const char *p, __m512 *wa, __m512 *wb) {
     if (kind == W_F32) {
         *wa = _mm512_loadu_ps(p), *wb = _mm512_loadu_ps(p + 64);
@@ -153,6 +159,13 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
     STEP16(1, R, nb, Q8_AT, q8_decode16, 0)
     #undef Q8_AT
 }
+static inline __attribute__((always_inline)) void q6_cols(const int R, const float *x, int K, const blk6 *w, float *y,
+                                                          int N, int n0, int n1) {
+    const int nb = K / 32;
+    #define Q6_AT(n, b) (w + (size_t)(n) * nb + (b))
+    STEP16(1, R, nb, Q6_AT, q6_decode16, 0)
+    #undef Q6_AT
+}
 #else
 static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, int K, const blk4 *w, float *y,
                                                           int N, int n0, int n1) {
@@ -185,6 +198,22 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
     }
 }
+static inline __attribute__((always_inline)) void q6_cols(const int R, const float *x, int K, const blk6 *w, float *y,
+                                                          int N, int n0, int n1) {
+    const int nb = K / 32;
+    for (int n = n0; n < n1; n++) {
+        const blk6 *c = w + (size_t)n * nb;
+        __m256 acc[MAXR][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            FETCH(c + b);
+            const __m256 d0 = _mm256_broadcast_ss(&c[b].d[0]), d1 = _mm256_broadcast_ss(&c[b].d[1]);
+            rows_times(R, x + b * 32, K, _mm256_mul_ps(S8(c[b].qs), d0), _mm256_mul_ps(S8(c[b].qs + 8), d0),
+                       _mm256_mul_ps(S8(c[b].qs + 16), d1), _mm256_mul_ps(S8(c[b].qs + 24), d1), acc);
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    }
+}
 #endif
 static inline void decode4(const blk4 *c, int nb, float *out) {
     const __m256i mask = _mm256_set1_epi32(0x0F);
@@ -201,6 +230,13 @@ void decode8_row(const blk8 *c, int nb, float *out) {
         FETCH(c + b);
         const __m256 d = _mm256_broadcast_ss(&c[b].d);
         for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(S8(c[b].qs + 8 * j), d));
+    }
+}
+static void decode6_row(const blk6 *c, int nb, float *out) {  // d[0] * q of elements 0-15, d[1] * q of 16-31
+    for (int b = 0; b < nb; b++, out += 32) {
+        FETCH(c + b);
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(S8(c[b].qs + 8 * j), _mm256_broadcast_ss(&c[b].d[j / 2])));
     }
 }
 #ifdef __AVX512F__
@@ -463,6 +499,7 @@ static void step_columns(const linear_job *j, int n0, int n1) {
         float *yr = j->y + (size_t)m0 * N;
         #define Q4F(r) q4_cols(r, xf, K, j->w, yr, N, n0, n1)
         #define Q8F(r) q8_cols(r, xf, K, j->w, yr, N, n0, n1)
+        #define Q6F(r) q6_cols(r, xf, K, j->w, yr, N, n0, n1)
         #define Q8I(r) q8q_cols(r, xq, nb, j->w, yr, N, n0, n1)
         #define Q4P(r) q4p_cols(r, xp, np, j->w, yr, N, n0, n1)
         #define BF(r) rows_cols(r, W_BF16, xf, K, j->w, yr, N, n0, n1)
@@ -474,6 +511,8 @@ static void step_columns(const linear_job *j, int n0, int n1) {
             EACH_R(R, Q4F)
         } else if (j->kind == W_Q8) {
             EACH_R(R, Q8F)
+        } else if (j->kind == W_Q6) {
+            EACH_R(R, Q6F)
         } else if (j->kind == W_BF16) {
             EACH_R(R, BF)
         } else if (j->kind == W_F16) {
@@ -493,6 +532,7 @@ static void prompt_chunk(const linear_job *j, int task, int worker) {
         float *out = buf + (size_t)(n - n0) * K;
         if (j->kind == W_Q4) decode4((const blk4 *)j->w + (size_t)n * nb, nb, out);
         else if (j->kind == W_Q8) decode8_row((const blk8 *)j->w + (size_t)n * nb, nb, out);
+        else if (j->kind == W_Q6) decode6_row((const blk6 *)j->w + (size_t)n * nb, nb, out);
         else decode_row(j->kind, (const char *)j->w + (size_t)n * K * row_bytes(j->kind), K, out);
     }
     for (int r0 = 0; r0 < j->M; r0 += PR) {
@@ -512,6 +552,10 @@ static void prompt_task(void *ctx, int first, int last, int worker) {
 
 size_t linear_decoded_floats(int K) { return ALIGNED(sizeof(float) * PREFILL_COLUMNS * (size_t)K) / sizeof(float); }
 size_t linear_rounded_bytes(int M, int K) { return ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / 32 + 1)); }
+int linear_kind_ok(int kernel, int kind) {
+    if (kernel == K_INT8) return kind == W_Q4P || kind == W_Q8;
+    return (kernel == K_STEP || kernel == K_PROMPT) && kind >= W_Q4 && kind <= W_Q6 && kind != W_Q4P;
+}
 int linear_blocks_per_column(int K, int kind) { return kind == W_Q4P ? (K / 32 + 1) / 2 : K / 32; }
 
 void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N,

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK8, KINDS, WEIGHT_LAYOUTS
+from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK6, BLOCK8, KINDS, WEIGHT_LAYOUTS
 from specdec.errors import BackendError
 from specdec.lowering import Geometry
 from specdec.manifest import ModelDims
@@ -19,7 +19,8 @@ STATUS = {  # specdec_native.h's status codes
     1: "a pointer the kernels need is NULL", 2: "a count or size is out of range", 3: "a token id is outside the "
     "weights' vocabulary", 4: "a position is below 0 or past the static buffers", 5: "the scratch is too small",
     6: "the thread count is out of range"}
-WEIGHT_KINDS = {BLOCK4: 0, BLOCK8: 1, BLOCK4P: 2, BF16: 3, np.dtype("<f2"): 4, np.dtype("<f4"): 5}  # specdec_matmul's
+WEIGHT_KINDS = {BLOCK4: 0, BLOCK8: 1, BLOCK4P: 2, BF16: 3, np.dtype("<f2"): 4, np.dtype("<f4"): 5,
+                BLOCK6: 6}  # specdec_native.h's SPECDEC_W_*: specdec_matmul's kind, model_t.kinds
 KERNELS = {"step": 0, "prompt": 1, "int8": 2}
 
 
@@ -29,7 +30,7 @@ class ModelStruct(ctypes.Structure):
                 ("positions", _I), ("kind", _I), ("eps", _F), ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P),
                 ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P),
                 ("gate_up_p", _P), ("down_p", _P), ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P),
-                ("embedding_rows", _P), ("qkv_bias", _P)]
+                ("embedding_rows", _P), ("qkv_bias", _P), ("kinds", _P)]
 
 
 def _pointers(arrays: list) -> np.ndarray:
@@ -113,7 +114,10 @@ class NativeModel:
                   for name in ("input_norm", "post_norm", *LINEARS)]
         paired = [_pointers(list(column)) for column in zip(*self.draft.pairs)] if self.draft else []
         biases = _pointers([layer.qkv_bias for layer in layers]) if layers[0].qkv_bias is not None else None
-        self._tables = tables + paired + [biases]  # kept alive with the struct
+        mixed = WEIGHT_LAYOUTS[weights.layout].mixed
+        kinds = np.array([WEIGHT_KINDS[getattr(layer, name).dtype] for layer in layers for name in LINEARS],
+                         np.int32) if mixed else None  # each linear's own blocks ("mixed")
+        self._tables = tables + paired + [biases, kinds]  # kept alive with the struct
         rows = WEIGHT_LAYOUTS[weights.layout].rows  # rows: a tied embedding is the head itself
         embedding = weights.head if rows and weights.embedding is None else weights.embedding
         return ModelStruct(
@@ -123,7 +127,7 @@ class NativeModel:
             *([table.ctypes.data for table in paired] or [None] * len(LINEARS)),  # NULL for a target
             weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data,
             weights.head.ctypes.data if embedding is None else None,  # the whole head, not a draft's rows
-            None if biases is None else biases.ctypes.data)
+            None if biases is None else biases.ctypes.data, None if kinds is None else kinds.ctypes.data)
 
     @property
     def keys(self):
@@ -143,14 +147,14 @@ class NativeModel:
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
     def matmul(self, x: np.ndarray, blocks: np.ndarray, kernel: str = "step", threads: int = 1) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK8; BLOCK4P with kernel "int8") or rows [N, K]
+        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK8, BLOCK6; BLOCK4P with kernel "int8") or rows [N, K]
         (BF16, float16, float32), by the step kernel, a prompt's kernel ("prompt") or with x rounded to two int8
         parts ("int8": the draft's); the products alone, for benchmarks and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or blocks.ndim != 2 or blocks.dtype not in WEIGHT_KINDS:
             raise BackendError(f"matmul of {x.shape} by {blocks.dtype} {blocks.shape}", "pass x [M, K], blocks [N, nb]")
         kind = WEIGHT_KINDS[blocks.dtype]
-        rows = kind >= WEIGHT_KINDS[BF16]  # [N, K]: K / 32 blocks of 32 a column
+        rows = blocks.dtype.names is None  # rows [N, K]: K / 32 blocks of 32 a column
         per_column = blocks.shape[1] // BLOCK if rows and blocks.shape[1] % BLOCK == 0 else -1 if rows else blocks.shape[1]
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
         need = self.kernels.specdec_matmul_scratch_bytes(x.shape[0], x.shape[1], KERNELS[kernel], threads)

@@ -9,6 +9,8 @@ Layouts (the manifest's NativeRecord.layout):
   every layout, for a family whose q/k/v projections have biases (Qwen2), `layers.{i}.qkv_bias` [(Hq + 2 Hkv) D] f32.
 - "q80": the same for a Q8_0 GGUF: every linear weight on a Q8_0 grid, as blk8 [N, K / 32] (4.5 bits a weight
   more than Q4_1's, no minimum).
+- "mixed": a K-quant GGUF's target (Q4_K_M, Q5_K_M): each linear weight in the blocks of its own grid, blk4
+  (Q4_K, Q4_1), blk8 (Q5_0, Q8_0) or blk6 (Q6_K: a scale per 16), [N, K / 32] each; the head blk8 as in "q41".
 - "bf16", "f16", "f32": a target in a checkpoint's own precision: the same tensors, with the linear weights and the
   head as rows [N, K] of that dtype (bf16 as its top 16 bits), and `embedding` [V, H] of it only where it is not the
   head (untied weights).
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import BLOCK, DTYPES, FORMAT_VERSION, WEIGHT_LAYOUTS, Pages, TensorEntry, nonfinite, read_tensors
+from specdec.blocks import (BLOCK, DTYPES, FORMAT_VERSION, MIXED_LINEARS, WEIGHT_LAYOUTS, Pages, TensorEntry, nonfinite,
+                            read_tensors)
 from specdec.errors import BackendError
 from specdec.manifest import Method, ModelDims, ModelEntry, NativeRecord
 
@@ -104,16 +107,19 @@ def check_finite(path: Path, tensors: dict) -> None:
     _FINITE[key] = True
 
 
-def _expect(tensors: dict, name: str, kind: np.dtype, shape: tuple, role: str) -> np.ndarray:
+def _expect(tensors: dict, name: str, kind: np.dtype | tuple, shape: tuple, role: str) -> np.ndarray:
+    """tensors[name], checked to be of `kind` (or one of a tuple of kinds) and `shape`."""
     array = tensors.get(name)
-    if array is None or array.dtype != kind or array.shape != shape:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if array is None or array.dtype not in kinds or array.shape != shape:
         seen = "missing" if array is None else f"{array.dtype} {list(array.shape)}"
         raise BackendError(f"the {role}'s native tensor {name} is {seen}; its dims need {kind} {list(shape)}", HINT)
     return array
 
 
 def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str = Pages.SHARED) -> NativeWeights:
-    """The weights of a target (layout "q41" or "q80", or rows), each tensor's kind and shape checked against `dims`."""
+    """The weights of a target (layout "q41", "q80" or "mixed", or rows), each tensor's kind and shape checked against
+    `dims`."""
     from specdec.blocks import BLOCK8
 
     t = _tensors(root, record, "target", pages)
@@ -125,7 +131,7 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
                            f"[positions, {D // 2}]", HINT)
     layout = WEIGHT_LAYOUTS[record.layout]
     per, linear, head_kind = (1, DTYPES[record.layout], DTYPES[record.layout]) if rows else \
-        (BLOCK, DTYPES[layout.linear], BLOCK8)
+        (BLOCK, DTYPES[layout.linear] if layout.linear else MIXED_LINEARS, BLOCK8)
     qkv, width = (dims.num_heads + 2 * dims.num_kv_heads) * D, dims.num_heads * D
     down = t.get("layers.0.down")
     mlp = (down.shape[1] if down is not None and down.ndim == 2 else 0) * per

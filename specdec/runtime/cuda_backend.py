@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import Pages
+from specdec.blocks import WEIGHT_LAYOUTS, Pages
 from specdec.errors import BackendError, CapacityError
 from specdec.manifest import ModelEntry, Role
 from specdec.runtime.backend import Backend, SharedKvDraft, bounds, check_capacity, check_tokens
@@ -97,6 +97,9 @@ class CudaBackend(SharedKvDraft, Backend):
             weights = target_weights(self.root, record, dims, Pages.SHARED)  # mapped: uploaded, then dropped
             if weights.layers[0].qkv_bias is not None:
                 raise BackendError("the cuda kernels do not add q/k/v biases (Qwen2's) yet",
+                                   "use backend='native' (on the CPU) or 'onnxruntime'")
+            if WEIGHT_LAYOUTS[weights.layout].mixed:
+                raise BackendError("the cuda kernels do not read a K-quant GGUF's mixed blocks (layout 'mixed') yet",
                                    "use backend='native' (on the CPU) or 'onnxruntime'")
             self.kernels = self._kernels()
             self.model = self._model(weights, None, None)

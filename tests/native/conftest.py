@@ -14,8 +14,8 @@ from specdec.native import build
 HEAD_TOKENS = 48  # of the tiny vocabulary: the int4-q41 draft's trimmed head leaves tokens out
 
 
-def _gqa_export(out, model, **options):
-    config = ExportConfig(out=out, target=str(model), max_seq_len=256, gamma=3, gamma_max=6, max_batch=4,
+def _gqa_export(out, model, max_seq_len=256, **options):
+    config = ExportConfig(out=out, target=str(model), max_seq_len=max_seq_len, gamma=3, gamma_max=6, max_batch=4,
                           max_prefill_chunk=16, progress=False, lowering="gqa", **options)
     return export_bundle(config)
 

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from specdec.blocks import ABI_VERSION, BLOCK4, FORMAT_VERSION, SIZES
+from specdec.blocks import ABI_VERSION, BLOCK4, BLOCK6, FORMAT_VERSION, SIZES
 from specdec.errors import BackendError, SpecDecError
 from specdec.manifest import read_manifest
 from specdec.native import build
@@ -36,7 +36,9 @@ def test_the_library_reports_the_header_and_the_python_layouts():
     assert f"#define SPECDEC_FORMAT_VERSION {FORMAT_VERSION}\n" in header
     assert lib.specdec_abi_version() == ABI_VERSION
     assert [lib.specdec_layout_size(i) for i in range(3)] == [SIZES["blk4"], SIZES["blk8"], SIZES["blk4p"]]
-    assert [BLOCK4.itemsize, lib.specdec_layout_size(5), lib.specdec_layout_size(6)] == [24, ctypes.sizeof(ModelStruct), -1]
+    assert [BLOCK4.itemsize, lib.specdec_layout_size(5), lib.specdec_layout_size(6)] == \
+        [24, ctypes.sizeof(ModelStruct), SIZES["blk6"]]
+    assert [BLOCK6.itemsize, lib.specdec_layout_size(7), lib.specdec_layout_size(-1)] == [SIZES["blk6"], -1, -1]
 
 
 @pytest.mark.parametrize("ids,start,last_only,match", [
@@ -109,11 +111,26 @@ def test_raw_exports_return_status_codes(target):
     odd = type(model.struct).from_buffer_copy(model.struct)  # ... and one with a hidden size off the blocks
     odd.H = 33
     assert forward(m=ctypes.byref(odd)) == E_SHAPE
+    mixed = type(model.struct).from_buffer_copy(model.struct)  # a "mixed" descriptor without its kinds, then with
+    mixed.kind = 5  # SPECDEC_MIXED                              # a kind no linear may have
+    assert forward(m=ctypes.byref(mixed)) == E_NULL
+    kinds = np.zeros(4 * model.dims.num_layers, np.int32)  # every linear blk4: the q41 bundle's own
+    mixed.kinds = kinds.ctypes.data
+    assert forward(m=ctypes.byref(mixed)) == 0
+    for kind in (2, 3, 5, 7, -1):  # paired Q4_1 (the draft's), rows, none
+        kinds[-1] = kind
+        assert forward(m=ctypes.byref(mixed)) == E_SHAPE, kind
+    mixed.kind = 6
+    assert forward(m=ctypes.byref(mixed)) == E_SHAPE
     assert lib.specdec_scratch_bytes(struct, 0, 1, 8, 1) == -1 and lib.specdec_scratch_bytes(None, 1, 1, 8, 1) == -1
     w = model.weights.layers[0].qkv
     assert lib.specdec_matmul(None, 4, 64, w.ctypes.data, 2, 0, 0, y.ctypes.data, 4, scratch.ctypes.data, 64, 1) == 1
     assert lib.specdec_matmul(x.ctypes.data, 4, 64, w.ctypes.data, 2, 0, 7, y.ctypes.data, 4, scratch.ctypes.data,
                               64, 1) == E_SHAPE  # no kernel 7
+    assert lib.specdec_matmul(x.ctypes.data, 4, 64, w.ctypes.data, 2, 7, 0, y.ctypes.data, 4, scratch.ctypes.data,
+                              64, 1) == E_SHAPE  # no kind 7
+    assert lib.specdec_matmul(x.ctypes.data, 4, 64, w.ctypes.data, 2, 6, 2, y.ctypes.data, 4, scratch.ctypes.data,
+                              1 << 20, 1) == E_SHAPE  # blk6 has no int8 kernel
     assert lib.specdec_matmul(x.ctypes.data, 4, 64, w.ctypes.data, 2, 0, 1, y.ctypes.data, 4, scratch.ctypes.data,
                               64, 1) == E_SCRATCH  # the prompt kernel's decoded columns need more
     q = np.ones((2, 4, 16), np.float32)

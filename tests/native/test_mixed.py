@@ -1,0 +1,132 @@
+"""Targets from a K-quant GGUF (Q4_K_M, Q5_K_M): each linear weight keeps the blocks of its own grid (layout "mixed"):
+Q4_K and Q4_1 values as blk4, Q5_0 and Q8_0 as blk8, Q6_K's (a scale per 16) as blk6, so the native target computes
+the fp32 graph's function while reading 4.5 to 10 bits a weight. The tiny model here mixes the grids the way
+llama.cpp's Q4_K_M mix does on a model whose rows are too short for K-quants (q/k Q5_0, v Q8_0) and reaches every
+kind (o Q6_K, gate/up Q4_K, down Q4_K or Q6_K by layer). Logits against onnxruntime over 320 positions, greedy
+equality for every drafter, the sampled output's distribution, and the fitters on their own."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec import GenerationConfig
+from specdec.blocks import BLOCK4, BLOCK6, BLOCK8, GridError, float_gcd, float_rows, mixed_blocks
+from specdec.manifest import read_manifest
+from specdec.native import build
+from specdec.runtime import load
+from specdec.runtime.native_backend import NativeBackend
+from tests.native.conftest import HEAD_TOKENS, _gqa_export
+from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only,
+                                 assert_logits_match_onnxruntime)
+from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
+
+pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
+
+
+@pytest.fixture(scope="module")
+def mixed_bundle(tmp_path_factory):
+    """(a tiny LLaMA on a Q4_K_M-like mix of grids, exported with S = 384; the same with its native int4-q41 draft)"""
+    from specdec.calibration.bundle_io import quantized_bundle
+    from specdec.calibration.data import DataConfig
+    from specdec.calibration.quantize import QuantizeConfig
+    from specdec.export.tiny import save_tiny_on_grids
+
+    model = save_tiny_on_grids(tmp_path_factory.mktemp("mixed"), mixed=True, family="llama", seed=0, init_range=0.5,
+                               hidden=64)  # head size 16: the fused rotary of the packed gqa graph
+    bundle = _gqa_export(tmp_path_factory.mktemp("b") / "mixed", model, max_seq_len=384, draft_from_target="int4")
+    config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
+    return bundle, quantized_bundle(bundle, tmp_path_factory.mktemp("q41") / "q41", config)
+
+
+def test_layout_keeps_each_weights_blocks(mixed_bundle):
+    bundle, q41 = mixed_bundle
+    native = read_manifest(bundle).target.native
+    assert native.layout == "mixed"
+    kinds = {name: spec["kind"] for name, spec in native.tensors.items()}
+    assert [kinds[f"layers.{i}.{name}"] for i in (0, 1) for name in ("qkv", "o", "gate_up", "down")] == \
+        ["blk8", "blk6", "blk4", "blk4", "blk8", "blk6", "blk4", "blk6"]
+    weights = (bundle / native.path).stat().st_size
+    assert weights < 0.35 * (bundle / "target" / "model.onnx.data").stat().st_size  # 6 to 10 bits a weight, not 32
+    assert read_manifest(q41).draft.native.layout == "q41-draft"
+
+
+def _q6_like(rng, n, k):
+    d = rng.random((n, k // 16)).astype(np.float16).astype(np.float32) * np.float32(0.01)
+    d = d.astype(np.float16).astype(np.float32)
+    scales = d * rng.integers(-128, 128, (n, k // 16)).astype(np.float32)
+    return (scales[..., None] * rng.integers(-32, 32, (n, k // 16, 16)).astype(np.float32)).reshape(n, k)
+
+
+def test_fitters_recover_each_grid_exactly():
+    rng = np.random.default_rng(3)
+    q6 = _q6_like(rng, 40, 96)
+    blocks = mixed_blocks("q6", q6)
+    assert blocks.dtype == BLOCK6 and np.array_equal(float_rows(blocks), q6)
+    d = rng.random((40, 3)).astype(np.float16).astype(np.float32)
+    q5 = (d[..., None] * rng.integers(-16, 16, (40, 3, 32)).astype(np.float32)).reshape(40, 96)
+    blocks = mixed_blocks("q5", q5)
+    assert blocks.dtype == BLOCK8 and np.array_equal(float_rows(blocks), q5)
+    step, low = (d * np.float32(7)).astype(np.float32), -d
+    codes = rng.integers(3, 13, (40, 3, 32)).astype(np.float32)  # codes that reach neither 0 nor 15 (Q4_K's can)
+    q4 = (step[..., None] * codes + low[..., None]).astype(np.float32).reshape(40, 96)
+    blocks = mixed_blocks("q4", q4)
+    assert blocks.dtype == BLOCK4
+    assert np.abs(float_rows(blocks) - q4).max() <= 1e-5 * np.abs(q4).max()
+    # values on no common grid: a bf16 checkpoint's, random floats
+    for off in (rng.normal(0, 1, (40, 96)).astype(np.float32), q6 + np.float32(1e-3)):
+        with pytest.raises(GridError, match="none of the grids"):
+            mixed_blocks("off", off)
+    off = rng.normal(0, 1, (4, 32)).astype(np.float32)  # dyadic: their gcd is a power of 2, far below 1/127 of them
+    assert (float_gcd(off) < np.abs(off).max(-1) / 1e4).all()
+    assert float_gcd(np.zeros((1, 32), np.float32))[0] == 0
+
+
+def test_block_products_match_numpy(mixed_bundle):
+    bundle, _ = mixed_bundle
+    model = NativeBackend(bundle, read_manifest(bundle).target, 2).open().model
+    rng = np.random.default_rng(1)
+    for rows, columns, k in ((1, 5, 32), (5, 37, 96), (9, 50, 576)):
+        blocks = mixed_blocks("q6", _q6_like(rng, columns, k))
+        weight = float_rows(blocks)
+        x = rng.normal(0, 2, (rows, k)).astype(np.float32)
+        want = x.astype(np.float64) @ weight.T.astype(np.float64)
+        for kernel in ("step", "prompt"):
+            got = model.matmul(x, blocks, kernel, threads=2)
+            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), kernel
+        # a row's result does not depend on the rows beside it, nor on the kernel
+        assert np.array_equal(model.matmul(x[:1], blocks, threads=1)[0], model.matmul(x, blocks, threads=2)[0])
+        assert np.array_equal(model.matmul(x, blocks, "prompt", threads=2), model.matmul(x, blocks, threads=2))
+
+
+def test_logits_match_onnxruntime_over_320_positions(mixed_bundle):
+    bundle, _ = mixed_bundle
+    assert_logits_match_onnxruntime(bundle, positions=320)
+
+
+@pytest.mark.parametrize("drafter,gamma", DRAFTER_CASES)
+def test_greedy_identical_to_target_only(mixed_bundle, drafter, gamma):
+    bundle, q41 = mixed_bundle
+    assert_greedy_identical_to_target_only(bundle, q41, drafter, gamma)
+
+
+def test_sampling_matches_the_target_distribution(mixed_bundle):
+    _, q41 = mixed_bundle
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
+    with load(q41, backend="native") as gen:
+        prompt_ids = gen.codec.encode(PROMPT)
+        counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
+        assert proposed[2] > 100 and accepted[1] > 30, (proposed, accepted)
+        assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
+
+
+def test_the_cuda_backend_refuses_mixed_blocks_and_auto_stays_native(mixed_bundle):
+    from specdec.cuda.reference import ReferenceKernels
+    from specdec.errors import BackendError
+    from specdec.runtime.cuda_backend import CudaBackend, CudaOptions
+
+    bundle, _ = mixed_bundle
+    with pytest.raises(BackendError, match="K-quant GGUF's mixed blocks") as caught:
+        CudaBackend(bundle, read_manifest(bundle).target, CudaOptions(kernels=ReferenceKernels)).open()
+    assert "backend='native'" in caught.value.hint
+    with load(bundle) as gen:
+        assert gen.backend == "native"
