@@ -2,7 +2,7 @@
 # Builds llama.cpp from source with native CPU flags into benchmarks/.peers/llama.cpp/ (git-ignored):
 #   src/llama_cpp_python-<V>/vendor/llama.cpp   the tree that PyPI's llama-cpp-python sdist vendors (its shallow git
 #                                                metadata too, so the binaries report the commit they were built from)
-#   build/bin/llama-server, build/bin/llama-bench   Release, -DGGML_NATIVE=ON, static, nothing else built
+#   build/bin/llama-server, llama-bench, llama-quantize   Release, -DGGML_NATIVE=ON, static, nothing else built
 #   version.json     the sdist version, llama.cpp's commit and subject, the cmake flags, `llama-server --version`
 # Nothing of llama.cpp is committed. The converter (convert_hf_to_gguf.py) runs from src/ (make_bf16_gguf.py).
 # Idempotent: an existing build is kept unless the version or the flags change.
@@ -19,7 +19,7 @@ tree=$dest/src/llama_cpp_python-$version/vendor/llama.cpp
 flags=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF
        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF
        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF)  # no web UI and no download at build time
-targets=(llama-server llama-bench)
+targets=(llama-server llama-bench llama-quantize)
 mkdir -p "$dest/src"
 
 if [ ! -f "$tree/CMakeLists.txt" ]; then
