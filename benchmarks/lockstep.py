@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -78,13 +79,13 @@ class Peer:
 class LlamaPeer:
     """llama.cpp: one llama-server per mode (benchmarks/peers/llamacpp_peer.py), all started before the run."""
 
-    def __init__(self, modes: dict, model: Path, ignore_eos: bool):
+    def __init__(self, modes: dict, model: Path, ignore_eos: bool, extra: tuple = ()):
         from peers import llamacpp_peer as lc
 
         self.lc, self.ignore_eos, self.servers = lc, ignore_eos, {}
         try:
             for name, spec in modes.items():  # one at a time: each loads its model on a quiet machine
-                self.servers[name] = lc.LlamaServer(lc.ServerSettings(model, spec),
+                self.servers[name] = lc.LlamaServer(lc.ServerSettings(model, spec, extra=extra),
                                                     log=lc.peers_dir() / "llama.cpp" / f"server-{name}.log").start()
                 self.servers[name].complete([1, 2, 3], 4)  # warm-up
         except BaseException:
@@ -211,6 +212,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--llama-ngram", default=None,
                         help="llama.cpp's `ngram` as KIND:N:M, e.g. ngram-simple:3:8 (default: the one its sweep "
                              "measured best for the default model, llamacpp_peer.BEST_NGRAM)")
+    parser.add_argument("--llama-extra", default="",
+                        help="more llama-server flags, as one string (e.g. '--no-repack' where its repacked AMX "
+                             "products crash); written to the record")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="every request makes --new-tokens tokens (specdec and llama.cpp; not onnxruntime-genai)")
     parser.add_argument("--pause", type=float, default=0.05, help="seconds between requests")
@@ -253,7 +257,7 @@ def open_llama(args):
     except ValueError as exc:
         raise SystemExit(f"--llama-ngram: {exc}") from None
     kinds = {"plain": lc.Plain(), "ngram": ngram, "draft": draft}
-    return LlamaPeer({name: kinds[name] for name in names}, model, args.ignore_eos)
+    return LlamaPeer({name: kinds[name] for name in names}, model, args.ignore_eos, tuple(shlex.split(args.llama_extra)))
 
 
 def specdec_modes(args, gamma: int) -> list:

@@ -29,9 +29,11 @@ BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1;
 BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # blk8: Q8_0
 BLOCK4P = np.dtype([("h", "<f2", 4), ("qs", "u1", 32)])  # blk4p: two BLOCK4 of a column, fp16 d0 d1 m0 m1
 BLOCK6 = np.dtype([("d", "<f4", 2), ("qs", "i1", 32)])  # blk6: Q8 with a scale per 16 (a Q6_K's sub-blocks)
+BLOCK5 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qh", "<u4"), ("qs", "u1", 16)])  # blk5: 5-bit codes (Q5_0, Q5_1, Q5_K);
+# qs as BLOCK4's (the low 4 bits), bit j of qh the fifth bit of q[j]
 GRID_TOLERANCE = 1e-4  # max |w − dequant| / d of a weight the native engine takes: fp32 rounding, not a coarser grid
 BF16 = np.dtype("<u2")  # a bf16 value: the top 16 bits of its fp32
-DTYPES = {"blk4": BLOCK4, "blk8": BLOCK8, "blk4p": BLOCK4P, "blk6": BLOCK6, "f32": np.dtype("<f4"), "i64": np.dtype("<i8"),
+DTYPES = {"blk4": BLOCK4, "blk8": BLOCK8, "blk4p": BLOCK4P, "blk6": BLOCK6, "blk5": BLOCK5, "f32": np.dtype("<f4"), "i64": np.dtype("<i8"),
           "bf16": BF16, "f16": np.dtype("<f2")}
 
 
@@ -59,14 +61,14 @@ class WeightLayout:
 WEIGHT_LAYOUTS = {layout.name: layout for layout in (
     WeightLayout("q41", Role.TARGET, 0, BLOCK, "blk4"),  # Q4_1 blocks [N, K / 32], a Q8_0 head
     WeightLayout("q80", Role.TARGET, 4, BLOCK, "blk8"),  # Q8_0 blocks [N, K / 32], a Q8_0 head (a Q8_0 GGUF's)
-    WeightLayout("mixed", Role.TARGET, 5, BLOCK),  # each linear blk4, blk8 or blk6 (MIXED_LINEARS), a Q8_0 head
+    WeightLayout("mixed", Role.TARGET, 5, BLOCK),  # each linear blk4, blk5, blk8 or blk6 (MIXED_LINEARS), a Q8_0 head
     WeightLayout("bf16", Role.TARGET, 1, 1), WeightLayout("f16", Role.TARGET, 2, 1),
     WeightLayout("f32", Role.TARGET, 3, 1),
     WeightLayout("q41-draft", Role.DRAFT, -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
 KINDS = {name: layout.kind for name, layout in WEIGHT_LAYOUTS.items() if layout.kind >= 0}  # model_t.kind by name
-SIZES = {"blk4": 24, "blk8": 36, "blk4p": 40, "blk6": 40}  # the header's static_asserts, checked against the library at load
+SIZES = {"blk4": 24, "blk8": 36, "blk4p": 40, "blk6": 40, "blk5": 28}  # the header's static_asserts, checked against the library at load
 MAGIC = b"SPECDEC-NATIVE\x00\x00"  # the weights file's first 16 bytes
-MIXED_LINEARS = (BLOCK4, BLOCK8, BLOCK6)  # a "mixed" layout's linear blocks, narrowest first (24, 36, 40 bytes)
+MIXED_LINEARS = (BLOCK4, BLOCK5, BLOCK8, BLOCK6)  # a "mixed" layout's linear blocks, narrowest first (24 to 40 bytes)
 ALIGN = 64  # every tensor of the weights file starts at a multiple of this (cache lines, AVX loads)
 
 
@@ -207,40 +209,60 @@ def _fit6(weight: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def _fit4(weight: np.ndarray) -> np.ndarray | None:
-    """weight [N, K] -> blocks [N, K / 32] of BLOCK4 within GRID_TOLERANCE of a step (a Q4_1 or Q4_K block's values,
-    whose codes need not reach 0 and 15: the step is the span over the largest k <= 15 that fits), or None."""
+def _asymmetric(weight: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """weight [N, K] -> (scale, minimum [N, K / 32], codes uint8 [N, K / 32, 32]) with w = d·q + m within
+    GRID_TOLERANCE of a step, q in 0..levels − 1 (a Q4_1 / Q4_K or Q5_0 / Q5_1 / Q5_K block's values, whose codes
+    need not reach both ends: the step is the block's span over the largest k < levels that fits), or None."""
     n, k = weight.shape
     blocks = weight.reshape(n, k // BLOCK, BLOCK)
     low, high = blocks.min(axis=-1), blocks.max(axis=-1)
     scale, codes = np.ones(low.shape, np.float32), np.zeros(blocks.shape, np.float32)
     fitted = high == low  # one value: any scale, every code 0
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        for span in range(15, 0, -1):
+        for span in range(levels - 1, 0, -1):
             if fitted.all():
                 break
             step = ((high - low) / np.float32(span)).astype(np.float32)
             step = np.where(step > 0, step, np.float32(1))
-            q = np.clip(np.rint((blocks - low[..., None]) / step[..., None]), 0, 15)
+            q = np.clip(np.rint((blocks - low[..., None]) / step[..., None]), 0, levels - 1)
             error = np.abs(q * step[..., None] + low[..., None] - blocks).max(axis=-1) / step
             take = ~fitted & (error <= GRID_TOLERANCE)
             scale, codes = np.where(take, step, scale), np.where(take[..., None], q, codes)
             fitted |= take
-    if not fitted.all():
+    return (scale, low, codes.astype(np.uint8)) if fitted.all() else None
+
+
+def _fit4(weight: np.ndarray) -> np.ndarray | None:
+    """weight [N, K] -> blocks [N, K / 32] of BLOCK4 (16 levels: a Q4_1 or Q4_K block's values), or None."""
+    found = _asymmetric(weight, 16)
+    if found is None:
         return None
-    q = codes.astype(np.uint8)
+    scale, low, q = found
     out = np.empty(low.shape, BLOCK4)
     out["d"], out["m"], out["qs"] = scale, low, q[..., :16] | (q[..., 16:] << 4)
     return out
 
 
+def _fit5(weight: np.ndarray) -> np.ndarray | None:
+    """weight [N, K] -> blocks [N, K / 32] of BLOCK5 (32 levels: a Q5_0, Q5_1 or Q5_K block's values), or None."""
+    found = _asymmetric(weight, 32)
+    if found is None:
+        return None
+    scale, low, q = found
+    out = np.empty(low.shape, BLOCK5)
+    out["d"], out["m"] = scale, low
+    out["qs"] = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
+    out["qh"] = ((q >> 4).astype(np.uint32) << np.arange(BLOCK, dtype=np.uint32)).sum(axis=-1, dtype=np.uint32)
+    return out
+
+
 def mixed_blocks(name: str, weight: np.ndarray) -> np.ndarray:
-    """weight [N, K] (K % 32 == 0) -> its blocks in the narrowest of MIXED_LINEARS that holds it (blk4 within
-    GRID_TOLERANCE, blk8 and blk6 exactly), fitted FIT_ROWS rows at a time; GridError where none does."""
+    """weight [N, K] (K % 32 == 0) -> its blocks in the narrowest of MIXED_LINEARS that holds it (blk4 and blk5
+    within GRID_TOLERANCE, blk8 and blk6 exactly), fitted FIT_ROWS rows at a time; GridError where none does."""
     weight = np.ascontiguousarray(weight, dtype=np.float32)
     if weight.ndim != 2 or weight.shape[1] % BLOCK:
         raise GridError(f"{name} has shape {list(weight.shape)}; the native kernels need K % {BLOCK} == 0")
-    for fit in (_fit4, _fit8, _fit6):
+    for fit in (_fit4, _fit5, _fit8, _fit6):
         if fit(weight[:8]) is None:  # a few rows first: most weights are on no grid, or clearly on one
             continue
         parts = []
@@ -251,7 +273,7 @@ def mixed_blocks(name: str, weight: np.ndarray) -> np.ndarray:
             parts.append(part)
         else:
             return np.concatenate(parts)
-    raise GridError(f"{name} is on none of the grids of a K-quant GGUF (Q4_K / Q4_1, Q8_0 / Q5_0, Q6_K)")
+    raise GridError(f"{name} is on none of the grids of a K-quant GGUF (Q4_K / Q4_1, Q5_K / Q5_1 / Q5_0, Q8_0, Q6_K)")
 
 
 def q41_pairs(blocks: np.ndarray) -> np.ndarray:
@@ -308,8 +330,8 @@ def rows_of(weight: np.ndarray, precision: str) -> np.ndarray:
 
 
 def float_rows(rows: np.ndarray) -> np.ndarray:
-    """Rows of bf16 (as BF16), f16 or f32, or blocks [N, K / 32] of BLOCK8, BLOCK6 or BLOCK4 -> float32 [N, K] (a
-    block's d * q or d * q + m)."""
+    """Rows of bf16 (as BF16), f16 or f32, or blocks [N, K / 32] of BLOCK8, BLOCK6, BLOCK4 or BLOCK5 -> float32
+    [N, K] (a block's d * q or d * q + m)."""
     if rows.dtype == BF16:
         return (rows.astype(np.uint32) << 16).view(np.float32)
     if rows.dtype == BLOCK8:
@@ -317,8 +339,10 @@ def float_rows(rows: np.ndarray) -> np.ndarray:
     if rows.dtype == BLOCK6:
         scales = np.repeat(rows["d"], BLOCK // 2, axis=-1)  # [N, nb, 32]
         return (scales * rows["qs"].astype(np.float32)).reshape(rows.shape[0], -1)
-    if rows.dtype == BLOCK4:
+    if rows.dtype in (BLOCK4, BLOCK5):
         q = np.concatenate([rows["qs"] & 15, rows["qs"] >> 4], axis=-1).astype(np.float32)
+        if rows.dtype == BLOCK5:
+            q += 16 * ((rows["qh"][..., None] >> np.arange(BLOCK, dtype=np.uint32)) & 1)
         return (q * rows["d"][..., None] + rows["m"][..., None]).reshape(rows.shape[0], -1)
     return rows.astype(np.float32)
 

@@ -99,10 +99,12 @@ def snap_to_gguf_grids(model, q80: bool = False, mixed: bool = False) -> None:
 
 
 def _mixed_grid(projection: str, layer: int):
-    """The snapper of a projection in a Q4_K_M-like mix that reaches every blk kind: q/k Q5_0, v Q8_0, o Q6_K,
-    gate/up Q4_K, down Q4_K in even layers and Q6_K in odd ones (llama.cpp's more bits for some layers)."""
-    grids = {"q_proj": _q5_0, "k_proj": _q5_0, "v_proj": _q8_0, "o_proj": _q6_k, "gate_proj": _q4_k, "up_proj": _q4_k,
-             "down_proj": _q6_k if layer % 2 else _q4_k}
+    """The snapper of a projection in a K-quant mix that reaches every blk kind: q/k Q5_0 and v Q8_0 (packed: blk8),
+    gate/up Q4_K (blk4); o Q5_0 and down Q5_1 in even layers (blk5), both Q6_K in odd ones (blk6), as llama.cpp gives
+    some layers more bits."""
+    odd = layer % 2
+    grids = {"q_proj": _q5_0, "k_proj": _q5_0, "v_proj": _q8_0, "o_proj": _q6_k if odd else _q5_0,
+             "gate_proj": _q4_k, "up_proj": _q4_k, "down_proj": _q6_k if odd else _q5_1}
     return grids[projection]
 
 
@@ -115,6 +117,16 @@ def _q5_0(weight):
     step = _half(extreme / -16)
     step = torch.where(step != 0, step, torch.ones_like(step))
     return (torch.clamp(torch.round(e / step), -16, 15) * step).reshape(weight.shape)
+
+
+def _q5_1(weight):
+    """weight [N, K] on Q5_1 levels d·q + m (q in 0..31, d and m fp16 per 32 along K), rounded once in float32."""
+    import torch
+
+    e = weight.reshape(weight.shape[0], -1, 32)
+    low, high = _half(e.amin(-1, keepdim=True)), e.amax(-1, keepdim=True)
+    step = _half(torch.where(high > low, (high - low) / 31, torch.ones_like(low)))
+    return (torch.clamp(torch.round((e - low) / step), 0, 31) * step + low).reshape(weight.shape)
 
 
 def _super_blocks(weight, sub: int):

@@ -15,7 +15,7 @@ int specdec_abi_version(void) { return SPECDEC_ABI_VERSION; }
 
 long specdec_layout_size(int which) {
     const long sizes[] = {sizeof(blk4), sizeof(blk8), sizeof(blk4p), sizeof(blkq), sizeof(blkqp), sizeof(model_t),
-                          sizeof(blk6)};
+                          sizeof(blk6), sizeof(blk5)};
     return which >= 0 && which < (int)(sizeof(sizes) / sizeof(sizes[0])) ? sizes[which] : -1;
 }
 
@@ -36,7 +36,8 @@ static int check_layers(const model_t *m, int quant) {
     if (m->kind == SPECDEC_MIXED && !quant) {
         if (!m->kinds) return SPECDEC_E_NULL;
         for (int i = 0; i < 4 * m->L; i++)
-            if (m->kinds[i] != W_Q4 && m->kinds[i] != W_Q8 && m->kinds[i] != W_Q6) return SPECDEC_E_SHAPE;
+            if (m->kinds[i] != W_Q4 && m->kinds[i] != W_Q5 && m->kinds[i] != W_Q8 && m->kinds[i] != W_Q6)
+                return SPECDEC_E_SHAPE;
     }
     for (int l = 0; l < m->L; l++) {
         if (!m->in_norm[l] || !m->post_norm[l] || (m->qkv_bias && !m->qkv_bias[l])) return SPECDEC_E_NULL;

@@ -61,6 +61,21 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
     const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi8_, mask)), d_, m_); \
     const __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(lo8_, 4)), d_, m_); \
     const __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hi8_, 4)), d_, m_)
+// A 5-bit block's 32 weights as four vectors of 8, as Q4_DECODE, with bit j of qh added as 16 to code j
+#define FIFTH(qh, k) _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)((qh) >> (k))), \
+                                                                           shifts_), one_), 4)
+#define Q5_DECODE(blk, mask, w0, w1, w2, w3) \
+    const __m256i lo8_ = Z8((blk).qs), hi8_ = Z8((blk).qs + 8); \
+    const __m256i shifts_ = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), one_ = _mm256_set1_epi32(1); \
+    const __m256 d_ = _mm256_broadcast_ss(&(blk).d), m_ = _mm256_broadcast_ss(&(blk).m); \
+    const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(_mm256_and_si256(lo8_, mask), \
+                                                                          FIFTH((blk).qh, 0))), d_, m_); \
+    const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(_mm256_and_si256(hi8_, mask), \
+                                                                          FIFTH((blk).qh, 8))), d_, m_); \
+    const __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(_mm256_srli_epi32(lo8_, 4), \
+                                                                          FIFTH((blk).qh, 16))), d_, m_); \
+    const __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(_mm256_srli_epi32(hi8_, 4), \
+                                                                          FIFTH((blk).qh, 24))), d_, m_)
 #ifdef __AVX512F__
 // The same products with 16 lanes (AVX-512 builds): a row's accumulator holds both chains, lanes 0-7 the first and
 // 8-15 the second. A block's weights are two vectors, elements 0-15 and 16-31, so lane l takes element l and then
@@ -89,6 +104,13 @@ static inline __attribute__((always_inline)) void q8_decode16(const blk8 *blk, _
     const __m512 d = _mm512_set1_ps(blk->d);
     *wa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))), d);
     *wb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16)))), d);
+}
+static inline __attribute__((always_inline)) void q5_decode16(const blk5 *blk, __m512 *wa, __m512 *wb) {
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs)), fifth = _mm512_set1_epi32(16);
+    const __m512i a = _mm512_and_si512(q, _mm512_set1_epi32(0x0F)), b = _mm512_srli_epi32(q, 4);
+    const __m512 d = _mm512_set1_ps(blk->d), m = _mm512_set1_ps(blk->m);
+    *wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mask_add_epi32(a, (__mmask16)blk->qh, a, fifth)), d, m);
+    *wb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mask_add_epi32(b, (__mmask16)(blk->qh >> 16), b, fifth)), d, m);
 }
 static inline __attribute__((always_inline)) void q6_decode16(const blk6 *blk, __m512 *wa, __m512 *wb) {
     *wa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))),
@@ -166,6 +188,13 @@ static inline __attribute__((always_inline)) void q6_cols(const int R, const flo
     STEP16(1, R, nb, Q6_AT, q6_decode16, 0)
     #undef Q6_AT
 }
+static inline __attribute__((always_inline)) void q5_cols(const int R, const float *x, int K, const blk5 *w, float *y,
+                                                          int N, int n0, int n1) {
+    const int nb = K / 32;
+    #define Q5_AT(n, b) (w + (size_t)(n) * nb + (b))
+    STEP16(1, R, nb, Q5_AT, q5_decode16, 0)
+    #undef Q5_AT
+}
 #else
 static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, int K, const blk4 *w, float *y,
                                                           int N, int n0, int n1) {
@@ -194,6 +223,21 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
             const __m256 d = _mm256_broadcast_ss(&c[b].d);
             rows_times(R, x + b * 32, K, _mm256_mul_ps(S8(c[b].qs), d), _mm256_mul_ps(S8(c[b].qs + 8), d),
                        _mm256_mul_ps(S8(c[b].qs + 16), d), _mm256_mul_ps(S8(c[b].qs + 24), d), acc);
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    }
+}
+static inline __attribute__((always_inline)) void q5_cols(const int R, const float *x, int K, const blk5 *w, float *y,
+                                                          int N, int n0, int n1) {
+    const int nb = K / 32; const __m256i mask = _mm256_set1_epi32(0x0F);
+    for (int n = n0; n < n1; n++) {
+        const blk5 *c = w + (size_t)n * nb;
+        __m256 acc[MAXR][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            FETCH(c + b);
+            Q5_DECODE(c[b], mask, w0, w1, w2, w3);
+            rows_times(R, x + b * 32, K, w0, w1, w2, w3, acc);
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
     }
@@ -230,6 +274,15 @@ void decode8_row(const blk8 *c, int nb, float *out) {
         FETCH(c + b);
         const __m256 d = _mm256_broadcast_ss(&c[b].d);
         for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(S8(c[b].qs + 8 * j), d));
+    }
+}
+static inline void decode5(const blk5 *c, int nb, float *out) {
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    for (int b = 0; b < nb; b++, out += 32) {
+        FETCH(c + b);
+        Q5_DECODE(c[b], mask, w0, w1, w2, w3);
+        _mm256_store_ps(out, w0); _mm256_store_ps(out + 8, w1); _mm256_store_ps(out + 16, w2);
+        _mm256_store_ps(out + 24, w3);
     }
 }
 static void decode6_row(const blk6 *c, int nb, float *out) {  // d[0] * q of elements 0-15, d[1] * q of 16-31
@@ -500,6 +553,7 @@ static void step_columns(const linear_job *j, int n0, int n1) {
         #define Q4F(r) q4_cols(r, xf, K, j->w, yr, N, n0, n1)
         #define Q8F(r) q8_cols(r, xf, K, j->w, yr, N, n0, n1)
         #define Q6F(r) q6_cols(r, xf, K, j->w, yr, N, n0, n1)
+        #define Q5F(r) q5_cols(r, xf, K, j->w, yr, N, n0, n1)
         #define Q8I(r) q8q_cols(r, xq, nb, j->w, yr, N, n0, n1)
         #define Q4P(r) q4p_cols(r, xp, np, j->w, yr, N, n0, n1)
         #define BF(r) rows_cols(r, W_BF16, xf, K, j->w, yr, N, n0, n1)
@@ -513,6 +567,8 @@ static void step_columns(const linear_job *j, int n0, int n1) {
             EACH_R(R, Q8F)
         } else if (j->kind == W_Q6) {
             EACH_R(R, Q6F)
+        } else if (j->kind == W_Q5) {
+            EACH_R(R, Q5F)
         } else if (j->kind == W_BF16) {
             EACH_R(R, BF)
         } else if (j->kind == W_F16) {
@@ -533,6 +589,7 @@ static void prompt_chunk(const linear_job *j, int task, int worker) {
         if (j->kind == W_Q4) decode4((const blk4 *)j->w + (size_t)n * nb, nb, out);
         else if (j->kind == W_Q8) decode8_row((const blk8 *)j->w + (size_t)n * nb, nb, out);
         else if (j->kind == W_Q6) decode6_row((const blk6 *)j->w + (size_t)n * nb, nb, out);
+        else if (j->kind == W_Q5) decode5((const blk5 *)j->w + (size_t)n * nb, nb, out);
         else decode_row(j->kind, (const char *)j->w + (size_t)n * K * row_bytes(j->kind), K, out);
     }
     for (int r0 = 0; r0 < j->M; r0 += PR) {
@@ -554,7 +611,7 @@ size_t linear_decoded_floats(int K) { return ALIGNED(sizeof(float) * PREFILL_COL
 size_t linear_rounded_bytes(int M, int K) { return ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / 32 + 1)); }
 int linear_kind_ok(int kernel, int kind) {
     if (kernel == K_INT8) return kind == W_Q4P || kind == W_Q8;
-    return (kernel == K_STEP || kernel == K_PROMPT) && kind >= W_Q4 && kind <= W_Q6 && kind != W_Q4P;
+    return (kernel == K_STEP || kernel == K_PROMPT) && kind >= W_Q4 && kind <= W_Q5 && kind != W_Q4P;
 }
 int linear_blocks_per_column(int K, int kind) { return kind == W_Q4P ? (K / 32 + 1) / 2 : K / 32; }
 

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK6, BLOCK8, KINDS, WEIGHT_LAYOUTS
+from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK5, BLOCK6, BLOCK8, KINDS, WEIGHT_LAYOUTS
 from specdec.errors import BackendError
 from specdec.lowering import Geometry
 from specdec.manifest import ModelDims
@@ -20,7 +20,7 @@ STATUS = {  # specdec_native.h's status codes
     "weights' vocabulary", 4: "a position is below 0 or past the static buffers", 5: "the scratch is too small",
     6: "the thread count is out of range"}
 WEIGHT_KINDS = {BLOCK4: 0, BLOCK8: 1, BLOCK4P: 2, BF16: 3, np.dtype("<f2"): 4, np.dtype("<f4"): 5,
-                BLOCK6: 6}  # specdec_native.h's SPECDEC_W_*: specdec_matmul's kind, model_t.kinds
+                BLOCK6: 6, BLOCK5: 7}  # specdec_native.h's SPECDEC_W_*: specdec_matmul's kind, model_t.kinds
 KERNELS = {"step": 0, "prompt": 1, "int8": 2}
 
 
@@ -147,7 +147,7 @@ class NativeModel:
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
     def matmul(self, x: np.ndarray, blocks: np.ndarray, kernel: str = "step", threads: int = 1) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK8, BLOCK6; BLOCK4P with kernel "int8") or rows [N, K]
+        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK5, BLOCK8, BLOCK6; BLOCK4P with kernel "int8") or rows [N, K]
         (BF16, float16, float32), by the step kernel, a prompt's kernel ("prompt") or with x rounded to two int8
         parts ("int8": the draft's); the products alone, for benchmarks and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)

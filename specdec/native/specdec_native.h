@@ -18,6 +18,9 @@
 typedef struct { float d, m; uint8_t qs[SPECDEC_BLOCK / 2]; } blk4;
 // Q8_0: w = d * q
 typedef struct { float d; int8_t qs[SPECDEC_BLOCK]; } blk8;
+// 5-bit codes with a scale and a minimum (a GGUF's Q5_0, Q5_1 or Q5_K block): w = d * q + m, q in 0..31; qs[j] holds
+// the low 4 bits of q[j] in its low nibble and of q[j + 16] in its high one, bit j of qh the fifth bit of q[j]
+typedef struct { float d, m; uint32_t qh; uint8_t qs[SPECDEC_BLOCK / 2]; } blk5;
 // Q8_0 with a scale per 16 (a GGUF Q6_K's sub-blocks): w = d[0] * q for elements 0-15, d[1] * q for 16-31
 typedef struct { float d[2]; int8_t qs[SPECDEC_BLOCK]; } blk6;
 // Two Q4_1 blocks of a column (the draft's copy): fp16 d0, d1, m0, m1 (a GGUF's own precision), then
@@ -31,6 +34,7 @@ typedef struct { float sc[4]; int8_t qs[2][SPECDEC_BLOCK], lo[2][SPECDEC_BLOCK];
 _Static_assert(sizeof(blk4) == 24, "blk4 is 24 bytes");
 _Static_assert(sizeof(blk8) == 36, "blk8 is 36 bytes");
 _Static_assert(sizeof(blk6) == 40, "blk6 is 40 bytes");
+_Static_assert(sizeof(blk5) == 28, "blk5 is 28 bytes");
 _Static_assert(sizeof(blk4p) == 40, "blk4p is 40 bytes");
 _Static_assert(sizeof(blkq) == 72, "blkq is 72 bytes");
 _Static_assert(sizeof(blkqp) == 2 * sizeof(blkq), "blkqp is two blkq");
@@ -44,7 +48,7 @@ enum {
     SPECDEC_F32 = 3,   // ... as fp32 rows
     SPECDEC_Q80 = 4,   // linears and head blk8 [N, K / 32] (a Q8_0 GGUF's), embedding fp32 or embedding_rows
     SPECDEC_MIXED = 5, // each linear in the blocks of its own grid (kinds), head blk8, embedding fp32 or embedding_rows:
-                       // a K-quant GGUF's (Q4_K as blk4, Q5_0 and Q8_0 as blk8, Q6_K as blk6)
+                       // a K-quant GGUF's (Q4_K as blk4, Q5_0 / Q5_1 / Q5_K as blk5, Q8_0 as blk8, Q6_K as blk6)
 };
 
 // The kinds of a product's weights (specdec_matmul's kind, model_t.kinds)
@@ -56,6 +60,7 @@ enum {
     SPECDEC_W_F16 = 4,
     SPECDEC_W_F32 = 5,
     SPECDEC_W_Q6 = 6,    // blk6 [N, K / 32]
+    SPECDEC_W_Q5 = 7,    // blk5 [N, K / 32]
 };
 
 // A LLaMA-layout model: per layer RMSNorm, packed q/k/v (plus biases, where qkv_bias is set), rotate-half rotary,
@@ -77,7 +82,7 @@ typedef struct {
     const float *cos, *sin;   // [positions, D / 2]
     const blk8 *embedding_rows;  // [vocab, H / 32]: row t of the embedding is d * q of these (tied weights), or NULL
     const float *const *qkv_bias;  // [L] of [(Hq + 2 Hkv) D]: biases added to q/k/v before rotary (Qwen2), or NULL
-    const int32_t *kinds;  // [L][4]: the weight kind (SPECDEC_W_Q41, _Q80 or _Q6) of each layer's qkv, o, gate_up and
+    const int32_t *kinds;  // [L][4]: the weight kind (SPECDEC_W_Q41, _Q5, _Q80 or _Q6) of each layer's qkv, o, gate_up and
                            // down (SPECDEC_MIXED); NULL for every other kind
 } model_t;
 
@@ -93,7 +98,7 @@ enum {
 };
 
 int specdec_abi_version(void);
-// sizeof of 0: blk4, 1: blk8, 2: blk4p, 3: blkq, 4: blkqp, 5: model_t, 6: blk6; -1 for any other
+// sizeof of 0: blk4, 1: blk8, 2: blk4p, 3: blkq, 4: blkqp, 5: model_t, 6: blk6, 7: blk5; -1 for any other
 long specdec_layout_size(int which);
 
 // Bytes of scratch a forward of B rows of T tokens with the given threads needs (quant: the draft's int8 path),
@@ -107,7 +112,7 @@ int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const
                     int last_only, int quant, int threads, float *logits);
 
 // The products alone, for tests and benchmarks: x [M, K] fp32 -> y [M, N] through blocks [N, wblocks] of kind 0:
-// Q4_1, 1: Q8_0, 2: paired Q4_1 (int8 activations only), 6: Q8 with a scale per 16, or rows [N, K] of kind 3: bf16,
+// Q4_1, 1: Q8_0, 2: paired Q4_1 (int8 activations only), 6: Q8 with a scale per 16, 7: 5-bit, or rows [N, K] of kind 3: bf16,
 // 4: f16, 5: f32 (SPECDEC_W_*); kernel
 // 0: the step kernel, 1: a prompt's (fp32), 2: int8 activations. wblocks must be what K needs (K / 32 blocks of 32,
 // or (K / 32 + 1) / 2 pairs).

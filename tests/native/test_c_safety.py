@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from specdec.blocks import ABI_VERSION, BLOCK4, BLOCK6, FORMAT_VERSION, SIZES
+from specdec.blocks import ABI_VERSION, BLOCK4, BLOCK5, BLOCK6, FORMAT_VERSION, SIZES
 from specdec.errors import BackendError, SpecDecError
 from specdec.manifest import read_manifest
 from specdec.native import build
@@ -38,7 +38,8 @@ def test_the_library_reports_the_header_and_the_python_layouts():
     assert [lib.specdec_layout_size(i) for i in range(3)] == [SIZES["blk4"], SIZES["blk8"], SIZES["blk4p"]]
     assert [BLOCK4.itemsize, lib.specdec_layout_size(5), lib.specdec_layout_size(6)] == \
         [24, ctypes.sizeof(ModelStruct), SIZES["blk6"]]
-    assert [BLOCK6.itemsize, lib.specdec_layout_size(7), lib.specdec_layout_size(-1)] == [SIZES["blk6"], -1, -1]
+    assert [BLOCK6.itemsize, BLOCK5.itemsize, lib.specdec_layout_size(7), lib.specdec_layout_size(8),
+            lib.specdec_layout_size(-1)] == [SIZES["blk6"], SIZES["blk5"], SIZES["blk5"], -1, -1]
 
 
 @pytest.mark.parametrize("ids,start,last_only,match", [
@@ -117,7 +118,7 @@ def test_raw_exports_return_status_codes(target):
     kinds = np.zeros(4 * model.dims.num_layers, np.int32)  # every linear blk4: the q41 bundle's own
     mixed.kinds = kinds.ctypes.data
     assert forward(m=ctypes.byref(mixed)) == 0
-    for kind in (2, 3, 5, 7, -1):  # paired Q4_1 (the draft's), rows, none
+    for kind in (2, 3, 5, 8, -1):  # paired Q4_1 (the draft's), rows, none
         kinds[-1] = kind
         assert forward(m=ctypes.byref(mixed)) == E_SHAPE, kind
     mixed.kind = 6
@@ -127,8 +128,8 @@ def test_raw_exports_return_status_codes(target):
     assert lib.specdec_matmul(None, 4, 64, w.ctypes.data, 2, 0, 0, y.ctypes.data, 4, scratch.ctypes.data, 64, 1) == 1
     assert lib.specdec_matmul(x.ctypes.data, 4, 64, w.ctypes.data, 2, 0, 7, y.ctypes.data, 4, scratch.ctypes.data,
                               64, 1) == E_SHAPE  # no kernel 7
-    assert lib.specdec_matmul(x.ctypes.data, 4, 64, w.ctypes.data, 2, 7, 0, y.ctypes.data, 4, scratch.ctypes.data,
-                              64, 1) == E_SHAPE  # no kind 7
+    assert lib.specdec_matmul(x.ctypes.data, 4, 64, w.ctypes.data, 2, 8, 0, y.ctypes.data, 4, scratch.ctypes.data,
+                              64, 1) == E_SHAPE  # no kind 8
     assert lib.specdec_matmul(x.ctypes.data, 4, 64, w.ctypes.data, 2, 6, 2, y.ctypes.data, 4, scratch.ctypes.data,
                               1 << 20, 1) == E_SHAPE  # blk6 has no int8 kernel
     assert lib.specdec_matmul(x.ctypes.data, 4, 64, w.ctypes.data, 2, 0, 1, y.ctypes.data, 4, scratch.ctypes.data,

@@ -1,16 +1,16 @@
 """Targets from a K-quant GGUF (Q4_K_M, Q5_K_M): each linear weight keeps the blocks of its own grid (layout "mixed"):
-Q4_K and Q4_1 values as blk4, Q5_0 and Q8_0 as blk8, Q6_K's (a scale per 16) as blk6, so the native target computes
-the fp32 graph's function while reading 4.5 to 10 bits a weight. The tiny model here mixes the grids the way
-llama.cpp's Q4_K_M mix does on a model whose rows are too short for K-quants (q/k Q5_0, v Q8_0) and reaches every
-kind (o Q6_K, gate/up Q4_K, down Q4_K or Q6_K by layer). Logits against onnxruntime over 320 positions, greedy
-equality for every drafter, the sampled output's distribution, and the fitters on their own."""
+Q4_K and Q4_1 values as blk4, Q5_0, Q5_1 and Q5_K's as blk5, Q8_0's as blk8, Q6_K's (a scale per 16) as blk6, so the
+native target computes the fp32 graph's function while reading 6 to 10 bits a weight. The tiny model here mixes the
+grids the way llama.cpp's Q4_K_M mix does on a model whose rows are too short for K-quants (q/k Q5_0 beside v Q8_0)
+and reaches every kind (tiny.py's _mixed_grid). Logits against onnxruntime over 320 positions, greedy equality for
+every drafter, the sampled output's distribution, the products against numpy, and the fitters on their own."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from specdec import GenerationConfig
-from specdec.blocks import BLOCK4, BLOCK6, BLOCK8, GridError, float_gcd, float_rows, mixed_blocks
+from specdec.blocks import BLOCK4, BLOCK5, BLOCK6, BLOCK8, GridError, float_gcd, float_rows, mixed_blocks
 from specdec.manifest import read_manifest
 from specdec.native import build
 from specdec.runtime import load
@@ -44,7 +44,7 @@ def test_layout_keeps_each_weights_blocks(mixed_bundle):
     assert native.layout == "mixed"
     kinds = {name: spec["kind"] for name, spec in native.tensors.items()}
     assert [kinds[f"layers.{i}.{name}"] for i in (0, 1) for name in ("qkv", "o", "gate_up", "down")] == \
-        ["blk8", "blk6", "blk4", "blk4", "blk8", "blk6", "blk4", "blk6"]
+        ["blk8", "blk5", "blk4", "blk5", "blk8", "blk6", "blk4", "blk6"]
     weights = (bundle / native.path).stat().st_size
     assert weights < 0.35 * (bundle / "target" / "model.onnx.data").stat().st_size  # 6 to 10 bits a weight, not 32
     assert read_manifest(q41).draft.native.layout == "q41-draft"
@@ -63,9 +63,12 @@ def test_fitters_recover_each_grid_exactly():
     blocks = mixed_blocks("q6", q6)
     assert blocks.dtype == BLOCK6 and np.array_equal(float_rows(blocks), q6)
     d = rng.random((40, 3)).astype(np.float16).astype(np.float32)
-    q5 = (d[..., None] * rng.integers(-16, 16, (40, 3, 32)).astype(np.float32)).reshape(40, 96)
+    q8 = (d[..., None] * rng.integers(-127, 128, (40, 3, 32)).astype(np.float32)).reshape(40, 96)
+    blocks = mixed_blocks("q8", q8)
+    assert blocks.dtype == BLOCK8 and np.array_equal(float_rows(blocks), q8)
+    q5 = (d[..., None] * rng.integers(-16, 16, (40, 3, 32)).astype(np.float32)).reshape(40, 96)  # Q5_0: d·(q − 16)
     blocks = mixed_blocks("q5", q5)
-    assert blocks.dtype == BLOCK8 and np.array_equal(float_rows(blocks), q5)
+    assert blocks.dtype == BLOCK5 and np.abs(float_rows(blocks) - q5).max() <= 1e-5 * np.abs(q5).max()
     step, low = (d * np.float32(7)).astype(np.float32), -d
     codes = rng.integers(3, 13, (40, 3, 32)).astype(np.float32)  # codes that reach neither 0 nor 15 (Q4_K's can)
     q4 = (step[..., None] * codes + low[..., None]).astype(np.float32).reshape(40, 96)
@@ -85,8 +88,14 @@ def test_block_products_match_numpy(mixed_bundle):
     bundle, _ = mixed_bundle
     model = NativeBackend(bundle, read_manifest(bundle).target, 2).open().model
     rng = np.random.default_rng(1)
-    for rows, columns, k in ((1, 5, 32), (5, 37, 96), (9, 50, 576)):
-        blocks = mixed_blocks("q6", _q6_like(rng, columns, k))
+    for (rows, columns, k), grid in zip(((1, 5, 32), (5, 37, 96), (9, 50, 576), (3, 21, 160), (8, 40, 64)),
+                                        ("q6", "q6", "q6", "q5", "q5")):
+        if grid == "q5":  # 5-bit codes with a minimum (Q5_1)
+            w = rng.integers(0, 32, (columns, k)).astype(np.float32) * np.float32(0.01) - np.float32(0.1)
+            blocks = mixed_blocks("q5", w)
+            assert blocks.dtype == BLOCK5
+        else:
+            blocks = mixed_blocks("q6", _q6_like(rng, columns, k))
         weight = float_rows(blocks)
         x = rng.normal(0, 2, (rows, k)).astype(np.float32)
         want = x.astype(np.float64) @ weight.T.astype(np.float64)
