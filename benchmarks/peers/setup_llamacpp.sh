@@ -6,7 +6,7 @@
 #   version.json     the sdist version, llama.cpp's commit and subject, the cmake flags, `llama-server --version`
 # Nothing of llama.cpp is committed. The converter (convert_hf_to_gguf.py) runs from src/ (make_bf16_gguf.py).
 # Idempotent: an existing build is kept unless the version or the flags change.
-# Usage: benchmarks/peers/setup_llamacpp.sh   (env: LLAMA_CPP_PYTHON_VERSION, JOBS, SPECDEC_PEERS_DIR, PYTHON)
+# Usage: benchmarks/peers/setup_llamacpp.sh   (env: LLAMA_CPP_PYTHON_VERSION, JOBS, SPECDEC_PEERS_DIR, PYTHON, LLAMA_AMX)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -20,6 +20,13 @@ flags=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLA
        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF
        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF)  # no web UI and no download at build time
 targets=(llama-server llama-bench llama-quantize)
+# AMX: GGML_NATIVE compiles ggml's AMX products where the CPU has AMX; in this version llama-server then segfaults
+# in ggml_backend_amx_mul_mat at its first batch (seen on a 2-core Xeon VM with amx_tile / amx_int8; llama-bench
+# runs). So where the CPU has AMX the build leaves it out unless LLAMA_AMX=on; the flags go into version.json.
+if grep -q amx_tile /proc/cpuinfo 2>/dev/null && [ "${LLAMA_AMX:-off}" != on ]; then
+  flags+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+          "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+fi
 mkdir -p "$dest/src"
 
 if [ ! -f "$tree/CMakeLists.txt" ]; then
@@ -40,11 +47,11 @@ fi
 commit=$(git -C "$tree" rev-parse HEAD 2>/dev/null || echo unknown)
 subject=$(git -C "$tree" log -1 --format=%s 2>/dev/null || echo unknown)
 server_version=$("$dest/build/bin/llama-server" --version 2>&1 | tr '\n' ' ')
-"$python" - "$dest/version.json" "$version" "$commit" "$subject" "$server_version" "${flags[*]}" <<'EOF'
+"$python" - "$dest/version.json" "$version" "$commit" "$subject" "$server_version" "${flags[@]}" <<'EOF'
 import json, sys
-path, version, commit, subject, server, flags = sys.argv[1:]
+path, version, commit, subject, server, *flags = sys.argv[1:]
 json.dump({"llama_cpp_python_sdist": version, "commit": commit, "subject": subject,
-           "server_version": " ".join(server.split()), "cmake_flags": flags.split(),
+           "server_version": " ".join(server.split()), "cmake_flags": flags,
            "note": "the sdist's git metadata is a shallow clone: the build number it reports is not llama.cpp's"},
           open(path, "w"), indent=2)
 EOF
