@@ -22,6 +22,7 @@ from specdec.export.sources import (
     resolve_source,
     rounded,
 )
+from specdec.blocks import DTYPES, WEIGHT_LAYOUTS
 from specdec.chat_template import read_chat_template
 from specdec.lowering import lowering_for
 from specdec.manifest import (
@@ -146,7 +147,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
             enforce_parity(role, parity)
             note = "checked" if enforced else "informational: quantized graph"
     inputs, outputs = lowering_for(config.lowering).io_specs(arch.dims, config.max_seq_len, KV_DTYPE_NAMES[config.dtype])
-    native, native_note = _native_weights(root, role, arch.dims, config) if role == Role.TARGET else (None, "")
+    native, native_note = _native_weights(root, role, arch.dims, config, source) if role == Role.TARGET else (None, "")
     files = _files_of(root, role)
     return ModelEntry(
         role=role,
@@ -171,15 +172,35 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
     )
 
 
-def _native_weights(root: Path, role: str, dims, config: ExportConfig) -> tuple:
-    """(NativeRecord, "") of an fp32 target's native weights, or (None, why its graph cannot have them)."""
+def _native_weights(root: Path, role: str, dims, config: ExportConfig, source) -> tuple:
+    """(NativeRecord, "" or which of a GGUF's block types became rows) of an fp32 target's native weights, or (None,
+    why its graph cannot have them)."""
     if config.dtype != Precision.FP32:
         return None, f"the {role} is exported in {config.dtype}; the native engine reads an fp32 export's weights"
     try:
-        return write_target(root, role, dims), ""
+        record = write_target(root, role, dims)
+        gguf = source.path / source.gguf_file if source.gguf_file is not None else None
+        return record, gguf_rows_note(gguf, record.layout) if gguf is not None else ""
     except NativeSkipped as why:
         log.info("no native weights for the %s: %s", role, why)
         return None, f"{dims.model_type}, {config.lowering} lowering: {why}"
+
+
+def gguf_rows_note(gguf: Path, layout: str) -> str:
+    """Where a GGUF's weights became rows (layout bf16 / f16 / f32): which of its quantized tensor types no native
+    block holds, for the manifest's native_note and so `gen.backend_note`; "" where they kept blocks."""
+    if not WEIGHT_LAYOUTS[layout].rows:
+        return ""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader
+
+    kept = {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0}  # blocks or rows
+    kinds = sorted(kind.name for kind in {tensor.tensor_type for tensor in GGUFReader(str(gguf)).tensors} - kept)
+    if not kinds:
+        return ""
+    return (f"the GGUF's {', '.join(kinds)} tensors fit no block the native engine keeps (it keeps Q4_0, Q4_1, Q4_K, "
+            f"Q5_0, Q5_1, Q5_K, Q6_K and Q8_0): it runs the weights as {layout} rows, the same function at "
+            f"{8 * DTYPES[layout].itemsize} bits a weight")
 
 
 def _tokenizer_info(tokenizer, model, root: Path) -> TokenizerInfo:

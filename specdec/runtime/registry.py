@@ -99,7 +99,9 @@ def open_backends(root: Path, manifest: Manifest, backend: str, device: str | No
         raise BackendError(f"backend='auto' runs on the CPU or a CUDA GPU, not on {device!r}",
                            "pass device='cpu' or 'cuda:N', or leave device unset")
     try:
-        return (*open_pair(NativeBackend, root, manifest, Device.CPU, threads, verify), NativeBackend.name, note)
+        opened = open_pair(NativeBackend, root, manifest, Device.CPU, threads, verify)
+        rows = manifest.target.native_note  # native, but as rows: a GGUF whose blocks no native block holds
+        return (*opened, NativeBackend.name, "; ".join(part for part in (note, rows) if part) or None)
     except (SpecDecError, OSError, AttributeError) as exc:  # not this bundle, this machine, or this cache
         native = f"the native backend did not open: {getattr(exc, 'message', None) or exc}"
         note = native if note is None else f"{note}; {native}"

@@ -139,3 +139,25 @@ def test_the_cuda_backend_refuses_mixed_blocks_and_auto_stays_native(mixed_bundl
     assert "backend='native'" in caught.value.hint
     with load(bundle) as gen:
         assert gen.backend == "native"
+
+
+def test_a_gguf_of_a_type_no_block_holds_is_named(tmp_path):
+    """Where a GGUF's weights became rows, the note (the manifest's native_note, so gen.backend_note) names the
+    types no native block holds; a file of kept types or a layout of blocks gets none."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    from specdec.export.bundle import gguf_rows_note
+
+    path = tmp_path / "mixed.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    iq4 = np.zeros((4, 18), np.uint8)  # IQ4_NL: an fp16 scale and 16 bytes of codes per 32 weights
+    writer.add_tensor("blk.0.attn_q.weight", iq4, raw_dtype=GGMLQuantizationType.IQ4_NL)
+    writer.add_tensor("blk.0.attn_k.weight", np.zeros((4, 34), np.uint8), raw_dtype=GGMLQuantizationType.Q8_0)
+    writer.add_tensor("output_norm.weight", np.ones(32, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    note = gguf_rows_note(path, "f32")
+    assert "IQ4_NL tensors fit no block" in note and "as f32 rows" in note and "Q8_0 tensors" not in note
+    assert gguf_rows_note(path, "mixed") == ""
