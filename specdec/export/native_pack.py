@@ -104,7 +104,23 @@ def _array(init, folder: Path, numpy_helper) -> np.ndarray:
     return values
 
 
-def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray) -> tuple[str, dict] | None:
+def _mixed(linears: dict, v_rows: int) -> dict:
+    """Each linear weight in its own blocks (mixed_blocks); a packed q/k/v whose v rows lie on another grid than its
+    q/k rows (Q4_K beside Q6_K, as llama.cpp's Q4_K_M mixes them where rows are a multiple of 256) as two: `.qkv` its
+    q/k rows and `.qkv_v` its last `v_rows` rows. GridError where a weight fits none."""
+    tensors = {}
+    for name, weight in linears.items():
+        try:
+            tensors[name] = mixed_blocks(name, weight)
+        except GridError:
+            if not name.endswith(".qkv"):
+                raise
+            tensors[name] = mixed_blocks(f"{name} (q/k rows)", weight[:-v_rows])
+            tensors[f"{name}_v"] = mixed_blocks(f"{name} (v rows)", weight[-v_rows:])
+    return tensors
+
+
+def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray, v_rows: int) -> tuple[str, dict] | None:
     """(layout, tensors) of the weights where every linear weight lies on a Q4_1 grid ("q41"), or every one on a
     Q8_0 grid ("q80", a Q8_0 GGUF's), or each on one of a K-quant GGUF's grids ("mixed": blk4, blk8 or blk6, a
     Q4_K_M file's), and the head on Q8_0's (the embedding read from the head's blocks where they hold it, else kept
@@ -113,11 +129,12 @@ def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray) -> tuple[str,
         head_blocks = on_grid("head", head, q8_blocks)
     except GridError:
         return None
-    fits = {"q41": lambda name, w: on_grid(name, w, q41_blocks), "q80": lambda name, w: on_grid(name, w, q8_blocks),
-            "mixed": mixed_blocks}
+    fits = {"q41": lambda: {name: on_grid(name, w, q41_blocks) for name, w in linears.items()},
+            "q80": lambda: {name: on_grid(name, w, q8_blocks) for name, w in linears.items()},
+            "mixed": lambda: _mixed(linears, v_rows)}
     for layout, fit in fits.items():
         try:
-            tensors = {name: fit(name, weight) for name, weight in linears.items()}
+            tensors = fit()
         except GridError:
             continue
         tensors["head"] = head_blocks
@@ -180,7 +197,8 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float
     for name, weight in [*linears.items(), ("head", head_weight), ("embedding", embedding)]:
         if weight.ndim != 2 or weight.shape[1] % 32:
             raise NativeSkipped(f"{name} has shape {list(weight.shape)}; the native kernels need K % 32 == 0")
-    grids = _grids(linears, head_weight, embedding) if np.isfinite(embedding).all() else None
+    v_rows = dims.num_kv_heads * dims.head_dim
+    grids = _grids(linears, head_weight, embedding, v_rows) if np.isfinite(embedding).all() else None
     layout, found = grids if grids is not None else _rows(linears, head_weight, embedding)
     tensors.update(found)
     tensors["final_norm"] = gamma(norms[-1])
@@ -210,11 +228,13 @@ def write_draft(root: Path, role: str, layout: str, target: dict, keep: np.ndarr
     linear weights in pairs of Q4_1 blocks (the target's own, or fitted to its rows), its head's rows `keep` (token
     ids; None: every row) on the Q8_0 grid (the target's, or fitted). `layout`: the target's (its tensors' dtypes
     say how to read them)."""
-    def q41_of(w):  # the target's own Q4_1 blocks, else fitted to its values (rows, or a Q8_0 GGUF's blocks)
-        w = np.asarray(w)
-        return w if w.dtype == BLOCK4 else q41_blocks(float_rows(w))[0]
+    def q41_of(name):  # the target's own Q4_1 blocks, else fitted to its values (rows, or a GGUF's other blocks)
+        w, v = np.asarray(target[name]), target.get(f"{name}_v")  # ... with a mixed target's own v rows
+        if v is None:
+            return w if w.dtype == BLOCK4 else q41_blocks(float_rows(w))[0]
+        return q41_blocks(np.concatenate([float_rows(w), float_rows(np.asarray(v))]))[0]
 
-    tensors = {f"{name}_p": q41_pairs(q41_of(w)) for name, w in target.items()
+    tensors = {f"{name}_p": q41_pairs(q41_of(name)) for name in target
                if name.startswith("layers.") and name.rsplit(".", 1)[1] in LINEARS}
     head = np.asarray(target["head"])
     head = head if keep is None else head[keep]

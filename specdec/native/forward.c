@@ -19,6 +19,8 @@ long specdec_layout_size(int which) {
     return which >= 0 && which < (int)(sizeof(sizes) / sizeof(sizes[0])) ? sizes[which] : -1;
 }
 
+enum { L_QKV = 0, L_O = 1, L_GATE_UP = 2, L_DOWN = 3, L_V = 4 };  // a layer's linears, in model_t.kinds' order
+
 static int out_of(long value, long low, long high) { return value < low || value > high; }
 static int gguf_blocks(int kind) { return kind == SPECDEC_Q41 || kind == SPECDEC_Q80 || kind == SPECDEC_MIXED; }  // else rows
 
@@ -35,9 +37,12 @@ static int check_layers(const model_t *m, int quant) {
         if (!tables[t]) return SPECDEC_E_NULL;
     if (m->kind == SPECDEC_MIXED && !quant) {
         if (!m->kinds) return SPECDEC_E_NULL;
-        for (int i = 0; i < 4 * m->L; i++)
-            if (m->kinds[i] != W_Q4 && m->kinds[i] != W_Q5 && m->kinds[i] != W_Q8 && m->kinds[i] != W_Q6)
-                return SPECDEC_E_SHAPE;
+        for (int l = 0; l < m->L; l++)
+            for (int t = 0; t < 5; t++) {
+                const int kind = m->kinds[5 * l + t];
+                if (t == L_V && !(m->qkv_v && m->qkv_v[l])) continue;  // no v rows of their own in this layer
+                if (kind != W_Q4 && kind != W_Q5 && kind != W_Q8 && kind != W_Q6) return SPECDEC_E_SHAPE;
+            }
     }
     for (int l = 0; l < m->L; l++) {
         if (!m->in_norm[l] || !m->post_norm[l] || (m->qkv_bias && !m->qkv_bias[l])) return SPECDEC_E_NULL;
@@ -142,17 +147,25 @@ typedef struct {
 #define BUF(p, field) ((float *)((p)->base + (p)->at.field))
 #define WEIGHT(p, name, l) ((p)->quant ? (const void *)(p)->m->name##_p[l] : (const void *)(p)->m->name[l])
 
-enum { L_QKV = 0, L_O = 1, L_GATE_UP = 2, L_DOWN = 3 };  // a layer's linears, in model_t.kinds' order
 
 static int weights_kind(const pass_t *p, int l, int which) {  // of layer l's linear `which`
     const int kind = p->m->kind;
     if (p->quant) return W_Q4P;
-    if (kind == SPECDEC_MIXED) return p->m->kinds[4 * l + which];
+    if (kind == SPECDEC_MIXED) return p->m->kinds[5 * l + which];
     return kind == SPECDEC_Q41 ? W_Q4 : kind == SPECDEC_Q80 ? W_Q8 : row_kind(kind);
 }
 
 static void dense(const pass_t *p, int l, int which, const float *x, int K, const void *w, float *y, int N) {
-    linear(p->threads, p->kernel, weights_kind(p, l, which), x, p->B * p->T, K, w, y, N, BUF(p, decoded),
+    const int v_rows = p->m->Hkv * p->m->D;
+    if (which == L_QKV && !p->quant && p->m->kind == SPECDEC_MIXED && p->m->qkv_v && p->m->qkv_v[l]) {
+        // q/k rows and v rows in blocks of their own kinds: two products into one [rows, N] buffer
+        linear(p->threads, p->kernel, weights_kind(p, l, L_QKV), x, p->B * p->T, K, w, y, N - v_rows, N,
+               BUF(p, decoded), p->base + p->at.rounded);
+        linear(p->threads, p->kernel, p->m->kinds[5 * l + L_V], x, p->B * p->T, K, p->m->qkv_v[l], y + N - v_rows,
+               v_rows, N, BUF(p, decoded), p->base + p->at.rounded);
+        return;
+    }
+    linear(p->threads, p->kernel, weights_kind(p, l, which), x, p->B * p->T, K, w, y, N, N, BUF(p, decoded),
            p->base + p->at.rounded);
 }
 
@@ -226,7 +239,7 @@ static void score(const pass_t *p, int last_only, float *logits) {
         rmsnorm(BUF(p, x) + from * H, m->final_norm, m->eps, H, BUF(p, xn) + (size_t)r * H);
     }
     const int kind = p->quant || gguf_blocks(m->kind) ? W_Q8 : row_kind(m->kind);  // a draft's head: blk8
-    linear(p->threads, p->quant ? K_INT8 : K_STEP, kind, BUF(p, xn), rows, H, m->head, logits, m->V, BUF(p, decoded),
+    linear(p->threads, p->quant ? K_INT8 : K_STEP, kind, BUF(p, xn), rows, H, m->head, logits, m->V, m->V, BUF(p, decoded),
            p->base + p->at.rounded);
 }
 
@@ -279,7 +292,7 @@ int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int
         return SPECDEC_E_SHAPE;
     if (scratch_bytes < (size_t)need) return SPECDEC_E_SCRATCH;
     char *base = (char *)ALIGNED((uintptr_t)scratch);
-    linear(threads, kernel, kind, x, M, K, w, y, N, (float *)base, base);
+    linear(threads, kernel, kind, x, M, K, w, y, N, N, (float *)base, base);
     return SPECDEC_OK;
 }
 

@@ -35,7 +35,7 @@ static inline __m256 exp256(__m256 x) {
 }
 
 
-// ---- linear.c: x [M, K] -> y [M, N] through blocks [N, K / 32] ----
+// ---- linear.c: x [M, K] -> y [M, N] (rows ldy apart) through blocks [N, K / 32] ----
 enum {  // specdec_native.h's weight kinds, by shorter names: blk4, blk8, blk4p, rows [N, K], blk6, blk5
     W_Q4 = SPECDEC_W_Q41, W_Q8 = SPECDEC_W_Q80, W_Q4P = SPECDEC_W_Q41P, W_BF16 = SPECDEC_W_BF16, W_F16 = SPECDEC_W_F16,
     W_F32 = SPECDEC_W_F32, W_Q6 = SPECDEC_W_Q6, W_Q5 = SPECDEC_W_Q5
@@ -43,7 +43,7 @@ enum {  // specdec_native.h's weight kinds, by shorter names: blk4, blk8, blk4p,
 enum { K_STEP = 0, K_PROMPT = 1, K_INT8 = 2 };      // the kernels: specdec_native.h's specdec_matmul
 // scratch of one linear: K_PROMPT decodes columns into `decoded` (linear_decoded_floats per thread), K_INT8 rounds
 // the activations into `rounded` (linear_rounded_bytes)
-void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N,
+void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N, int ldy,
             float *decoded, void *rounded);
 size_t linear_decoded_floats(int K);
 size_t linear_rounded_bytes(int M, int K);

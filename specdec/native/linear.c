@@ -518,7 +518,7 @@ int row_kind(int model_kind) {
 
 // ---- the loops ----
 typedef struct {
-    int kernel, kind, M, K, N;
+    int kernel, kind, M, K, N, ldy;  // ldy: y's row stride (N, or more where y holds several products side by side)
     const void *x;  // fp32 rows, or their int8 blocks (K_INT8)
     const void *w;
     float *y, *decoded;
@@ -543,7 +543,7 @@ static void step_task(void *ctx, int first, int last, int worker) {
         step_columns(j, n0, n0 + COLUMNS < j->N ? n0 + COLUMNS : j->N);
 }
 static void step_columns(const linear_job *j, int n0, int n1) {
-    const int K = j->K, N = j->N, nb = K / 32, np = (nb + 1) / 2;
+    const int K = j->K, N = j->ldy, nb = K / 32, np = (nb + 1) / 2;  // N: the stride the cols functions write at
     for (int m0 = 0; m0 < j->M; m0 += MAXR) {
         const int R = j->M - m0 < MAXR ? j->M - m0 : MAXR;
         const float *xf = (const float *)j->x + (size_t)m0 * K;
@@ -581,8 +581,8 @@ static void step_columns(const linear_job *j, int n0, int n1) {
 
 // a prompt's rows: the task's columns decoded to fp32 once (into its worker's buffer), then tiles of PR x PC
 static void prompt_chunk(const linear_job *j, int task, int worker) {
-    const int K = j->K, N = j->N, nb = K / 32, n0 = task * PREFILL_COLUMNS;
-    const int n1 = n0 + PREFILL_COLUMNS < N ? n0 + PREFILL_COLUMNS : N;
+    const int K = j->K, N = j->ldy, nb = K / 32, n0 = task * PREFILL_COLUMNS;
+    const int n1 = n0 + PREFILL_COLUMNS < j->N ? n0 + PREFILL_COLUMNS : j->N;
     float *buf = j->decoded + (size_t)worker * linear_decoded_floats(K);
     for (int n = n0; n < n1; n++) {
         float *out = buf + (size_t)(n - n0) * K;
@@ -615,9 +615,9 @@ int linear_kind_ok(int kernel, int kind) {
 }
 int linear_blocks_per_column(int K, int kind) { return kind == W_Q4P ? (K / 32 + 1) / 2 : K / 32; }
 
-void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N,
+void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N, int ldy,
             float *decoded, void *rounded) {
-    linear_job j = {kernel, kind, M, K, N, x, w, y, decoded};
+    linear_job j = {kernel, kind, M, K, N, ldy, x, w, y, decoded};
     if (kernel == K_INT8) {
         if (kind == W_Q4P) quantize_pairs(x, M, K, rounded);
         else quantize_rows(x, M, K, rounded);

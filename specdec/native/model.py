@@ -30,7 +30,7 @@ class ModelStruct(ctypes.Structure):
                 ("positions", _I), ("kind", _I), ("eps", _F), ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P),
                 ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P),
                 ("gate_up_p", _P), ("down_p", _P), ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P),
-                ("embedding_rows", _P), ("qkv_bias", _P), ("kinds", _P)]
+                ("embedding_rows", _P), ("qkv_bias", _P), ("kinds", _P), ("qkv_v", _P)]
 
 
 def _pointers(arrays: list) -> np.ndarray:
@@ -115,9 +115,13 @@ class NativeModel:
         paired = [_pointers(list(column)) for column in zip(*self.draft.pairs)] if self.draft else []
         biases = _pointers([layer.qkv_bias for layer in layers]) if layers[0].qkv_bias is not None else None
         mixed = WEIGHT_LAYOUTS[weights.layout].mixed
-        kinds = np.array([WEIGHT_KINDS[getattr(layer, name).dtype] for layer in layers for name in LINEARS],
-                         np.int32) if mixed else None  # each linear's own blocks ("mixed")
-        self._tables = tables + paired + [biases, kinds]  # kept alive with the struct
+        kinds = np.array([[WEIGHT_KINDS[getattr(layer, name).dtype] for name in LINEARS] +
+                          [WEIGHT_KINDS[(layer.qkv_v if layer.qkv_v is not None else layer.qkv).dtype]]
+                          for layer in layers], np.int32) if mixed else None  # each linear's own blocks ("mixed")
+        split = [layer.qkv_v for layer in layers]  # a mixed layer's v rows apart, else NULL
+        v_rows = np.array([0 if v is None else v.ctypes.data for v in split], np.uintp) if any(
+            v is not None for v in split) else None
+        self._tables = tables + paired + [biases, kinds, v_rows]  # kept alive with the struct
         rows = WEIGHT_LAYOUTS[weights.layout].rows  # rows: a tied embedding is the head itself
         embedding = weights.head if rows and weights.embedding is None else weights.embedding
         return ModelStruct(
@@ -127,7 +131,8 @@ class NativeModel:
             *([table.ctypes.data for table in paired] or [None] * len(LINEARS)),  # NULL for a target
             weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data,
             weights.head.ctypes.data if embedding is None else None,  # the whole head, not a draft's rows
-            None if biases is None else biases.ctypes.data, None if kinds is None else kinds.ctypes.data)
+            None if biases is None else biases.ctypes.data, None if kinds is None else kinds.ctypes.data,
+            None if v_rows is None else v_rows.ctypes.data)
 
     @property
     def keys(self):

@@ -82,8 +82,10 @@ typedef struct {
     const float *cos, *sin;   // [positions, D / 2]
     const blk8 *embedding_rows;  // [vocab, H / 32]: row t of the embedding is d * q of these (tied weights), or NULL
     const float *const *qkv_bias;  // [L] of [(Hq + 2 Hkv) D]: biases added to q/k/v before rotary (Qwen2), or NULL
-    const int32_t *kinds;  // [L][4]: the weight kind (SPECDEC_W_Q41, _Q5, _Q80 or _Q6) of each layer's qkv, o, gate_up and
-                           // down (SPECDEC_MIXED); NULL for every other kind
+    const int32_t *kinds;  // [L][5]: the weight kind (SPECDEC_W_Q41, _Q5, _Q80 or _Q6) of each layer's qkv (its q/k
+                           // rows where qkv_v[l] is set), o, gate_up, down and qkv_v (SPECDEC_MIXED); NULL otherwise
+    const void *const *qkv_v;  // [L]: the v rows [Hkv D, H / 32] of a layer whose q/k and v lie on different grids
+                               // (SPECDEC_MIXED; NULL entries for the others), or NULL
 } model_t;
 
 // Status codes: 0, or what was wrong with the arguments. Nothing is written where a call fails its checks.

@@ -10,7 +10,9 @@ Layouts (the manifest's NativeRecord.layout):
 - "q80": the same for a Q8_0 GGUF: every linear weight on a Q8_0 grid, as blk8 [N, K / 32] (4.5 bits a weight
   more than Q4_1's, no minimum).
 - "mixed": a K-quant GGUF's target (Q4_K_M, Q5_K_M): each linear weight in the blocks of its own grid, blk4
-  (Q4_K, Q4_1), blk8 (Q5_0, Q8_0) or blk6 (Q6_K: a scale per 16), [N, K / 32] each; the head blk8 as in "q41".
+  (Q4_K, Q4_1), blk5 (Q5_0, Q5_1, Q5_K), blk8 (Q8_0) or blk6 (Q6_K: a scale per 16), [N, K / 32] each; a layer whose
+  v rows lie on another grid than its q/k rows holds them apart, `.qkv` [(Hq + Hkv) D, H / 32] and `.qkv_v`
+  [Hkv D, H / 32]; the head blk8 as in "q41".
 - "bf16", "f16", "f32": a target in a checkpoint's own precision: the same tensors, with the linear weights and the
   head as rows [N, K] of that dtype (bf16 as its top 16 bits), and `embedding` [V, H] of it only where it is not the
   head (untied weights).
@@ -44,6 +46,12 @@ class Layer:
     gate_up: np.ndarray  # [2 I, H / 32]
     down: np.ndarray  # [H, I / 32]
     qkv_bias: np.ndarray | None = None  # [(Hq + 2 Hkv) D] float32: q/k/v biases (Qwen2), or None
+    qkv_v: np.ndarray | None = None  # [Hkv D, H / 32]: a "mixed" layer's v rows on another grid (qkv: its q/k rows)
+
+    @property
+    def qkv_rows(self) -> int:
+        """Rows of the whole packed q/k/v product."""
+        return len(self.qkv) + (0 if self.qkv_v is None else len(self.qkv_v))
 
 
 @dataclass
@@ -140,8 +148,14 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
               "down": ((H, mlp // per), linear)}
     if t.get("layers.0.qkv_bias") is not None:  # every layer or none (Qwen2's q/k/v biases)
         shapes["qkv_bias"] = ((qkv,), f32)
-    layer_list = [Layer(**{name: _expect(t, f"layers.{i}.{name}", kind, shape, "target")
-                           for name, (shape, kind) in shapes.items()}) for i in range(layers)]
+    layer_list = []
+    for i in range(layers):
+        own = dict(shapes)
+        if layout.mixed and t.get(f"layers.{i}.qkv_v") is not None:  # q/k rows and v rows apart
+            own["qkv"] = ((qkv - dims.num_kv_heads * D, H // per), linear)
+            own["qkv_v"] = ((dims.num_kv_heads * D, H // per), linear)
+        layer_list.append(Layer(**{name: _expect(t, f"layers.{i}.{name}", kind, shape, "target")
+                                   for name, (shape, kind) in own.items()}))
     embedding = t.get("embedding")
     if embedding is not None:
         _expect(t, "embedding", head_kind if rows else f32, (V, H), "target")
@@ -159,7 +173,8 @@ def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: Nat
     t = _tensors(root, record, "draft", pages)
     pairs, per = [], WEIGHT_LAYOUTS[target.layout].per
     for i, layer in enumerate(target.layers):
-        shapes = [getattr(layer, name).shape for name in LINEARS]  # [N, K / 32] blocks or [N, K] rows
+        shapes = [(layer.qkv_rows if name == "qkv" else getattr(layer, name).shape[0], getattr(layer, name).shape[1])
+                  for name in LINEARS]  # [N, K / 32] blocks or [N, K] rows
         pairs.append([_expect(t, f"layers.{i}.{name}_p", BLOCK4P, (n, (k * per // BLOCK + 1) // 2), "draft")
                       for name, (n, k) in zip(LINEARS, shapes)])
     rows = t.get("head_rows")

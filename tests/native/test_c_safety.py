@@ -115,11 +115,19 @@ def test_raw_exports_return_status_codes(target):
     mixed = type(model.struct).from_buffer_copy(model.struct)  # a "mixed" descriptor without its kinds, then with
     mixed.kind = 5  # SPECDEC_MIXED                              # a kind no linear may have
     assert forward(m=ctypes.byref(mixed)) == E_NULL
-    kinds = np.zeros(4 * model.dims.num_layers, np.int32)  # every linear blk4: the q41 bundle's own
+    kinds = np.zeros((model.dims.num_layers, 5), np.int32)  # every linear blk4: the q41 bundle's own
+    kinds[:, 4] = 99  # the v rows' kind, read only where a layer has them apart
     mixed.kinds = kinds.ctypes.data
     assert forward(m=ctypes.byref(mixed)) == 0
+    split = np.zeros(model.dims.num_layers, np.uintp)  # no layer's v rows apart: the same
+    mixed.qkv_v = split.ctypes.data
+    assert forward(m=ctypes.byref(mixed)) == 0
+    split[-1] = model.weights.layers[-1].qkv.ctypes.data  # the last layer's v rows apart, of kind 99
+    assert forward(m=ctypes.byref(mixed)) == E_SHAPE
+    kinds[-1, 4] = 0
+    assert forward(m=ctypes.byref(mixed)) == 0
     for kind in (2, 3, 5, 8, -1):  # paired Q4_1 (the draft's), rows, none
-        kinds[-1] = kind
+        kinds[-1, 3] = kind
         assert forward(m=ctypes.byref(mixed)) == E_SHAPE, kind
     mixed.kind = 6
     assert forward(m=ctypes.byref(mixed)) == E_SHAPE
