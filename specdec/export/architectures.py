@@ -172,6 +172,10 @@ class Architecture:
         attn = layer.self_attn
         return _packed_linear((attn.q_proj, attn.k_proj, attn.v_proj))
 
+    def qk_norms(self, layer: nn.Module):
+        """(q norm, k norm): the RMSNorm modules a family applies to each head of q and k before rotary, or None."""
+        return None
+
     def packed_gate_up(self, layer: nn.Module):
         """(gate|up weight [2I, H], activation, down projection) of a gated MLP with bias-free gate and up
         (down(act(x @ gate) * (x @ up))); None where the MLP is not one."""
@@ -204,8 +208,8 @@ class Qwen3Architecture(Architecture):
         # q: [B, Hq, T, D], k: [B, Hkv, T, D]; the norms act on D
         return layer.self_attn.q_norm(q), layer.self_attn.k_norm(k)
 
-    def packed_qkv(self, layer):
-        return None  # q and k are normalized per head before the attention op rotates them
+    def qk_norms(self, layer):
+        return layer.self_attn.q_norm, layer.self_attn.k_norm  # the gqa lowering applies them to the packed q/k
 
 
 @register("phi3")

@@ -249,6 +249,9 @@ class GqaDecoder(StaticKVDecoder):
         if self.packed[index]["qkv"]:  # qkv: [B, T, (Hq + 2 Hkv) D], rotated inside the attention op
             weight, bias = getattr(self, f"qkv_weight_{index}"), getattr(self, f"qkv_bias_{index}")
             qkv = torch.nn.functional.linear(x, weight, bias)
+            norms = self.arch.qk_norms(layer)
+            if norms is not None:
+                qkv = self._norm_heads(qkv, norms)
             out, present_k, present_v = torch.ops.specdec.gqa_packed(qkv, *args)
             return self.arch.out_proj(layer, out), present_k, present_v
         rotate_here = not self.fused_rotary
@@ -256,6 +259,18 @@ class GqaDecoder(StaticKVDecoder):
         flat = lambda t: t.transpose(1, 2).reshape(batch, steps, -1)  # noqa: E731  [B, N, T, D] -> [B, T, N*D]
         out, present_k, present_v = torch.ops.specdec.gqa(flat(q), flat(k), flat(v), *args)
         return self.arch.out_proj(layer, out), present_k, present_v
+
+    def _norm_heads(self, qkv, norms):
+        # qkv: [B, T, (Hq + 2 Hkv) D] -> the same with each head of q and k RMS-normalized over D (Qwen3): a Split,
+        # per part a Reshape, a SimplifiedLayerNormalization and a Reshape back, and a Concat
+        dims = self.arch.dims
+        batch, steps, _ = qkv.shape
+        sizes = [dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim]
+        q, k, v = qkv.split(sizes, dim=-1)
+        normed = [torch.ops.specdec.rms_norm(part.reshape(batch, steps, -1, dims.head_dim), norm.weight,
+                                             float(norm.variance_epsilon)).reshape(batch, steps, -1)
+                  for part, norm in ((q, norms[0]), (k, norms[1]))]
+        return torch.cat([*normed, v], dim=-1)
 
     def mlp_packed(self, index, layer, x):
         # x: [B, T, H] -> [B, T, H]; gate and up as one MatMul where the family allows

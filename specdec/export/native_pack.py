@@ -47,7 +47,10 @@ def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:
     qkv_biases, biased = _qkv_biases(nodes, inits)
     if stray or biased:
         raise NativeSkipped(f"{path.name} holds {', '.join(stray + biased)}, which the native engine does not run")
-    parts = {"norms": [n for n in nodes if n.op_type.endswith("SimplifiedLayerNormalization")],
+    made_by = {output: node for node in nodes for output in node.output}
+    head_norms = {id(n) for n in nodes if n.op_type == "SimplifiedLayerNormalization"
+                  and getattr(made_by.get(n.input[0]), "op_type", None) == "Reshape"}  # a head's q or k (Qwen3)
+    parts = {"norms": [n for n in nodes if n.op_type.endswith("SimplifiedLayerNormalization") and id(n) not in head_norms],
              "matmuls": [n for n in nodes if n.op_type == "MatMul" and n.input[1] in inits],
              "attention": [n for n in nodes if n.op_type == "GroupQueryAttention"],
              "heads": [n for n in nodes if n.op_type == "Gemm" and n.input[1] in inits],
@@ -61,7 +64,29 @@ def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:
     if qkv_biases and len(qkv_biases) != layers:
         raise NativeSkipped(f"{path.name} has q/k/v biases in {len(qkv_biases)} of its {layers} layers")
     parts["qkv_biases"] = qkv_biases
+    parts["qk_norms"] = _qk_norms(parts["attention"], made_by, len(head_norms), path)
     return parts
+
+
+def _qk_norms(attention: list, made_by: dict, count: int, path: Path) -> list:
+    """[(q norm, k norm) node of each layer] where the graph normalizes each head of q and k before its attention
+    (Qwen3: the packed q/k/v split, q and k each reshaped to heads, normalized and reshaped back, concatenated with
+    v), else []."""
+    if not count:
+        return []
+    found = []
+    for node in attention:
+        concat = made_by.get(node.input[0])
+        sources = [made_by.get(name) for name in concat.input] if concat is not None and concat.op_type == "Concat" else []
+        norms = [made_by.get(source.input[0]) if source is not None and source.op_type == "Reshape" else None
+                 for source in sources[:2]]
+        if len(sources) != 3 or any(n is None or n.op_type != "SimplifiedLayerNormalization" for n in norms) or \
+                sources[2] is None or sources[2].op_type != "Split":
+            raise NativeSkipped(f"{path.name} normalizes heads of q and k in a way the native engine does not read")
+        found.append(tuple(norms))
+    if 2 * len(found) != count:
+        raise NativeSkipped(f"{path.name} has {count} per-head norms for {len(found)} attention layers")
+    return found
 
 
 def _qkv_biases(nodes: list, inits: dict) -> tuple[dict, list]:
@@ -188,6 +213,13 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float
         tensors[f"layers.{i}.input_norm"], tensors[f"layers.{i}.post_norm"] = gamma(norms[2 * i]), gamma(norms[2 * i + 1])
         for name, node in zip(LINEARS, matmuls[4 * i : 4 * i + 4]):
             linears[f"layers.{i}.{name}"] = _float(array(node.input[1]).T)  # B: [K, N]
+        if parts["qk_norms"]:
+            q_norm, k_norm = parts["qk_norms"][i]
+            tensors[f"layers.{i}.q_norm"], tensors[f"layers.{i}.k_norm"] = gamma(q_norm), gamma(k_norm)
+            eps = {_attributes(n, onnx).get("epsilon", 1e-5) for n in (q_norm, k_norm, norms[0])}
+            if len(eps) > 1:
+                raise NativeSkipped(f"{path.name}'s q/k norms and layer norms have epsilons {sorted(eps)}; the native "
+                                    "engine takes one")
         bias = parts["qkv_biases"].get(matmuls[4 * i].output[0])
         if parts["qkv_biases"] and bias is None:
             raise NativeSkipped(f"{path.name}'s layer {i} has a bias on another product than its q/k/v")

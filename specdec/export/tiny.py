@@ -47,24 +47,26 @@ def tiny_tokenizer(vocab_size: int):
 
 
 def tiny_model(family: str, vocab_size: int, layers: int = 2, hidden: int = 32, seed: int = 0, positions: int = 512,
-               init_range: float = 0.02):
+               init_range: float = 0.02, **config):
+    """A random `family` model; `config`: fields that replace FAMILY_CONFIGS' (head_dim=16, ...)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
     special = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=init_range)
     sizes = dict(zip(FAMILY_SIZE_NAMES.get(family, SIZE_NAMES), (hidden, layers, positions)))
-    config = AutoConfig.for_model(family, vocab_size=vocab_size, **sizes, **FAMILY_CONFIGS[family], **special)
+    fields = {**FAMILY_CONFIGS[family], **config}
+    config = AutoConfig.for_model(family, vocab_size=vocab_size, **sizes, **fields, **special)
     return AutoModelForCausalLM.from_config(config).eval()
 
 
 def save_tiny(folder: str | Path, family: str = "llama", layers: int = 2, seed: int = 0, hidden: int = 32,
-              init_range: float = 0.02, vocab_size: int = 320) -> Path:
+              init_range: float = 0.02, vocab_size: int = 320, **config) -> Path:
     """Write a random `family` model and its tokenizer to `folder` (save_pretrained layout).
     A larger `init_range` gives peakier distributions (useful for sampling tests)."""
     folder = Path(folder)
     tokenizer = tiny_tokenizer(vocab_size)
-    model = tiny_model(family, len(tokenizer), layers=layers, hidden=hidden, seed=seed, init_range=init_range)
+    model = tiny_model(family, len(tokenizer), layers=layers, hidden=hidden, seed=seed, init_range=init_range, **config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

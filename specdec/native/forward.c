@@ -27,6 +27,7 @@ static int gguf_blocks(int kind) { return kind == SPECDEC_Q41 || kind == SPECDEC
 static int check_layers(const model_t *m, int quant) {
     if (!m->in_norm || !m->post_norm || !m->final_norm || !m->head || !m->cos || !m->sin) return SPECDEC_E_NULL;
     if (!m->embedding && !m->embedding_rows) return SPECDEC_E_NULL;
+    if (!m->q_norm != !m->k_norm) return SPECDEC_E_NULL;  // both or neither
     const void *const *tables[4] = {(const void *const *)m->qkv, (const void *const *)m->o,
                                     (const void *const *)m->gate_up, (const void *const *)m->down};
     if (quant) {
@@ -46,6 +47,7 @@ static int check_layers(const model_t *m, int quant) {
     }
     for (int l = 0; l < m->L; l++) {
         if (!m->in_norm[l] || !m->post_norm[l] || (m->qkv_bias && !m->qkv_bias[l])) return SPECDEC_E_NULL;
+        if (m->q_norm && (!m->q_norm[l] || !m->k_norm[l])) return SPECDEC_E_NULL;
         for (int t = 0; t < 4; t++)
             if (!tables[t][l]) return SPECDEC_E_NULL;
     }
@@ -169,8 +171,9 @@ static void dense(const pass_t *p, int l, int which, const float *x, int K, cons
            p->base + p->at.rounded);
 }
 
-// q/k/v of every row rotated: q into the q buffer, k and v into each row's KV of layer l at its positions
-static void place_qkv(const pass_t *p, int l, const float *qkv) {
+// q/k/v of every row (q/k heads normalized in place where the model has q/k norms) rotated: q into the q buffer, k and
+// v into each row's KV of layer l at its positions
+static void place_qkv(const pass_t *p, int l, float *qkv) {
     const model_t *m = p->m;
     const int D = m->D, Hq = m->Hq, Hkv = m->Hkv, QKV = (Hq + 2 * Hkv) * D, half = D / 2;
     for (int b = 0; b < p->B; b++) {
@@ -178,7 +181,11 @@ static void place_qkv(const pass_t *p, int l, const float *qkv) {
         for (int t = 0; t < p->T; t++) {
             const size_t row = (size_t)b * p->T + t;
             const int at = p->pos[b] + t;
-            const float *in = qkv + row * QKV, *cs = m->cos + (size_t)at * half, *sn = m->sin + (size_t)at * half;
+            float *in = qkv + row * QKV;
+            const float *cs = m->cos + (size_t)at * half, *sn = m->sin + (size_t)at * half;
+            if (m->q_norm)  // each head of q and k normalized in place, before rotary (Qwen3)
+                for (int h = 0; h < Hq + Hkv; h++)
+                    rmsnorm(in + h * D, h < Hq ? m->q_norm[l] : m->k_norm[l], m->eps, D, in + h * D);
             for (int h = 0; h < Hq; h++) rotate(in + h * D, cs, sn, D, BUF(p, q) + (row * Hq + h) * D);
             for (int h = 0; h < Hkv; h++) {
                 rotate(in + (Hq + h) * D, cs, sn, D, k + ((size_t)h * p->S + at) * D);

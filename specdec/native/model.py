@@ -30,7 +30,7 @@ class ModelStruct(ctypes.Structure):
                 ("positions", _I), ("kind", _I), ("eps", _F), ("scale", _F), ("embedding", _P), ("in_norm", _P), ("post_norm", _P),
                 ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P),
                 ("gate_up_p", _P), ("down_p", _P), ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P),
-                ("embedding_rows", _P), ("qkv_bias", _P), ("kinds", _P), ("qkv_v", _P)]
+                ("embedding_rows", _P), ("qkv_bias", _P), ("kinds", _P), ("qkv_v", _P), ("q_norm", _P), ("k_norm", _P)]
 
 
 def _pointers(arrays: list) -> np.ndarray:
@@ -121,7 +121,9 @@ class NativeModel:
         split = [layer.qkv_v for layer in layers]  # a mixed layer's v rows apart, else NULL
         v_rows = np.array([0 if v is None else v.ctypes.data for v in split], np.uintp) if any(
             v is not None for v in split) else None
-        self._tables = tables + paired + [biases, kinds, v_rows]  # kept alive with the struct
+        head_norms = [_pointers([getattr(layer, name) for layer in layers]) for name in ("q_norm", "k_norm")] \
+            if layers[0].q_norm is not None else [None, None]
+        self._tables = tables + paired + [biases, kinds, v_rows, *head_norms]  # kept alive with the struct
         rows = WEIGHT_LAYOUTS[weights.layout].rows  # rows: a tied embedding is the head itself
         embedding = weights.head if rows and weights.embedding is None else weights.embedding
         return ModelStruct(
@@ -132,7 +134,8 @@ class NativeModel:
             weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data,
             weights.head.ctypes.data if embedding is None else None,  # the whole head, not a draft's rows
             None if biases is None else biases.ctypes.data, None if kinds is None else kinds.ctypes.data,
-            None if v_rows is None else v_rows.ctypes.data)
+            None if v_rows is None else v_rows.ctypes.data,
+            *(None if table is None else table.ctypes.data for table in head_norms))
 
     @property
     def keys(self):

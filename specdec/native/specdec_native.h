@@ -63,7 +63,8 @@ enum {
     SPECDEC_W_Q5 = 7,    // blk5 [N, K / 32]
 };
 
-// A LLaMA-layout model: per layer RMSNorm, packed q/k/v (plus biases, where qkv_bias is set), rotate-half rotary,
+// A LLaMA-layout model: per layer RMSNorm, packed q/k/v (plus biases, where qkv_bias is set; each head of q and k
+// RMS-normalized, where q_norm and k_norm are set), rotate-half rotary,
 // causal GQA over static KV, o, RMSNorm,
 // packed gate/up, SiLU(gate) * up, down; a final RMSNorm and the head's V rows.
 typedef struct {
@@ -86,6 +87,8 @@ typedef struct {
                            // rows where qkv_v[l] is set), o, gate_up, down and qkv_v (SPECDEC_MIXED); NULL otherwise
     const void *const *qkv_v;  // [L]: the v rows [Hkv D, H / 32] of a layer whose q/k and v lie on different grids
                                // (SPECDEC_MIXED; NULL entries for the others), or NULL
+    const float *const *q_norm, *const *k_norm;  // [L] of [D]: RMSNorm (eps) of each head of q and of k before rotary
+                                                  // (Qwen3), or both NULL
 } model_t;
 
 // Status codes: 0, or what was wrong with the arguments. Nothing is written where a call fails its checks.

@@ -6,7 +6,8 @@ Layouts (the manifest's NativeRecord.layout):
   `layers.{i}.input_norm`, `.post_norm` [H] f32, `.qkv` [(Hq + 2 Hkv) D, H / 32], `.o` [H, Hq D / 32], `.gate_up`
   [2 I, H / 32], `.down` [H, I / 32] of blk4; `final_norm` [H]; `head` [V, H / 32] of blk8; `cos`, `sin`
   [positions, D / 2]; `embedding` [V, H] f32 only where the head's blocks do not hold it (untied weights); and in
-  every layout, for a family whose q/k/v projections have biases (Qwen2), `layers.{i}.qkv_bias` [(Hq + 2 Hkv) D] f32.
+  every layout, for a family whose q/k/v projections have biases (Qwen2), `layers.{i}.qkv_bias` [(Hq + 2 Hkv) D] f32,
+  and for one that normalizes each head of q and k before rotary (Qwen3), `layers.{i}.q_norm` and `.k_norm` [D] f32.
 - "q80": the same for a Q8_0 GGUF: every linear weight on a Q8_0 grid, as blk8 [N, K / 32] (4.5 bits a weight
   more than Q4_1's, no minimum).
 - "mixed": a K-quant GGUF's target (Q4_K_M, Q5_K_M): each linear weight in the blocks of its own grid, blk4
@@ -47,6 +48,8 @@ class Layer:
     down: np.ndarray  # [H, I / 32]
     qkv_bias: np.ndarray | None = None  # [(Hq + 2 Hkv) D] float32: q/k/v biases (Qwen2), or None
     qkv_v: np.ndarray | None = None  # [Hkv D, H / 32]: a "mixed" layer's v rows on another grid (qkv: its q/k rows)
+    q_norm: np.ndarray | None = None  # [D] float32: the RMSNorm of each head of q before rotary (Qwen3), or None
+    k_norm: np.ndarray | None = None  # [D] ... of k
 
     @property
     def qkv_rows(self) -> int:
@@ -148,6 +151,8 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
               "down": ((H, mlp // per), linear)}
     if t.get("layers.0.qkv_bias") is not None:  # every layer or none (Qwen2's q/k/v biases)
         shapes["qkv_bias"] = ((qkv,), f32)
+    if t.get("layers.0.q_norm") is not None:  # every layer or none (Qwen3's per-head q/k norms)
+        shapes["q_norm"], shapes["k_norm"] = ((D,), f32), ((D,), f32)
     layer_list = []
     for i in range(layers):
         own = dict(shapes)

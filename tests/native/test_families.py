@@ -1,7 +1,8 @@
-"""The native engine beyond Llama: Phi-3 and Mistral (a sliding window, if any, as long as S) are its layout, and
-Qwen2 (q/k/v biases, added after the packed product) runs natively, the same function as its ONNX graph (logits
-against onnxruntime over 200 positions, greedy equality for every drafter, `auto` picks native). A family it does not
-run falls back to onnxruntime, and `backend_note` says why (the reason export recorded in the manifest)."""
+"""The native engine beyond Llama: Phi-3 and Mistral (a sliding window, if any, as long as S) are its layout, Qwen2
+(q/k/v biases, added after the packed product) and Qwen3 (each head of q and k RMS-normalized before rotary) run
+natively, the same function as their ONNX graphs (logits against onnxruntime over 320 positions, greedy equality for
+every drafter, `auto` picks native, χ² at draft positions 0-2). A family it does not run falls back to onnxruntime, and
+`backend_note` says why (the reason export recorded in the manifest)."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,16 +37,44 @@ def _biased_qwen2(folder):
     return folder
 
 
-@pytest.fixture(scope="module")
-def qwen2_bundles(tmp_path_factory):
+def _normed_qwen3(folder):
+    """A tiny Qwen3 with head size 16 (the packed gqa graph's fused rotary) whose q/k norm weights are random (a
+    fresh one's are ones, which would not tell q's from k's)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdec.export.tiny import save_tiny
+
+    folder = save_tiny(folder, family="qwen3", seed=0, init_range=0.5, hidden=64, head_dim=16)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_(1 + 0.5 * torch.randn(norm.weight.shape, generator=generator))
+    model.save_pretrained(folder)
+    return folder
+
+
+def _bundles(tmp_path_factory, name: str, model):
+    """(the model exported with S = 384 and an onnxruntime int4 draft; the same with its native int4-q41 draft)"""
     from specdec.calibration.bundle_io import quantized_bundle
     from specdec.calibration.data import DataConfig
     from specdec.calibration.quantize import QuantizeConfig
 
-    model = _biased_qwen2(tmp_path_factory.mktemp("qwen2"))
-    bundle = _gqa_export(tmp_path_factory.mktemp("b") / "qwen2", model, draft_from_target="int4")
+    bundle = _gqa_export(tmp_path_factory.mktemp("b") / name, model, max_seq_len=384, draft_from_target="int4")
     config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
     return bundle, quantized_bundle(bundle, tmp_path_factory.mktemp("q41") / "q41", config)
+
+
+@pytest.fixture(scope="module")
+def qwen2_bundles(tmp_path_factory):
+    return _bundles(tmp_path_factory, "qwen2", _biased_qwen2(tmp_path_factory.mktemp("qwen2")))
+
+
+@pytest.fixture(scope="module")
+def qwen3_bundles(tmp_path_factory):
+    return _bundles(tmp_path_factory, "qwen3", _normed_qwen3(tmp_path_factory.mktemp("qwen3")))
 
 
 def test_qwen2_biases_are_native_weights(qwen2_bundles):
@@ -57,19 +86,58 @@ def test_qwen2_biases_are_native_weights(qwen2_bundles):
     assert np.abs(weights.layers[0].qkv_bias).max() > 0.5  # the random biases, not zeros
 
 
-def test_qwen2_logits_match_onnxruntime_over_200_positions(qwen2_bundles):
-    bundle, _ = qwen2_bundles
-    assert_logits_match_onnxruntime(bundle)
+def test_qwen3_head_norms_are_native_weights(qwen3_bundles):
+    bundle, _ = qwen3_bundles
+    native = read_manifest(bundle).target.native
+    assert native is not None and native.layout == "f32"
+    assert native.tensors["layers.1.q_norm"]["shape"] == [16] and native.tensors["layers.1.k_norm"]["shape"] == [16]
+    layer = NativeBackend(bundle, read_manifest(bundle).target, 2).open().model.weights.layers[0]
+    assert not np.array_equal(layer.q_norm, layer.k_norm)
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_logits_match_onnxruntime_over_320_positions(request, family):
+    bundle, _ = request.getfixturevalue(f"{family}_bundles")
+    assert_logits_match_onnxruntime(bundle, positions=320)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("drafter,gamma", DRAFTER_CASES)
-def test_qwen2_greedy_identical_to_target_only(qwen2_bundles, drafter, gamma):
-    bundle, q41 = qwen2_bundles
+def test_greedy_identical_to_target_only(request, family, drafter, gamma):
+    bundle, q41 = request.getfixturevalue(f"{family}_bundles")
     assert_greedy_identical_to_target_only(bundle, q41, drafter, gamma)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_sampling_matches_the_target_distribution(request, family):
+    from specdec import GenerationConfig
+    from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
+
+    _, q41 = request.getfixturevalue(f"{family}_bundles")
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
+    with load(q41, backend="native") as gen:
+        prompt_ids = gen.codec.encode(PROMPT)
+        counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
+        assert proposed[2] > 100 and accepted[1] > 30, (proposed, accepted)
+        assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
+
+
+def test_the_cuda_backend_refuses_qwen3_and_auto_stays_native(qwen3_bundles):
+    from specdec.cuda.reference import ReferenceKernels
+    from specdec.errors import BackendError
+    from specdec.runtime.cuda_backend import CudaBackend, CudaOptions
+
+    bundle, _ = qwen3_bundles
+    with pytest.raises(BackendError, match="normalize q/k heads"):
+        CudaBackend(bundle, read_manifest(bundle).target, CudaOptions(kernels=ReferenceKernels)).open()
+    with load(bundle) as gen:
+        assert gen.backend == "native"
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
 def test_a_family_the_engine_does_not_run_says_why(tmp_path, family):
+    """GPT-2 (LayerNorm, learned positions), and a Qwen3 whose head size (8) keeps q/k unpacked: its norms stay the
+    exporter's decomposed ops."""
     from specdec.export.tiny import save_tiny
 
     model = save_tiny(tmp_path / "hf", family=family, seed=0, hidden=64)
