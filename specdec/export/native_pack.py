@@ -2,7 +2,8 @@
 onto the GGUF grids and checked there, so that the runtime only reads them.
 
 The reader accepts the LLaMA layout our gqa export writes and nothing else: per layer a (Skip)SimplifiedLayerNorm,
-one q/k/v MatMul (plus a bias: Qwen2) into GroupQueryAttention (rotary inside, not interleaved), the o MatMul, a SkipSimplifiedLayerNorm,
+one q/k/v MatMul (plus a bias: Qwen2; or each head of q and k RMS-normalized on its way: Qwen3) into
+GroupQueryAttention (rotary inside, not interleaved), the o MatMul, a SkipSimplifiedLayerNorm,
 one gate/up MatMul split in halves, SiLU(gate)·up, the down MatMul; a final norm and a bias-free LM head. Where every
 linear weight lies on a Q4_1 grid (or every one on a Q8_0 grid, or each on one of a K-quant file's grids) and the
 head on a Q8_0 grid (a GGUF's, exported), the weights keep those blocks and the kernels compute the graph's own function. Weights off those grids are kept in the narrowest of bf16, f16 and fp32 that holds every

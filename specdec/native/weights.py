@@ -178,8 +178,8 @@ def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: Nat
     t = _tensors(root, record, "draft", pages)
     pairs, per = [], WEIGHT_LAYOUTS[target.layout].per
     for i, layer in enumerate(target.layers):
-        shapes = [(layer.qkv_rows if name == "qkv" else getattr(layer, name).shape[0], getattr(layer, name).shape[1])
-                  for name in LINEARS]  # [N, K / 32] blocks or [N, K] rows
+        shapes = [(layer.qkv_rows, layer.qkv.shape[1])] + [getattr(layer, name).shape for name in LINEARS[1:]]
+        # [N, K / 32] blocks or [N, K] rows; a mixed layer's q/k/v whole, its v rows apart or not
         pairs.append([_expect(t, f"layers.{i}.{name}_p", BLOCK4P, (n, (k * per // BLOCK + 1) // 2), "draft")
                       for name, (n, k) in zip(LINEARS, shapes)])
     rows = t.get("head_rows")
