@@ -295,13 +295,14 @@ def q8_rows(blocks: np.ndarray) -> np.ndarray:
 
 
 def head_holds(head: np.ndarray, embedding: np.ndarray, rows: int = 4096) -> bool:
-    """Whether the head's Q8_0 blocks [V, H / 32] give the embedding [V, H] exactly (d * q in float32, as the
-    kernels compute it): tied weights on the grid, so the kernels read the embedding's rows from the head and no
+    """Whether the head's blocks [V, H / 32] give the embedding [V, H] exactly (float_rows: d * q, exact in float32
+    for BLOCK8 and BLOCK6, as the kernels compute it; a fitted BLOCK4 or BLOCK5 head's d * q + m may round otherwise
+    and is then not taken): tied weights on the grid, so the kernels read the embedding's rows from the head and no
     float32 copy is stored. Compared a few thousand rows at a time."""
-    if embedding.shape != (head.shape[0], head.shape[1] * BLOCK):
+    if embedding.shape != (head.shape[0], head.shape[1] * BLOCK) or head.dtype not in (BLOCK8, BLOCK6):
         return False
     for start in range(0, len(head), rows):
-        if not np.array_equal(q8_rows(head[start : start + rows]), embedding[start : start + rows]):
+        if not np.array_equal(float_rows(head[start : start + rows]), embedding[start : start + rows]):
             return False
     return True
 

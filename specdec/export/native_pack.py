@@ -148,20 +148,23 @@ def _mixed(linears: dict, v_rows: int) -> dict:
 
 def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray, v_rows: int) -> tuple[str, dict] | None:
     """(layout, tensors) of the weights where every linear weight lies on a Q4_1 grid ("q41"), or every one on a
-    Q8_0 grid ("q80", a Q8_0 GGUF's), or each on one of a K-quant GGUF's grids ("mixed": blk4, blk8 or blk6, a
-    Q4_K_M file's), and the head on Q8_0's (the embedding read from the head's blocks where they hold it, else kept
-    in fp32); None where none holds."""
+    Q8_0 grid ("q80", a Q8_0 GGUF's), with the head on Q8_0's; or each linear weight and the head on one of a K-quant
+    GGUF's grids ("mixed": blk4, blk5, blk8 or blk6, a Q4_K_M file's, whose head is often Q6_K). The embedding is read
+    from the head's blocks where they hold it, else kept in fp32. None where none holds."""
     try:
-        head_blocks = on_grid("head", head, q8_blocks)
+        head8 = on_grid("head", head, q8_blocks)
     except GridError:
-        return None
-    fits = {"q41": lambda: {name: on_grid(name, w, q41_blocks) for name, w in linears.items()},
-            "q80": lambda: {name: on_grid(name, w, q8_blocks) for name, w in linears.items()},
-            "mixed": lambda: _mixed(linears, v_rows)}
-    for layout, fit in fits.items():
+        head8 = None
+    fits = {"q41": (lambda: {name: on_grid(name, w, q41_blocks) for name, w in linears.items()}, lambda: head8),
+            "q80": (lambda: {name: on_grid(name, w, q8_blocks) for name, w in linears.items()}, lambda: head8),
+            "mixed": (lambda: _mixed(linears, v_rows),
+                      lambda: head8 if head8 is not None else mixed_blocks("head", head))}
+    for layout, (fit, fit_head) in fits.items():
         try:
-            tensors = fit()
+            tensors, head_blocks = fit(), fit_head()
         except GridError:
+            continue
+        if head_blocks is None:
             continue
         tensors["head"] = head_blocks
         if not head_holds(head_blocks, embedding):

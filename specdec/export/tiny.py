@@ -76,8 +76,8 @@ def save_tiny(folder: str | Path, family: str = "llama", layers: int = 2, seed: 
 def snap_to_gguf_grids(model, q80: bool = False, mixed: bool = False) -> None:
     """Move a LLaMA-layout model's weights onto the grids a GGUF export has: every Linear weight [N, K] onto Q4_1
     levels d·q + m (q in 0..15, per 32 along K; or with q80 onto Q8_0's, as a Q8_0 GGUF's are; or with mixed onto a
-    Q4_K_M file's mix, MIXED_GRIDS), the tied embedding onto Q8_0 levels d·q (q in −127..127), as the default
-    model's are."""
+    Q4_K_M file's mix, _mixed_grid), the tied embedding onto Q8_0 levels d·q (q in −127..127), as the default
+    model's are (with mixed onto Q6_K's, as a Q4_K_M file's output)."""
     import torch
 
     with torch.no_grad():
@@ -97,7 +97,7 @@ def snap_to_gguf_grids(model, q80: bool = False, mixed: bool = False) -> None:
                 codes = torch.clamp(torch.round((w - low) / step), 0, 15)
                 module.weight.copy_((codes * step + low).reshape(module.weight.shape))
         table = model.get_input_embeddings().weight
-        table.copy_(_q8_0(table))
+        table.copy_(_q6_k(table) if mixed else _q8_0(table))  # a K-quant file's tied output: Q6_K
 
 
 def _mixed_grid(projection: str, layer: int):

@@ -22,6 +22,7 @@ long specdec_layout_size(int which) {
 enum { L_QKV = 0, L_O = 1, L_GATE_UP = 2, L_DOWN = 3, L_V = 4 };  // a layer's linears, in model_t.kinds' order
 
 static int out_of(long value, long low, long high) { return value < low || value > high; }
+static int block_kind(int kind) { return kind == W_Q4 || kind == W_Q5 || kind == W_Q8 || kind == W_Q6; }
 static int gguf_blocks(int kind) { return kind == SPECDEC_Q41 || kind == SPECDEC_Q80 || kind == SPECDEC_MIXED; }  // else rows
 
 static int check_layers(const model_t *m, int quant) {
@@ -42,7 +43,7 @@ static int check_layers(const model_t *m, int quant) {
             for (int t = 0; t < 5; t++) {
                 const int kind = m->kinds[5 * l + t];
                 if (t == L_V && !(m->qkv_v && m->qkv_v[l])) continue;  // no v rows of their own in this layer
-                if (kind != W_Q4 && kind != W_Q5 && kind != W_Q8 && kind != W_Q6) return SPECDEC_E_SHAPE;
+                if (!block_kind(kind)) return SPECDEC_E_SHAPE;
             }
     }
     for (int l = 0; l < m->L; l++) {
@@ -56,6 +57,7 @@ static int check_layers(const model_t *m, int quant) {
 
 static int check_model(const model_t *m, int quant) {
     if (!m) return SPECDEC_E_NULL;
+    if (m->kind == SPECDEC_MIXED && !block_kind(m->head_kind)) return SPECDEC_E_SHAPE;
     if (out_of(m->L, 1, 4096) || out_of(m->H, 32, MAX_DIM) || m->H % 32 || out_of(m->Hkv, 1, 4096) ||
         out_of(m->Hq, m->Hkv, 4096) || m->Hq % m->Hkv || out_of(m->D, 2, 4096) || m->D % 2 ||
         (m->Hq * m->D) % 32 || out_of((long)m->Hq * m->D, 32, MAX_DIM) ||
@@ -223,6 +225,11 @@ static void layer(const pass_t *p, int l) {
     for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
 }
 
+static int head_kind(const model_t *m) { return m->kind == SPECDEC_MIXED ? m->head_kind : W_Q8; }  // GGUF kinds
+static size_t block_bytes(int kind) {
+    return kind == W_Q4 ? sizeof(blk4) : kind == W_Q5 ? sizeof(blk5) : kind == W_Q6 ? sizeof(blk6) : sizeof(blk8);
+}
+
 // the embedding's rows of every token into x
 static void embed(const pass_t *p, const int64_t *tokens) {
     const model_t *m = p->m;
@@ -233,7 +240,8 @@ static void embed(const pass_t *p, const int64_t *tokens) {
             decode_row(row_kind(m->kind), (const char *)m->embedding + (size_t)tokens[r] * H *
                        (m->kind == SPECDEC_F32 ? 4 : 2), H, x);
         else if (m->embedding) memcpy(x, (const float *)m->embedding + (size_t)tokens[r] * H, sizeof(float) * H);
-        else decode8_row(m->embedding_rows + (size_t)tokens[r] * (H / 32), H / 32, x);  // d * q
+        else decode_blocks(head_kind(m), (const char *)m->embedding_rows + (size_t)tokens[r] * (H / 32) * block_bytes(
+                 head_kind(m)), H / 32, x);  // the head's row of the token
     }
 }
 
@@ -245,7 +253,7 @@ static void score(const pass_t *p, int last_only, float *logits) {
         const size_t from = last_only ? (size_t)r * p->T + p->T - 1 : (size_t)r;
         rmsnorm(BUF(p, x) + from * H, m->final_norm, m->eps, H, BUF(p, xn) + (size_t)r * H);
     }
-    const int kind = p->quant || gguf_blocks(m->kind) ? W_Q8 : row_kind(m->kind);  // a draft's head: blk8
+    const int kind = p->quant ? W_Q8 : gguf_blocks(m->kind) ? head_kind(m) : row_kind(m->kind);  // a draft's: blk8
     linear(p->threads, p->quant ? K_INT8 : K_STEP, kind, BUF(p, xn), rows, H, m->head, logits, m->V, m->V, BUF(p, decoded),
            p->base + p->at.rounded);
 }

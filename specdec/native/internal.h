@@ -49,6 +49,7 @@ size_t linear_decoded_floats(int K);
 size_t linear_rounded_bytes(int M, int K);
 int linear_blocks_per_column(int K, int kind);
 void decode8_row(const blk8 *c, int nb, float *out);  // a Q8_0 row's values, d * q (a tied embedding's row)
+void decode_blocks(int kind, const void *row, int nb, float *out);  // nb blocks of kind W_Q4, W_Q5, W_Q8 or W_Q6
 int linear_kind_ok(int kernel, int kind);  // whether specdec_matmul's kernel runs weights of this kind
 void decode_row(int kind, const void *row, int K, float *out);  // a bf16 / f16 / f32 row's K values (any alignment)
 int row_kind(int model_kind);  // the linear kind of a model_t kind's rows (W_BF16, W_F16, W_F32), or -1

@@ -609,6 +609,12 @@ static void prompt_task(void *ctx, int first, int last, int worker) {
 
 size_t linear_decoded_floats(int K) { return ALIGNED(sizeof(float) * PREFILL_COLUMNS * (size_t)K) / sizeof(float); }
 size_t linear_rounded_bytes(int M, int K) { return ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / 32 + 1)); }
+void decode_blocks(int kind, const void *row, int nb, float *out) {
+    if (kind == W_Q4) decode4(row, nb, out);
+    else if (kind == W_Q5) decode5(row, nb, out);
+    else if (kind == W_Q6) decode6_row(row, nb, out);
+    else decode8_row(row, nb, out);
+}
 int linear_kind_ok(int kernel, int kind) {
     if (kernel == K_INT8) return kind == W_Q4P || kind == W_Q8;
     return (kernel == K_STEP || kernel == K_PROMPT) && kind >= W_Q4 && kind <= W_Q5 && kind != W_Q4P;

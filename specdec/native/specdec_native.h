@@ -47,7 +47,8 @@ enum {
     SPECDEC_F16 = 2,   // ... as IEEE half rows
     SPECDEC_F32 = 3,   // ... as fp32 rows
     SPECDEC_Q80 = 4,   // linears and head blk8 [N, K / 32] (a Q8_0 GGUF's), embedding fp32 or embedding_rows
-    SPECDEC_MIXED = 5, // each linear in the blocks of its own grid (kinds), head blk8, embedding fp32 or embedding_rows:
+    SPECDEC_MIXED = 5, // each linear and the head in blocks of their own grid (kinds, head_kind), embedding fp32 or
+                       // embedding_rows:
                        // a K-quant GGUF's (Q4_K as blk4, Q5_0 / Q5_1 / Q5_K as blk5, Q8_0 as blk8, Q6_K as blk6)
 };
 
@@ -81,7 +82,8 @@ typedef struct {
     const float *final_norm;  // [H]
     const void *head;         // blk8 [V, H / 32] (Q41, Q80, and a draft's), or rows of kind [V, H]
     const float *cos, *sin;   // [positions, D / 2]
-    const blk8 *embedding_rows;  // [vocab, H / 32]: row t of the embedding is d * q of these (tied weights), or NULL
+    const void *embedding_rows;  // [vocab, H / 32] of the head's blocks (blk8, or head_kind's): row t of the embedding
+                                 // is their values (tied weights), or NULL
     const float *const *qkv_bias;  // [L] of [(Hq + 2 Hkv) D]: biases added to q/k/v before rotary (Qwen2), or NULL
     const int32_t *kinds;  // [L][5]: the weight kind (SPECDEC_W_Q41, _Q5, _Q80 or _Q6) of each layer's qkv (its q/k
                            // rows where qkv_v[l] is set), o, gate_up, down and qkv_v (SPECDEC_MIXED); NULL otherwise
@@ -89,6 +91,8 @@ typedef struct {
                                // (SPECDEC_MIXED; NULL entries for the others), or NULL
     const float *const *q_norm, *const *k_norm;  // [L] of [D]: RMSNorm (eps) of each head of q and of k before rotary
                                                   // (Qwen3), or both NULL
+    int32_t head_kind;  // SPECDEC_MIXED: the head's weight kind (SPECDEC_W_Q41, _Q5, _Q80 or _Q6: a Q6_K output's
+                        // blk6); every other GGUF kind's head is blk8
 } model_t;
 
 // Status codes: 0, or what was wrong with the arguments. Nothing is written where a call fails its checks.

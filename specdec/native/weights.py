@@ -142,7 +142,7 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
                            f"[positions, {D // 2}]", HINT)
     layout = WEIGHT_LAYOUTS[record.layout]
     per, linear, head_kind = (1, DTYPES[record.layout], DTYPES[record.layout]) if rows else \
-        (BLOCK, DTYPES[layout.linear] if layout.linear else MIXED_LINEARS, BLOCK8)
+        (BLOCK, DTYPES[layout.linear] if layout.linear else MIXED_LINEARS, MIXED_LINEARS if layout.mixed else BLOCK8)
     qkv, width = (dims.num_heads + 2 * dims.num_kv_heads) * D, dims.num_heads * D
     down = t.get("layers.0.down")
     mlp = (down.shape[1] if down is not None and down.ndim == 2 else 0) * per

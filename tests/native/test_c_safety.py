@@ -126,6 +126,11 @@ def test_raw_exports_return_status_codes(target):
     assert forward(m=ctypes.byref(mixed)) == E_SHAPE
     kinds[-1, 4] = 0
     assert forward(m=ctypes.byref(mixed)) == 0
+    for head_kind in (2, 3, 7 + 1):  # the draft's pairs, rows, none
+        mixed.head_kind = head_kind
+        assert forward(m=ctypes.byref(mixed)) == E_SHAPE, head_kind
+    mixed.head_kind = 1  # blk8, as the q41 bundle's head is
+    assert forward(m=ctypes.byref(mixed)) == 0
     for kind in (2, 3, 5, 8, -1):  # paired Q4_1 (the draft's), rows, none
         kinds[-1, 3] = kind
         assert forward(m=ctypes.byref(mixed)) == E_SHAPE, kind
