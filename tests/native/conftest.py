@@ -20,6 +20,15 @@ def _gqa_export(out, model, max_seq_len=256, **options):
     return export_bundle(config)
 
 
+def with_q41(tmp_path_factory, name: str, model, max_seq_len: int = 256):
+    """(`model` exported with an onnxruntime int4 draft; the same with its native int4-q41 draft, head trimmed to
+    HEAD_TOKENS)"""
+    bundle = _gqa_export(tmp_path_factory.mktemp("b") / name, model, max_seq_len=max_seq_len,
+                         draft_from_target="int4")
+    config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
+    return bundle, quantized_bundle(bundle, tmp_path_factory.mktemp("q41") / "q41", config)
+
+
 @pytest.fixture(scope="module")
 def grid_bundle(tmp_path_factory):
     """A tiny LLaMA whose weights lie on the GGUF grids, exported with an int4 (MatMulNBits) draft."""

@@ -30,6 +30,19 @@ def assert_logits_match_onnxruntime(bundle, positions: int = 200) -> None:
     assert np.abs(native - ort).max() <= 1e-4 * np.abs(ort).max() and (native.argmax(-1) == ort.argmax(-1)).all()
 
 
+def assert_sampling_matches_the_target(q41) -> None:
+    """The native draft and target of `q41` sample from the target's distribution: χ² of the joint of the first
+    NEW_TOKENS tokens against the exact one (tests/runtime/test_distribution.py), with enough drafts at positions 0-2."""
+    from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
+
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
+    with load(q41, backend="native") as gen:
+        prompt_ids = gen.codec.encode(PROMPT)
+        counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
+        assert proposed[2] > 100 and accepted[1] > 30, (proposed, accepted)
+        assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
+
+
 def assert_greedy_identical_to_target_only(bundle, q41, drafter: str, gamma: int) -> None:
     """`load` (auto) opens native on `bundle` (onnxruntime's int4 draft) and on `q41` (a native int4-q41 draft), and
     each's greedy output with `drafter` equals the onnxruntime target's alone."""

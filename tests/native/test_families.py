@@ -12,9 +12,9 @@ from specdec.manifest import read_manifest
 from specdec.native import build
 from specdec.runtime import load
 from specdec.runtime.native_backend import NativeBackend
-from tests.native.conftest import HEAD_TOKENS, _gqa_export
+from tests.native.conftest import _gqa_export, with_q41
 from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only,
-                                 assert_logits_match_onnxruntime)
+                                 assert_logits_match_onnxruntime, assert_sampling_matches_the_target)
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
@@ -56,25 +56,14 @@ def _normed_qwen3(folder):
     return folder
 
 
-def _bundles(tmp_path_factory, name: str, model):
-    """(the model exported with S = 384 and an onnxruntime int4 draft; the same with its native int4-q41 draft)"""
-    from specdec.calibration.bundle_io import quantized_bundle
-    from specdec.calibration.data import DataConfig
-    from specdec.calibration.quantize import QuantizeConfig
-
-    bundle = _gqa_export(tmp_path_factory.mktemp("b") / name, model, max_seq_len=384, draft_from_target="int4")
-    config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
-    return bundle, quantized_bundle(bundle, tmp_path_factory.mktemp("q41") / "q41", config)
-
-
 @pytest.fixture(scope="module")
 def qwen2_bundles(tmp_path_factory):
-    return _bundles(tmp_path_factory, "qwen2", _biased_qwen2(tmp_path_factory.mktemp("qwen2")))
+    return with_q41(tmp_path_factory, "qwen2", _biased_qwen2(tmp_path_factory.mktemp("qwen2")), max_seq_len=384)
 
 
 @pytest.fixture(scope="module")
 def qwen3_bundles(tmp_path_factory):
-    return _bundles(tmp_path_factory, "qwen3", _normed_qwen3(tmp_path_factory.mktemp("qwen3")))
+    return with_q41(tmp_path_factory, "qwen3", _normed_qwen3(tmp_path_factory.mktemp("qwen3")), max_seq_len=384)
 
 
 def test_qwen2_biases_are_native_weights(qwen2_bundles):
@@ -110,16 +99,8 @@ def test_greedy_identical_to_target_only(request, family, drafter, gamma):
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_sampling_matches_the_target_distribution(request, family):
-    from specdec import GenerationConfig
-    from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
-
     _, q41 = request.getfixturevalue(f"{family}_bundles")
-    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
-    with load(q41, backend="native") as gen:
-        prompt_ids = gen.codec.encode(PROMPT)
-        counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
-        assert proposed[2] > 100 and accepted[1] > 30, (proposed, accepted)
-        assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
+    assert_sampling_matches_the_target(q41)
 
 
 def test_the_cuda_backend_refuses_qwen3_and_auto_stays_native(qwen3_bundles):

@@ -9,16 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec import GenerationConfig
 from specdec.blocks import BLOCK4, BLOCK5, BLOCK6, BLOCK8, GridError, float_gcd, float_rows, mixed_blocks
 from specdec.manifest import read_manifest
 from specdec.native import build
 from specdec.runtime import load
 from specdec.runtime.native_backend import NativeBackend
-from tests.native.conftest import HEAD_TOKENS, _gqa_export
+from tests.native.conftest import with_q41
 from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only,
-                                 assert_logits_match_onnxruntime)
-from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
+                                 assert_logits_match_onnxruntime, assert_sampling_matches_the_target)
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
@@ -26,16 +24,11 @@ pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the nat
 @pytest.fixture(scope="module")
 def mixed_bundle(tmp_path_factory):
     """(a tiny LLaMA on a Q4_K_M-like mix of grids, exported with S = 384; the same with its native int4-q41 draft)"""
-    from specdec.calibration.bundle_io import quantized_bundle
-    from specdec.calibration.data import DataConfig
-    from specdec.calibration.quantize import QuantizeConfig
     from specdec.export.tiny import save_tiny_on_grids
 
     model = save_tiny_on_grids(tmp_path_factory.mktemp("mixed"), mixed=True, family="llama", seed=0, init_range=0.5,
                                hidden=64)  # head size 16: the fused rotary of the packed gqa graph
-    bundle = _gqa_export(tmp_path_factory.mktemp("b") / "mixed", model, max_seq_len=384, draft_from_target="int4")
-    config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
-    return bundle, quantized_bundle(bundle, tmp_path_factory.mktemp("q41") / "q41", config)
+    return with_q41(tmp_path_factory, "mixed", model, max_seq_len=384)
 
 
 def test_layout_keeps_each_weights_blocks(mixed_bundle):
@@ -121,12 +114,7 @@ def test_greedy_identical_to_target_only(mixed_bundle, drafter, gamma):
 
 def test_sampling_matches_the_target_distribution(mixed_bundle):
     _, q41 = mixed_bundle
-    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
-    with load(q41, backend="native") as gen:
-        prompt_ids = gen.codec.encode(PROMPT)
-        counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
-        assert proposed[2] > 100 and accepted[1] > 30, (proposed, accepted)
-        assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
+    assert_sampling_matches_the_target(q41)
 
 
 def test_the_cuda_backend_refuses_mixed_blocks_and_auto_stays_native(mixed_bundle):

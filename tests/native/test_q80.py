@@ -7,16 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec import GenerationConfig
 from specdec.blocks import BLOCK8, float_rows, q8_blocks
 from specdec.manifest import read_manifest
 from specdec.native import build
-from specdec.runtime import load
 from specdec.runtime.native_backend import NativeBackend
-from tests.native.conftest import HEAD_TOKENS, _gqa_export
+from tests.native.conftest import with_q41
 from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only,
-                                 assert_logits_match_onnxruntime)
-from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
+                                 assert_logits_match_onnxruntime, assert_sampling_matches_the_target)
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
@@ -24,16 +21,11 @@ pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the nat
 @pytest.fixture(scope="module")
 def q80_bundle(tmp_path_factory):
     """(a tiny LLaMA on Q8_0 grids, exported; the same with its native int4-q41 draft)"""
-    from specdec.calibration.bundle_io import quantized_bundle
-    from specdec.calibration.data import DataConfig
-    from specdec.calibration.quantize import QuantizeConfig
     from specdec.export.tiny import save_tiny_on_grids
 
     model = save_tiny_on_grids(tmp_path_factory.mktemp("q80"), q80=True, family="llama", seed=0, init_range=0.5,
                                hidden=64)  # head size 16: the fused rotary of the packed gqa graph
-    bundle = _gqa_export(tmp_path_factory.mktemp("b") / "q80", model, draft_from_target="int4")
-    config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
-    return bundle, quantized_bundle(bundle, tmp_path_factory.mktemp("q41") / "q41", config)
+    return with_q41(tmp_path_factory, "q80", model)
 
 
 def test_layout_keeps_the_blocks(q80_bundle):
@@ -74,9 +66,4 @@ def test_greedy_identical_to_target_only(q80_bundle, drafter, gamma):
 
 def test_sampling_matches_the_target_distribution(q80_bundle):
     _, q41 = q80_bundle
-    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
-    with load(q41, backend="native") as gen:
-        prompt_ids = gen.codec.encode(PROMPT)
-        counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
-        assert proposed[2] > 100 and accepted[1] > 30, (proposed, accepted)
-        assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
+    assert_sampling_matches_the_target(q41)

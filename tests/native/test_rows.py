@@ -16,8 +16,7 @@ from specdec.runtime import load
 from specdec.runtime.native_backend import NativeBackend
 from tests.native.conftest import HEAD_TOKENS, _gqa_export
 from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only,
-                                 assert_logits_match_onnxruntime)
-from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
+                                 assert_logits_match_onnxruntime, assert_sampling_matches_the_target)
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
@@ -86,12 +85,7 @@ def test_greedy_identical_to_target_only(half_bundle, drafter, gamma):
 
 def test_sampling_matches_the_target_distribution(half_bundle):
     _, _, q41 = half_bundle
-    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", eos_token_ids=(), **TOP_K)
-    with load(q41, backend="native") as gen:
-        prompt_ids = gen.codec.encode(PROMPT)
-        counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
-        assert proposed[2] > 100 and accepted[1] > 30, (proposed, accepted)
-        assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
+    assert_sampling_matches_the_target(q41)
 
 
 @pytest.mark.parametrize("weights,checkpoint", [("bf16", "bfloat16"), ("fp16", "float16")])
