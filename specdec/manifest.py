@@ -175,6 +175,7 @@ class NativeRecord:
     epsilon: float = 0.0  # RMSNorm epsilon
     scale: float = 0.0  # attention scores' scale
     fill: float = 0.0  # the logit of a token a trimmed head does not score
+    window: int = 0  # keys a query sees, its own included (a sliding window shorter than S), or 0: every earlier one
 
 
 @dataclass(frozen=True)

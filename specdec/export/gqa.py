@@ -33,15 +33,17 @@ def _rotate(x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, s
     return x * cos + rotated * sin
 
 
-def _attend_row(q, k, v, past_k, past_v, start, num_heads, kv_num_heads, scale):
-    # q: [T, Hq, D]; k, v: [T, Hkv, D]; past_*: [Hkv, S, D] (written in place) -> [T, Hq*D]
+def _attend_row(q, k, v, past_k, past_v, start, num_heads, kv_num_heads, scale, window):
+    # q: [T, Hq, D]; k, v: [T, Hkv, D]; past_*: [Hkv, S, D] (written in place) -> [T, Hq*D]; window: keys a query
+    # sees, itself included (0: every earlier key)
     steps = q.shape[0]
     past_k[:, start : start + steps] = k.transpose(0, 1)
     past_v[:, start : start + steps] = v.transpose(0, 1)
     keys = past_k[:, : start + steps].repeat_interleave(num_heads // kv_num_heads, 0)  # [Hq, L, D]
     values = past_v[:, : start + steps].repeat_interleave(num_heads // kv_num_heads, 0)
     scores = q.transpose(0, 1) @ keys.transpose(1, 2) * scale  # [Hq, T, L]
-    causal = torch.arange(start + steps)[None, :] <= (start + torch.arange(steps))[:, None]
+    distance = (start + torch.arange(steps))[:, None] - torch.arange(start + steps)[None, :]  # query - key position
+    causal = (distance >= 0) & (distance < window) if window > 0 else distance >= 0
     probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
     return (probs @ values).transpose(0, 1).reshape(steps, -1)
 
@@ -49,9 +51,11 @@ def _attend_row(q, k, v, past_k, past_v, start, num_heads, kv_num_heads, scale):
 @torch.library.custom_op("specdec::gqa", mutates_args=())
 def gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor,
         seqlens_k: torch.Tensor, total_len: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
-        num_heads: int, kv_num_heads: int, scale: float, do_rotary: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        num_heads: int, kv_num_heads: int, scale: float, do_rotary: int, window: int = 0
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eager reference of GroupQueryAttention: BSH q/k/v, BNSH caches of length S, row b writing at
-    seqlens_k[b] + 1 - T; with do_rotary, q and k are rotated at their positions first."""
+    seqlens_k[b] + 1 - T; with do_rotary, q and k are rotated at their positions first; with a window, a query sees
+    the `window` keys up to its own."""
     batch, steps, _ = q.shape
     head_dim = past_k.shape[-1]
     present_k, present_v = past_k.clone(), past_v.clone()
@@ -63,13 +67,14 @@ def gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,
         if do_rotary:
             query, key = (_rotate(t, cos_cache, sin_cache, start) for t in (query, key))
         value = v[row].view(steps, kv_num_heads, head_dim)
-        out[row] = _attend_row(query, key, value, present_k[row], present_v[row], start, num_heads, kv_num_heads, scale)
+        out[row] = _attend_row(query, key, value, present_k[row], present_v[row], start, num_heads, kv_num_heads, scale,
+                               window)
     return out, present_k, present_v
 
 
 @gqa.register_fake
 def _gqa_fake(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, num_heads, kv_num_heads, scale,
-              do_rotary):
+              do_rotary, window=0):
     return torch.empty_like(q), torch.empty_like(past_k), torch.empty_like(past_v)
 
 
@@ -88,17 +93,18 @@ def _rms_norm_fake(x, weight, eps):
 @torch.library.custom_op("specdec::gqa_packed", mutates_args=())
 def gqa_packed(qkv: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, seqlens_k: torch.Tensor,
                total_len: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, num_heads: int,
-               kv_num_heads: int, scale: float, do_rotary: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               kv_num_heads: int, scale: float, do_rotary: int, window: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GroupQueryAttention with q, k and v packed in one input: qkv [B, T, (Hq + 2 Hkv) D] -> out [B, T, Hq D]."""
     head_dim = past_k.shape[-1]
     q, k, v = qkv.split([num_heads * head_dim, kv_num_heads * head_dim, kv_num_heads * head_dim], dim=-1)
     return gqa(q.contiguous(), k.contiguous(), v.contiguous(), past_k, past_v, seqlens_k, total_len, cos_cache,
-               sin_cache, num_heads, kv_num_heads, scale, do_rotary)
+               sin_cache, num_heads, kv_num_heads, scale, do_rotary, window)
 
 
 @gqa_packed.register_fake
 def _gqa_packed_fake(qkv, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, num_heads, kv_num_heads, scale,
-                     do_rotary):
+                     do_rotary, window=0):
     out = qkv.new_empty(*qkv.shape[:-1], num_heads * past_k.shape[-1])
     return out, torch.empty_like(past_k), torch.empty_like(past_v)
 
@@ -134,7 +140,7 @@ def _register_staging_schemas() -> None:
                     for n in names],
             outputs=[param(n, "T") for n in ("out", "present_k", "present_v")],
             type_constraints=[floats, ("M", ["tensor(int32)"], "")],
-            attributes=[attr(n, kinds.INT, "") for n in ("num_heads", "kv_num_heads", "do_rotary")]
+            attributes=[attr(n, kinds.INT, "") for n in ("num_heads", "kv_num_heads", "do_rotary", "local_window_size")]
             + [attr("scale", kinds.FLOAT, "")],
         ))
     if not onnx.defs.has("SimplifiedLayerNormalization", STAGING_DOMAIN):
@@ -161,19 +167,22 @@ def gqa_translation():
     staged = onnxscript.values.Opset(STAGING_DOMAIN, 1)
 
     def lower_gqa(q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, num_heads: int,
-                  kv_num_heads: int, scale: float, do_rotary: int):
+                  kv_num_heads: int, scale: float, do_rotary: int, window: int = 0):
         caches = (cos_cache, sin_cache) if do_rotary else (None, None)
         return staged.GroupQueryAttention(
             q, k, v, past_k, past_v, seqlens_k, total_len, *caches,
             num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale, do_rotary=do_rotary,
+            local_window_size=window if window > 0 else -1,  # keys a query sees, its own included (as onnxruntime's
+            # CPU kernel counts them: tests/native/test_families.py checks it against the plain lowering's mask)
         )
 
     def lower_gqa_packed(qkv, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, num_heads: int,
-                         kv_num_heads: int, scale: float, do_rotary: int):
+                         kv_num_heads: int, scale: float, do_rotary: int, window: int = 0):
         caches = (cos_cache, sin_cache) if do_rotary else (None, None)
         return staged.GroupQueryAttention(
             qkv, None, None, past_k, past_v, seqlens_k, total_len, *caches,
             num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale, do_rotary=do_rotary,
+            local_window_size=window if window > 0 else -1,
         )
 
     def lower_rms_norm(x, weight, eps: float):
@@ -216,6 +225,8 @@ class GqaDecoder(StaticKVDecoder):
             self.register_buffer("cos_cache", torch.zeros(1, 1), persistent=False)
             self.register_buffer("sin_cache", torch.zeros(1, 1), persistent=False)
         self.fused_norms = arch.rms_eps() is not None
+        window = arch.sliding_window()  # one as long as S never masks a key: none in the graph
+        self.window = window if window is not None and window < max_seq_len else 0
         self.packed = [self._pack(index, layer) for index, layer in enumerate(arch.layers())]
 
     def _pack(self, index: int, layer) -> dict:
@@ -245,7 +256,7 @@ class GqaDecoder(StaticKVDecoder):
         dims = self.arch.dims
         batch, steps, _ = x.shape
         args = (past_k, past_v, seqlens_k, total_len, self.cos_cache, self.sin_cache, dims.num_heads,
-                dims.num_kv_heads, self.arch.attn_scale(), int(self.fused_rotary))
+                dims.num_kv_heads, self.arch.attn_scale(), int(self.fused_rotary), self.window)
         if self.packed[index]["qkv"]:  # qkv: [B, T, (Hq + 2 Hkv) D], rotated inside the attention op
             weight, bias = getattr(self, f"qkv_weight_{index}"), getattr(self, f"qkv_bias_{index}")
             qkv = torch.nn.functional.linear(x, weight, bias)
@@ -301,18 +312,3 @@ class GqaDecoder(StaticKVDecoder):
             presents_v.append(present_v)
         logits = self.lm_logits(torch.index_select(normed, 1, logit_positions))  # [B, N, V]
         return (logits, *presents_k, *presents_v)
-
-
-def check_gqa_supported(arch, max_seq_len: int) -> None:
-    """ExportError where the gqa lowering cannot give the model's function: a sliding window shorter than S (one of
-    S positions or more never masks a key: a query sees at most S - 1 positions back, as the window allows)."""
-    from specdec.errors import ExportError
-
-    window = arch.sliding_window()
-    if window is not None and window < max_seq_len:
-        raise ExportError(
-            f"the gqa lowering does not implement sliding-window attention ({arch.dims.model_type}: a window of "
-            f"{window} positions, shorter than --max-seq-len {max_seq_len})",
-            f"export with --max-seq-len {window} or less (a window as long as S never masks a key), or with "
-            "--lowering plain",
-        )

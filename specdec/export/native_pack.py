@@ -114,12 +114,16 @@ def _attributes(node, onnx) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _check_attention(attrs: dict, node, dims: ModelDims) -> None:
+def _check_attention(attrs: dict, node, dims: ModelDims) -> int:
+    """The keys a query sees (a sliding window: local_window_size), or 0 for every earlier key; NativeSkipped for
+    attributes the native engine does not run."""
+    window = attrs.get("local_window_size", -1)
     seen = (attrs.get("num_heads"), attrs.get("kv_num_heads"), attrs.get("do_rotary"),
-            attrs.get("rotary_interleaved", 0), attrs.get("softcap", 0.0), attrs.get("local_window_size", -1),
+            attrs.get("rotary_interleaved", 0), attrs.get("softcap", 0.0), window == -1 or window > 0,
             len(node.input) >= 9)  # ... and its rotary tables cos_cache, sin_cache
-    if seen != (dims.num_heads, dims.num_kv_heads, 1, 0, 0.0, -1, True):
+    if seen != (dims.num_heads, dims.num_kv_heads, 1, 0, 0.0, True, True):
         raise NativeSkipped(f"the attention has attributes {attrs}, which the native engine does not run")
+    return max(window, 0)
 
 
 def _array(init, folder: Path, numpy_helper) -> np.ndarray:
@@ -193,9 +197,9 @@ def _float(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values.astype(np.float32))
 
 
-def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float]:
-    """(layout, its tensors (specdec.native.weights), epsilon, scale) of the gqa graph at `path`; NativeSkipped where
-    the graph is outside the layout or a weight is not finite."""
+def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float, int]:
+    """(layout, its tensors (specdec.native.weights), epsilon, scale, sliding window or 0) of the gqa graph at `path`;
+    NativeSkipped where the graph is outside the layout or a weight is not finite."""
     onnx, numpy_helper = _onnx()
     model = onnx.load(str(path), load_external_data=False)  # each weight is read when it is converted: less memory
     inits = {init.name: init for init in model.graph.initializer}
@@ -203,7 +207,9 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float
     parts = _parts(model.graph, inits, dims, path)
     norms, matmuls, attention, head = parts["norms"], parts["matmuls"], parts["attention"][0], parts["heads"][0]
     attrs = _attributes(attention, onnx)
-    _check_attention(attrs, attention, dims)
+    window = _check_attention(attrs, attention, dims)
+    if any(_check_attention(_attributes(node, onnx), node, dims) != window for node in parts["attention"]):
+        raise NativeSkipped(f"{path.name}'s layers have different sliding windows")
     if _attributes(head, onnx).get("transB") != 1 or len(head.input) > 2:
         raise NativeSkipped(f"{path.name}'s LM head is not a bias-free Gemm with transB = 1")
     if inits[matmuls[0].input[1]].dims[1] != (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim:
@@ -242,7 +248,7 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float
     for name in ("final_norm", "cos", "sin", *(n for n in tensors if n.endswith("norm"))):
         tensors[name] = _float(tensors[name])
     epsilon = float(_attributes(norms[0], onnx).get("epsilon", 1e-5))
-    return layout, tensors, epsilon, float(attrs.get("scale") or dims.head_dim ** -0.5)
+    return layout, tensors, epsilon, float(attrs.get("scale") or dims.head_dim ** -0.5), window
 
 
 def _record(layout: str, root: Path, rel: str, tensors: dict, **scalars) -> NativeRecord:
@@ -254,8 +260,8 @@ def _record(layout: str, root: Path, rel: str, tensors: dict, **scalars) -> Nati
 
 def write_target(root: Path, role: str, dims: ModelDims) -> NativeRecord:
     """Write root/role/native.bin from root/role/model.onnx; NativeSkipped where the graph cannot have one."""
-    layout, tensors, epsilon, scale = native_tensors(root / role / "model.onnx", dims)
-    return _record(layout, root, f"{role}/{TARGET_FILE}", tensors, epsilon=epsilon, scale=scale)
+    layout, tensors, epsilon, scale, window = native_tensors(root / role / "model.onnx", dims)
+    return _record(layout, root, f"{role}/{TARGET_FILE}", tensors, epsilon=epsilon, scale=scale, window=window)
 
 
 def write_draft(root: Path, role: str, layout: str, target: dict, keep: np.ndarray | None,

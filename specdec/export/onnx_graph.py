@@ -10,7 +10,7 @@ import torch
 
 from specdec.errors import ExportError
 from specdec.export.architectures import Architecture
-from specdec.export.gqa import GqaDecoder, check_gqa_supported, gqa_translation, move_to_target_domains
+from specdec.export.gqa import GqaDecoder, gqa_translation, move_to_target_domains
 from specdec.export.static_model import StaticKVDecoder
 from specdec.lowering import lowering_for
 
@@ -42,7 +42,6 @@ def _plain_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: t
 
 
 def _gqa_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: torch.dtype):
-    check_gqa_supported(arch, max_seq_len)
     ids, cache_len, keys, values = example_inputs(arch, max_seq_len, dtype)
     layers = arch.dims.num_layers
     args = (ids, cache_len, torch.arange(ids.shape[1]), list(keys), list(values))

@@ -1,4 +1,5 @@
-// Causal GQA over static KV, flash-style, for B rows (each at its own position, over its own KV).
+// Causal GQA over static KV, flash-style, for B rows (each at its own position, over its own KV); with a window, a
+// query sees only the `window` keys up to its own (a chunk below them contributes nothing and is skipped).
 //
 // Keys are taken in chunks of CHUNK at fixed positions (keys [c * CHUNK, (c + 1) * CHUNK)). A task takes one row, one
 // KV head, the query vectors that read it (up to QROWS: positions of a tile times the heads sharing that KV head) and
@@ -70,7 +71,7 @@ static void mix(float *o, float alpha, const float *p, const float *v, int n, in
 // sits at position pos + r / group and sees keys below pos + r / group + 1.
 typedef struct {
     const float *q;
-    int t0, g, group, Hq, D, pos;
+    int t0, g, group, Hq, D, pos, window;
 } queries;
 
 static inline const float *query(const queries *s, int r) {
@@ -92,10 +93,11 @@ static void attend_keys(const queries *s, int rows, const float *k, const float 
     for (int jb = j0; jb < j1; jb += KEYS) {
         for (int r = 0; r < rows; r++) {
             const int seen = s->pos + r / s->group + 1, stop = jb + KEYS < j1 ? jb + KEYS : j1;  // causal
-            const int n = (stop < seen ? stop : seen) - jb;
+            const int low = s->window ? seen - s->window : 0, from = jb > low ? jb : low;  // the window's first key
+            const int n = (stop < seen ? stop : seen) - from;
             if (n <= 0) continue;
             float *st = state + (size_t)r * (D + 2);
-            dots(query(s, r), k + (size_t)jb * D, n, D, scale, scores);
+            dots(query(s, r), k + (size_t)from * D, n, D, scale, scores);
             float top = st[D];
             for (int j = 0; j < n; j++) top = scores[j] > top ? scores[j] : top;
             const float alpha = expf(st[D] - top);  // 0 on the first block (max -inf)
@@ -112,7 +114,7 @@ static void attend_keys(const queries *s, int rows, const float *k, const float 
                 scores[j] = expf(scores[j] - top);
                 total += scores[j];
             }
-            mix(st, alpha, scores, v + (size_t)jb * D, n, D);
+            mix(st, alpha, scores, v + (size_t)from * D, n, D);
             st[D] = top;
             st[D + 1] = st[D + 1] * alpha + total;
         }
@@ -140,7 +142,7 @@ static void attention_one(void *ctx, int task, int worker) {
     const int count = (a->T - t0 < j->per ? a->T - t0 : j->per) * group;
     const int seen = a->pos[b] + t0 + count / group;  // keys the tile's last position sees
     const int j0 = chunk * CHUNK, j1 = j0 + CHUNK < seen ? j0 + CHUNK : seen;
-    const queries s = {a->q + (size_t)b * a->T * a->Hq * a->D, t0, g, group, a->Hq, a->D, a->pos[b] + t0};
+    const queries s = {a->q + (size_t)b * a->T * a->Hq * a->D, t0, g, group, a->Hq, a->D, a->pos[b] + t0, a->window};
     const size_t head = (size_t)g * a->S * a->D;
     (void)worker;
     attend_keys(&s, count, a->keys[b] + head, a->values[b] + head, j0, j1 > j0 ? j1 : j0, a->scale,

@@ -64,7 +64,7 @@ static int check_model(const model_t *m, int quant) {
         out_of((long)(m->Hq + 2 * m->Hkv) * m->D, 1, MAX_DIM) || out_of(m->I, 32, MAX_DIM) || m->I % 32 ||
         out_of(m->V, 1, 1L << 24) || out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
         out_of(m->kind, SPECDEC_Q41, SPECDEC_MIXED) || (!gguf_blocks(m->kind) && !m->embedding) ||
-        !(m->eps >= 0.f) || !isfinite(m->scale))
+        !(m->eps >= 0.f) || !isfinite(m->scale) || m->window < 0)
         return SPECDEC_E_SHAPE;
     return check_layers(m, quant);
 }
@@ -213,8 +213,8 @@ static void layer(const pass_t *p, int l) {
         rows[b] = p->keys[b] + (size_t)l * p->stride;
         rows[p->B + b] = p->values[b] + (size_t)l * p->stride;
     }
-    const attention_t a = {p->B, p->T, m->Hq, m->Hkv, m->D, p->S, m->scale, p->pos, BUF(p, q), rows, rows + p->B,
-                           BUF(p, att)};
+    const attention_t a = {p->B, p->T, m->Hq, m->Hkv, m->D, p->S, m->window, m->scale, p->pos, BUF(p, q), rows,
+                           rows + p->B, BUF(p, att)};
     attention(p->threads, &a, p->base + p->at.attn);
     dense(p, l, L_O, BUF(p, att), QD, WEIGHT(p, o, l), tmp, H);
     for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
@@ -327,7 +327,7 @@ int specdec_attention(const float *q, int T, int Hq, int Hkv, int D, const float
     if (pos < 0 || pos > S - T) return SPECDEC_E_POSITION;
     if (scratch_bytes < (size_t)need) return SPECDEC_E_SCRATCH;
     const int32_t at = pos;
-    const attention_t a = {1, T, Hq, Hkv, D, S, scale, &at, q, &keys, &values, out};
+    const attention_t a = {1, T, Hq, Hkv, D, S, 0, scale, &at, q, &keys, &values, out};
     attention(threads, &a, (char *)ALIGNED((uintptr_t)scratch));
     return SPECDEC_OK;
 }

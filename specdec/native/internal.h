@@ -57,6 +57,7 @@ int row_kind(int model_kind);  // the linear kind of a model_t kind's rows (W_BF
 // ---- attention.c: causal GQA of B rows over their own KV ----
 typedef struct {
     int B, T, Hq, Hkv, D, S;
+    int window;                   // keys a query sees, its own included, or 0: every earlier key
     float scale;
     const int32_t *pos;           // [B]
     const float *q;               // [B, T, Hq, D], rotated

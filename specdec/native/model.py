@@ -31,7 +31,7 @@ class ModelStruct(ctypes.Structure):
                 ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P),
                 ("gate_up_p", _P), ("down_p", _P), ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P),
                 ("embedding_rows", _P), ("qkv_bias", _P), ("kinds", _P), ("qkv_v", _P), ("q_norm", _P), ("k_norm", _P),
-                ("head_kind", _I)]
+                ("head_kind", _I), ("window", _I)]
 
 
 def _pointers(arrays: list) -> np.ndarray:
@@ -137,7 +137,7 @@ class NativeModel:
             None if biases is None else biases.ctypes.data, None if kinds is None else kinds.ctypes.data,
             None if v_rows is None else v_rows.ctypes.data,
             *(None if table is None else table.ctypes.data for table in head_norms),
-            WEIGHT_KINDS[weights.head.dtype] if mixed else WEIGHT_KINDS[BLOCK8])
+            WEIGHT_KINDS[weights.head.dtype] if mixed else WEIGHT_KINDS[BLOCK8], weights.window)
 
     @property
     def keys(self):

@@ -66,7 +66,7 @@ enum {
 
 // A LLaMA-layout model: per layer RMSNorm, packed q/k/v (plus biases, where qkv_bias is set; each head of q and k
 // RMS-normalized, where q_norm and k_norm are set), rotate-half rotary,
-// causal GQA over static KV, o, RMSNorm,
+// causal GQA over static KV (within a sliding window, where window is set), o, RMSNorm,
 // packed gate/up, SiLU(gate) * up, down; a final RMSNorm and the head's V rows.
 typedef struct {
     int32_t L, H, Hq, Hkv, D, I, V;  // layers, hidden, query heads, KV heads, head size, MLP width, head rows
@@ -93,6 +93,7 @@ typedef struct {
                                                   // (Qwen3), or both NULL
     int32_t head_kind;  // SPECDEC_MIXED: the head's weight kind (SPECDEC_W_Q41, _Q5, _Q80 or _Q6: a Q6_K output's
                         // blk6); every other GGUF kind's head is blk8
+    int32_t window;     // keys a query sees, its own included (a sliding window: Mistral's), or 0: every earlier key
 } model_t;
 
 // Status codes: 0, or what was wrong with the arguments. Nothing is written where a call fails its checks.

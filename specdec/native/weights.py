@@ -68,6 +68,7 @@ class NativeWeights:
     epsilon: float
     scale: float  # attention scores' scale
     layout: str = "q41"  # a key of specdec.blocks.WEIGHT_LAYOUTS
+    window: int = 0  # keys a query sees, its own included (a sliding window), or 0: every earlier key
 
     @property
     def vocab(self) -> int:
@@ -167,7 +168,7 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
     return NativeWeights(embedding=embedding, layers=layer_list, final_norm=_expect(t, "final_norm", f32, (H,), "target"),
                          head=_expect(t, "head", head_kind, (V, H // per), "target"), cos=cos,
                          sin=_expect(t, "sin", f32, cos.shape, "target"), epsilon=record.epsilon, scale=record.scale,
-                         layout=record.layout)
+                         layout=record.layout, window=record.window)
 
 
 def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: NativeWeights,

@@ -98,6 +98,9 @@ class CudaBackend(SharedKvDraft, Backend):
             if weights.layers[0].qkv_bias is not None:
                 raise BackendError("the cuda kernels do not add q/k/v biases (Qwen2's) yet",
                                    "use backend='native' (on the CPU) or 'onnxruntime'")
+            if weights.window:
+                raise BackendError(f"the cuda kernels do not attend within a sliding window ({weights.window} keys) "
+                                   "yet", "use backend='native' (on the CPU) or 'onnxruntime'")
             if weights.layers[0].q_norm is not None:
                 raise BackendError("the cuda kernels do not normalize q/k heads (Qwen3's) yet",
                                    "use backend='native' (on the CPU) or 'onnxruntime'")

@@ -150,13 +150,32 @@ def test_a_window_as_long_as_s_runs_natively(tmp_path):
     assert_logits_match_onnxruntime(bundle)
 
 
-def test_a_window_shorter_than_s_is_refused_by_gqa_and_says_why(tmp_path):
-    from specdec.errors import ExportError
+def test_a_window_shorter_than_s_runs_natively(tmp_path):
+    """A sliding window of 24 keys beside S = 256: the gqa graph's GroupQueryAttention gets local_window_size 24 and
+    computes the checkpoint's function (its logits against the plain lowering's, whose mask export checks against
+    PyTorch, over 120 positions: five windows), and the native engine computes the graph's (over 200)."""
+    from specdec.export.bundle import export_bundle
+    from specdec.export.config import ExportConfig
+    from specdec.runtime.ort_backend import OrtBackend
 
-    model = _mistral_with_window(tmp_path / "hf", 64)
-    with pytest.raises(ExportError, match="window of 64 positions, shorter than --max-seq-len 256") as caught:
-        _gqa_export(tmp_path / "b", model, no_draft=True)
-    assert "--max-seq-len 64 or less" in caught.value.hint
+    model = _mistral_with_window(tmp_path / "hf", 24)
+    bundle = _gqa_export(tmp_path / "b", model, no_draft=True)
+    native = read_manifest(bundle).target.native
+    assert native is not None and native.window == 24
+    assert_logits_match_onnxruntime(bundle)
+    plain = export_bundle(ExportConfig(out=tmp_path / "plain", target=str(model), max_seq_len=256, max_batch=4,
+                                       max_prefill_chunk=16, progress=False, lowering="plain", no_draft=True))
+    ids = np.random.default_rng(2).integers(3, 300, (1, 120))
+    logits = []
+    for path in (plain, bundle):
+        backend = OrtBackend(path, read_manifest(path).target, 2).open()
+        backend.reset(1)
+        logits.append(np.concatenate([backend.forward(ids[:, a:b], np.array([a]))[0]
+                                      for a, b in ((0, 17), (17, 18), (18, 40), (40, 120))]))
+    assert np.abs(logits[0] - logits[1]).max() <= 1e-4 * np.abs(logits[0]).max()
+    assert (logits[0].argmax(-1) == logits[1].argmax(-1)).all()
+    with load(bundle) as gen:
+        assert gen.backend == "native"
 
 
 @pytest.mark.parametrize("family", ["phi3", "mistral"])
