@@ -272,9 +272,3 @@ def check_tokens(input_ids: np.ndarray, vocab: int, what: str = "the vocabulary"
         if low < 0 or high >= vocab:
             raise BackendError(f"token ids {low}..{high} are outside {what} 0..{vocab - 1}",
                                "encode the text with the bundle's tokenizer")
-
-
-def check_device(name: str, device: str, allowed: tuple) -> None:
-    if not device.startswith(allowed):
-        raise BackendError(f"backend={name!r} does not run on device={device!r}",
-                           "use backend='onnxruntime' with device='cpu', or backend='tensorrt' with device='cuda:N'")
