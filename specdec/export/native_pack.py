@@ -136,17 +136,29 @@ def _array(init, folder: Path, numpy_helper) -> np.ndarray:
 
 def _mixed(linears: dict, v_rows: int) -> dict:
     """Each linear weight in its own blocks (mixed_blocks); a packed q/k/v whose v rows lie on another grid than its
-    q/k rows (Q4_K beside Q6_K, as llama.cpp's Q4_K_M mixes them where rows are a multiple of 256) as two: `.qkv` its
-    q/k rows and `.qkv_v` its last `v_rows` rows. GridError where a weight fits none."""
+    q/k rows as two, `.qkv` its q/k rows and `.qkv_v` its last `v_rows` rows, where no one block holds both (Q4_K
+    beside Q6_K, as llama.cpp's Q4_K_M mixes them where rows are a multiple of 256) or two take fewer bytes (Q5_0
+    beside Q8_0). GridError where a weight fits none."""
     tensors = {}
     for name, weight in linears.items():
-        try:
+        if not name.endswith(".qkv"):
             tensors[name] = mixed_blocks(name, weight)
+            continue
+        try:
+            whole = mixed_blocks(name, weight)
         except GridError:
-            if not name.endswith(".qkv"):
+            whole = None
+        try:
+            parts = mixed_blocks(f"{name} (q/k rows)", weight[:-v_rows]), mixed_blocks(f"{name} (v rows)",
+                                                                                         weight[-v_rows:])
+        except GridError:
+            if whole is None:
                 raise
-            tensors[name] = mixed_blocks(f"{name} (q/k rows)", weight[:-v_rows])
-            tensors[f"{name}_v"] = mixed_blocks(f"{name} (v rows)", weight[-v_rows:])
+            parts = None
+        if parts is None or (whole is not None and whole.nbytes <= parts[0].nbytes + parts[1].nbytes):
+            tensors[name] = whole
+        else:  # apart: fewer bytes (q/k Q5_0 as blk5 beside v Q8_0), or the only way (Q4_K beside Q6_K)
+            tensors[name], tensors[f"{name}_v"] = parts
     return tensors
 
 

@@ -102,7 +102,7 @@ def snap_to_gguf_grids(model, q80: bool = False, mixed: bool = False) -> None:
 
 def _mixed_grid(projection: str, layer: int):
     """The snapper of a projection in a K-quant mix that reaches every blk kind, as llama.cpp's Q4_K_M mixes them:
-    gate/up Q4_K (blk4); in even layers q/k Q5_0 beside v Q8_0 (packed: blk8), o Q5_0 and down Q5_1 (blk5); in odd
+    gate/up Q4_K (blk4); in even layers q/k Q5_0 beside v Q8_0 (blk5 and blk8), o Q5_0 and down Q5_1 (blk5); in odd
     ones q/k Q4_K beside v Q6_K (packed q/k/v on two grids: blk4 and blk6 apart), o and down Q6_K (blk6)."""
     odd = layer % 2
     grids = {"q_proj": _q4_k if odd else _q5_0, "k_proj": _q4_k if odd else _q5_0, "v_proj": _q6_k if odd else _q8_0,
