@@ -151,7 +151,6 @@ typedef struct {
 #define BUF(p, field) ((float *)((p)->base + (p)->at.field))
 #define WEIGHT(p, name, l) ((p)->quant ? (const void *)(p)->m->name##_p[l] : (const void *)(p)->m->name[l])
 
-
 static int weights_kind(const pass_t *p, int l, int which) {  // of layer l's linear `which`
     const int kind = p->m->kind;
     if (p->quant) return W_Q4P;
