@@ -232,28 +232,27 @@ def _asymmetric(weight: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray
     return (scale, low, codes.astype(np.uint8)) if fitted.all() else None
 
 
-def _fit4(weight: np.ndarray) -> np.ndarray | None:
-    """weight [N, K] -> blocks [N, K / 32] of BLOCK4 (16 levels: a Q4_1 or Q4_K block's values), or None."""
-    found = _asymmetric(weight, 16)
+def _fit_levels(weight: np.ndarray, levels: int) -> np.ndarray | None:
+    """weight [N, K] -> blocks [N, K / 32] of BLOCK4 (16 levels: a Q4_1 or Q4_K block's values) or BLOCK5 (32: a
+    Q5_0, Q5_1 or Q5_K block's), or None. Both hold the low 4 bits of q[j] and q[j + 16] in qs[j]; BLOCK5 the fifth
+    bits in qh."""
+    found = _asymmetric(weight, levels)
     if found is None:
         return None
     scale, low, q = found
-    out = np.empty(low.shape, BLOCK4)
-    out["d"], out["m"], out["qs"] = scale, low, q[..., :16] | (q[..., 16:] << 4)
+    out = np.empty(low.shape, BLOCK5 if levels > 16 else BLOCK4)
+    out["d"], out["m"], out["qs"] = scale, low, (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
+    if levels > 16:
+        out["qh"] = ((q >> 4).astype(np.uint32) << np.arange(BLOCK, dtype=np.uint32)).sum(axis=-1, dtype=np.uint32)
     return out
+
+
+def _fit4(weight: np.ndarray) -> np.ndarray | None:
+    return _fit_levels(weight, 16)
 
 
 def _fit5(weight: np.ndarray) -> np.ndarray | None:
-    """weight [N, K] -> blocks [N, K / 32] of BLOCK5 (32 levels: a Q5_0, Q5_1 or Q5_K block's values), or None."""
-    found = _asymmetric(weight, 32)
-    if found is None:
-        return None
-    scale, low, q = found
-    out = np.empty(low.shape, BLOCK5)
-    out["d"], out["m"] = scale, low
-    out["qs"] = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
-    out["qh"] = ((q >> 4).astype(np.uint32) << np.arange(BLOCK, dtype=np.uint32)).sum(axis=-1, dtype=np.uint32)
-    return out
+    return _fit_levels(weight, 32)
 
 
 def mixed_blocks(name: str, weight: np.ndarray) -> np.ndarray:
@@ -276,13 +275,19 @@ def mixed_blocks(name: str, weight: np.ndarray) -> np.ndarray:
     raise GridError(f"{name} is on none of the grids of a K-quant GGUF (Q4_K / Q4_1, Q5_K / Q5_1 / Q5_0, Q8_0, Q6_K)")
 
 
+def _nibbles(blocks: np.ndarray) -> np.ndarray:
+    """BLOCK4 or BLOCK5 blocks [..., nb] -> the low 4 bits of their codes [..., nb, 32] uint8 (q[j] and q[j + 16] from
+    qs[j])."""
+    return np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1)
+
+
 def q41_pairs(blocks: np.ndarray) -> np.ndarray:
     """blocks [N, nb] of BLOCK4 -> [N, ceil(nb / 2)] of BLOCK4P: each two blocks' d0, d1, m0, m1 in fp16 (a GGUF's
     own precision; elsewhere the draft's scales round to 11 bits) and their codes q0[j] | q1[j] << 4. An odd nb ends
     in a pair whose second block is 0."""
     if blocks.shape[1] % 2:
         blocks = np.concatenate([blocks, np.zeros((len(blocks), 1), BLOCK4)], axis=1)
-    codes = np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1)  # [N, nb, 32]
+    codes = _nibbles(blocks)  # [N, nb, 32]
     out = np.empty((len(blocks), blocks.shape[1] // 2), BLOCK4P)
     out["h"] = np.stack([blocks["d"][:, 0::2], blocks["d"][:, 1::2], blocks["m"][:, 0::2], blocks["m"][:, 1::2]], -1)
     out["qs"] = codes[:, 0::2] | (codes[:, 1::2] << 4)
@@ -341,7 +346,7 @@ def float_rows(rows: np.ndarray) -> np.ndarray:
         scales = np.repeat(rows["d"], BLOCK // 2, axis=-1)  # [N, nb, 32]
         return (scales * rows["qs"].astype(np.float32)).reshape(rows.shape[0], -1)
     if rows.dtype in (BLOCK4, BLOCK5):
-        q = np.concatenate([rows["qs"] & 15, rows["qs"] >> 4], axis=-1).astype(np.float32)
+        q = _nibbles(rows).astype(np.float32)
         if rows.dtype == BLOCK5:
             q += 16 * ((rows["qh"][..., None] >> np.arange(BLOCK, dtype=np.uint32)) & 1)
         return (q * rows["d"][..., None] + rows["m"][..., None]).reshape(rows.shape[0], -1)

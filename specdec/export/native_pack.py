@@ -12,6 +12,7 @@ the layout, or with a NaN or inf weight, gets no native weights (NativeSkipped).
 """
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,30 @@ from specdec.errors import missing_dependency
 from specdec.manifest import ModelDims, NativeRecord
 from specdec.native.weights import LINEARS
 
-ALLOWED_OPS = {"Shape", "Squeeze", "Gather", "Add", "Sub", "Cast", "ReduceMax", "SimplifiedLayerNormalization",
-               "SkipSimplifiedLayerNormalization", "MatMul", "GroupQueryAttention", "Split", "Sigmoid", "Mul",
-               "Reshape", "Gemm", "Concat"}
+class Op(StrEnum):
+    """The ONNX op types the reader accepts in a gqa graph (anything else: NativeSkipped)."""
+
+    SHAPE = "Shape"
+    SQUEEZE = "Squeeze"
+    GATHER = "Gather"
+    ADD = "Add"
+    SUB = "Sub"
+    CAST = "Cast"
+    REDUCE_MAX = "ReduceMax"
+    SIMPLIFIED_LAYER_NORMALIZATION = "SimplifiedLayerNormalization"
+    SKIP_SIMPLIFIED_LAYER_NORMALIZATION = "SkipSimplifiedLayerNormalization"
+    MAT_MUL = "MatMul"
+    GROUP_QUERY_ATTENTION = "GroupQueryAttention"
+    SPLIT = "Split"
+    SIGMOID = "Sigmoid"
+    MUL = "Mul"
+    RESHAPE = "Reshape"
+    GEMM = "Gemm"
+    CONCAT = "Concat"
+
+
+ALLOWED_OPS = set(Op)
+NORMS = (Op.SIMPLIFIED_LAYER_NORMALIZATION, Op.SKIP_SIMPLIFIED_LAYER_NORMALIZATION)  # a layer's and the final norm
 TARGET_FILE, DRAFT_FILE = "native.bin", "native.bin"  # in the model's folder
 
 
@@ -49,14 +71,14 @@ def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:
     if stray or biased:
         raise NativeSkipped(f"{path.name} holds {', '.join(stray + biased)}, which the native engine does not run")
     made_by = {output: node for node in nodes for output in node.output}
-    head_norms = {id(n) for n in nodes if n.op_type == "SimplifiedLayerNormalization"
-                  and getattr(made_by.get(n.input[0]), "op_type", None) == "Reshape"}  # a head's q or k (Qwen3)
-    parts = {"norms": [n for n in nodes if n.op_type.endswith("SimplifiedLayerNormalization") and id(n) not in head_norms],
-             "matmuls": [n for n in nodes if n.op_type == "MatMul" and n.input[1] in inits],
-             "attention": [n for n in nodes if n.op_type == "GroupQueryAttention"],
-             "heads": [n for n in nodes if n.op_type == "Gemm" and n.input[1] in inits],
+    head_norms = {id(n) for n in nodes if n.op_type == Op.SIMPLIFIED_LAYER_NORMALIZATION
+                  and getattr(made_by.get(n.input[0]), "op_type", None) == Op.RESHAPE}  # a head's q or k (Qwen3)
+    parts = {"norms": [n for n in nodes if n.op_type in NORMS and id(n) not in head_norms],
+             "matmuls": [n for n in nodes if n.op_type == Op.MAT_MUL and n.input[1] in inits],
+             "attention": [n for n in nodes if n.op_type == Op.GROUP_QUERY_ATTENTION],
+             "heads": [n for n in nodes if n.op_type == Op.GEMM and n.input[1] in inits],
              "embeddings": [n for n in nodes
-                            if n.op_type == "Gather" and n.input[1] == "input_ids" and n.input[0] in inits]}
+                            if n.op_type == Op.GATHER and n.input[1] == "input_ids" and n.input[0] in inits]}
     layers = dims.num_layers
     expected = {"norms": 2 * layers + 1, "matmuls": 4 * layers, "attention": layers, "heads": 1, "embeddings": 1}
     counts = {role: len(found) for role, found in parts.items()}
@@ -78,11 +100,11 @@ def _qk_norms(attention: list, made_by: dict, count: int, path: Path) -> list:
     found = []
     for node in attention:
         concat = made_by.get(node.input[0])
-        sources = [made_by.get(name) for name in concat.input] if concat is not None and concat.op_type == "Concat" else []
-        norms = [made_by.get(source.input[0]) if source is not None and source.op_type == "Reshape" else None
+        sources = [made_by.get(name) for name in concat.input] if concat is not None and concat.op_type == Op.CONCAT else []
+        norms = [made_by.get(source.input[0]) if source is not None and source.op_type == Op.RESHAPE else None
                  for source in sources[:2]]
-        if len(sources) != 3 or any(n is None or n.op_type != "SimplifiedLayerNormalization" for n in norms) or \
-                sources[2] is None or sources[2].op_type != "Split":
+        if len(sources) != 3 or any(n is None or n.op_type != Op.SIMPLIFIED_LAYER_NORMALIZATION for n in norms) or \
+                sources[2] is None or sources[2].op_type != Op.SPLIT:
             raise NativeSkipped(f"{path.name} normalizes heads of q and k in a way the native engine does not read")
         found.append(tuple(norms))
     if 2 * len(found) != count:
@@ -95,15 +117,15 @@ def _qkv_biases(nodes: list, inits: dict) -> tuple[dict, list]:
     initializer to a MatMul's output that feeds a GroupQueryAttention as its packed q/k/v (Qwen2's); the native engine
     runs no other bias."""
     made_by = {output: node for node in nodes for output in node.output}
-    packed = {node.input[0] for node in nodes if node.op_type == "GroupQueryAttention"}
+    packed = {node.input[0] for node in nodes if node.op_type == Op.GROUP_QUERY_ATTENTION}
     biases, others = {}, []
     for node in nodes:
         constant = [name for name in node.input if name in inits]
-        if node.op_type != "Add" or not constant:
+        if node.op_type != Op.ADD or not constant:
             continue
         varying = [made_by.get(name) for name in node.input if name not in inits]
         source = varying[0] if len(constant) == 1 and len(varying) == 1 else None
-        if source is not None and source.op_type == "MatMul" and node.output[0] in packed:
+        if source is not None and source.op_type == Op.MAT_MUL and node.output[0] in packed:
             biases[source.output[0]] = constant[0]
         else:
             others.append(node.name)
@@ -134,14 +156,15 @@ def _array(init, folder: Path, numpy_helper) -> np.ndarray:
     return values
 
 
-def _mixed(linears: dict, v_rows: int) -> dict:
-    """Each linear weight in its own blocks (mixed_blocks); a packed q/k/v whose v rows lie on another grid than its
-    q/k rows as two, `.qkv` its q/k rows and `.qkv_v` its last `v_rows` rows, where no one block holds both (Q4_K
-    beside Q6_K, as llama.cpp's Q4_K_M mixes them where rows are a multiple of 256) or two take fewer bytes (Q5_0
-    beside Q8_0). GridError where a weight fits none."""
+def _mixed(linears: dict, packed: dict) -> dict:
+    """Each linear weight in its own blocks (mixed_blocks); a packed q/k/v (`packed`: its name -> its v rows) whose
+    v rows lie on another grid than its q/k rows as two, `.qkv` its q/k rows and `.qkv_v` its v rows, where no one
+    block holds both (Q4_K beside Q6_K, as llama.cpp's Q4_K_M mixes them where rows are a multiple of 256) or two
+    take fewer bytes (Q5_0 beside Q8_0). GridError where a weight fits none."""
     tensors = {}
     for name, weight in linears.items():
-        if not name.endswith(".qkv"):
+        v_rows = packed.get(name)
+        if v_rows is None:
             tensors[name] = mixed_blocks(name, weight)
             continue
         try:
@@ -162,7 +185,7 @@ def _mixed(linears: dict, v_rows: int) -> dict:
     return tensors
 
 
-def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray, v_rows: int) -> tuple[str, dict] | None:
+def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray, packed: dict) -> tuple[str, dict] | None:
     """(layout, tensors) of the weights where every linear weight lies on a Q4_1 grid ("q41"), or every one on a
     Q8_0 grid ("q80", a Q8_0 GGUF's), with the head on Q8_0's; or each linear weight and the head on one of a K-quant
     GGUF's grids ("mixed": blk4, blk5, blk8 or blk6, a Q4_K_M file's, whose head is often Q6_K). The embedding is read
@@ -173,7 +196,7 @@ def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray, v_rows: int) 
         head8 = None
     fits = {"q41": (lambda: {name: on_grid(name, w, q41_blocks) for name, w in linears.items()}, lambda: head8),
             "q80": (lambda: {name: on_grid(name, w, q8_blocks) for name, w in linears.items()}, lambda: head8),
-            "mixed": (lambda: _mixed(linears, v_rows),
+            "mixed": (lambda: _mixed(linears, packed),
                       lambda: head8 if head8 is not None else mixed_blocks("head", head))}
     for layout, (fit, fit_head) in fits.items():
         try:
@@ -228,7 +251,7 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float
         raise NativeSkipped(f"{path.name}'s first weight is not packed q/k/v")
 
     def gamma(node):
-        return array(node.input[1] if node.op_type == "SimplifiedLayerNormalization" else node.input[2])
+        return array(node.input[1] if node.op_type == Op.SIMPLIFIED_LAYER_NORMALIZATION else node.input[2])
 
     tensors, linears = {}, {}
     for i in range(dims.num_layers):
@@ -251,8 +274,8 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, float, float
     for name, weight in [*linears.items(), ("head", head_weight), ("embedding", embedding)]:
         if weight.ndim != 2 or weight.shape[1] % 32:
             raise NativeSkipped(f"{name} has shape {list(weight.shape)}; the native kernels need K % 32 == 0")
-    v_rows = dims.num_kv_heads * dims.head_dim
-    grids = _grids(linears, head_weight, embedding, v_rows) if np.isfinite(embedding).all() else None
+    packed = {f"layers.{i}.{LINEARS[0]}": dims.num_kv_heads * dims.head_dim for i in range(dims.num_layers)}  # q/k/v
+    grids = _grids(linears, head_weight, embedding, packed) if np.isfinite(embedding).all() else None
     layout, found = grids if grids is not None else _rows(linears, head_weight, embedding)
     tensors.update(found)
     tensors["final_norm"] = gamma(norms[-1])
