@@ -22,7 +22,7 @@ import numpy as np
 
 from specdec.manifest import Role
 
-ABI_VERSION = 5  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
+ABI_VERSION = 6  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
 FORMAT_VERSION = 2  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
 BLOCK = 32  # weights per block along K
 BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1; qs[j] = q[j] | q[j + 16] << 4

@@ -164,6 +164,15 @@ class CalibrationRecord:
     gamma: GammaRecord | None = None
 
 
+class Activation(StrEnum):
+    """A native target's MLP: SiLU(gate)·up (the LLaMA layout), or GELU of one up product (GPT-2's; tanh: the
+    approximation of onnxruntime's FastGelu, gelu: the exact erf form of its Gelu)."""
+
+    SILU_GATED = "silu-gated"
+    GELU_TANH = "gelu-tanh"
+    GELU = "gelu"
+
+
 @dataclass(frozen=True)
 class NativeRecord:
     """A model's weights as the native engine reads them: a file of blocks it memory-maps (specdec.blocks)."""
@@ -172,10 +181,11 @@ class NativeRecord:
     abi: int  # the weights' format version of the writer (specdec.blocks.FORMAT_VERSION)
     path: str  # relative to the bundle; also in the entry's files, with its sha256
     tensors: dict  # name -> {"kind", "shape", "offset"}
-    epsilon: float = 0.0  # RMSNorm epsilon
+    epsilon: float = 0.0  # the norms' epsilon (RMSNorm's, or LayerNorm's where the tensors hold norm biases)
     scale: float = 0.0  # attention scores' scale
     fill: float = 0.0  # the logit of a token a trimmed head does not score
     window: int = 0  # keys a query sees, its own included (a sliding window shorter than S), or 0: every earlier one
+    activation: str = Activation.SILU_GATED  # the MLP's (an Activation)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ norms, Q/K/V projections, output projection, MLP, final norm and LM head. Dims c
 from __future__ import annotations
 
 import copy
+from enum import StrEnum
 
 import torch
 from torch import nn
@@ -176,6 +177,11 @@ class Architecture:
         """(q norm, k norm): the RMSNorm modules a family applies to each head of q and k before rotary, or None."""
         return None
 
+    def gelu_mlp(self, layer: nn.Module):
+        """(up projection, GELU's approximation: "tanh" or "none", down projection) of an ungated GELU MLP
+        (down(GELU(up(x))): GPT-2's), each projection a callable on x; None where the MLP is not one."""
+        return None
+
     def packed_gate_up(self, layer: nn.Module):
         """(gate|up weight [2I, H], activation, down projection) of a gated MLP with bias-free gate and up
         (down(act(x @ gate) * (x @ up))); None where the MLP is not one."""
@@ -235,6 +241,24 @@ class Phi3Architecture(Architecture):
         return getattr(self.config, "sliding_window", None)
 
 
+def _conv1d(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A Hugging Face Conv1D (weight [K, N]) on x [..., K] as one MatMul and a bias Add (its own forward reshapes x
+    to 2-D around a Gemm)."""
+    return torch.matmul(x, conv.weight) + conv.bias
+
+
+class GeluApproximation(StrEnum):
+    """torch's GELU approximations (its `approximate` argument): onnxruntime's FastGelu and Gelu."""
+
+    TANH = "tanh"
+    NONE = "none"  # the exact erf form
+
+
+# Hugging Face activation names of GELU (ACT2FN), by their approximation
+GELU_APPROXIMATIONS = {"gelu_new": GeluApproximation.TANH, "gelu_pytorch_tanh": GeluApproximation.TANH,
+                       "gelu_fast": GeluApproximation.TANH, "gelu": GeluApproximation.NONE}
+
+
 @register("gpt2")
 class Gpt2Architecture(Architecture):
     """GPT-2: learned absolute positions, LayerNorm, packed Conv1D attention, no rotary."""
@@ -277,10 +301,18 @@ class Gpt2Architecture(Architecture):
         return layer.attn.c_attn(x).split(self.dims.hidden_size, dim=-1)
 
     def packed_qkv(self, layer):
-        return None  # Conv1D weights, and no rotary for the attention op to fuse
+        conv = layer.attn.c_attn  # Conv1D: weight [H, 3H], q, k and v side by side
+        return conv.weight.detach().t().contiguous(), conv.bias.detach()
 
     def packed_gate_up(self, layer):
         return None
 
+    def gelu_mlp(self, layer):
+        approximate = GELU_APPROXIMATIONS.get(self.config.activation_function)
+        if approximate is None:
+            return None
+        mlp = layer.mlp
+        return (lambda x: _conv1d(mlp.c_fc, x)), approximate, (lambda x: _conv1d(mlp.c_proj, x))
+
     def out_proj(self, layer, x):
-        return layer.attn.c_proj(x)
+        return _conv1d(layer.attn.c_proj, x)

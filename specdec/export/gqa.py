@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import torch
 
+from specdec.export.architectures import GeluApproximation
 from specdec.export.static_model import StaticKVDecoder
 
 STAGING_DOMAIN = "specdec.lowering"  # onnxscript has no schema for contrib ops: emit here, then rename
 TARGET_DOMAINS = {"GroupQueryAttention": "com.microsoft", "SimplifiedLayerNormalization": "",
-                  "SkipSimplifiedLayerNormalization": "com.microsoft"}
+                  "SkipSimplifiedLayerNormalization": "com.microsoft", "FastGelu": "com.microsoft",
+                  "Gelu": "com.microsoft"}
 
 
 def _rotate(x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, start: int) -> torch.Tensor:
@@ -87,6 +89,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 @rms_norm.register_fake
 def _rms_norm_fake(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("specdec::gelu", mutates_args=())
+def gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """Eager reference of onnxruntime's FastGelu (approximate "tanh") and Gelu ("none": the exact erf form)."""
+    return torch.nn.functional.gelu(x, approximate=approximate)
+
+
+@gelu.register_fake
+def _gelu_fake(x, approximate):
     return torch.empty_like(x)
 
 
@@ -157,6 +170,10 @@ def _register_staging_schemas() -> None:
                      param("inv_std_var", "U", param_option=optional), param("sum", "T", param_option=optional)],
             type_constraints=[floats, ("U", ["tensor(float)"], "")], attributes=[attr("epsilon", kinds.FLOAT, "")],
         ))
+    for name in ("FastGelu", "Gelu"):
+        if not onnx.defs.has(name, STAGING_DOMAIN):
+            onnx.defs.register_schema(schema(name, STAGING_DOMAIN, 1, inputs=[param("x", "T")],
+                                             outputs=[param("y", "T")], type_constraints=[floats]))
 
 
 def gqa_translation():
@@ -192,9 +209,12 @@ def gqa_translation():
         normed, _, _, total = staged.SkipSimplifiedLayerNormalization(x, skip, weight, epsilon=eps, _num_outputs=4)
         return normed, total
 
+    def lower_gelu(x, approximate: str):
+        return staged.FastGelu(x) if approximate == GeluApproximation.TANH else staged.Gelu(x)
+
     ops = torch.ops.specdec
     return {ops.gqa.default: lower_gqa, ops.gqa_packed.default: lower_gqa_packed, ops.rms_norm.default: lower_rms_norm,
-            ops.skip_rms_norm.default: lower_skip_rms_norm}
+            ops.skip_rms_norm.default: lower_skip_rms_norm, ops.gelu.default: lower_gelu}
 
 
 def move_to_target_domains(model) -> None:
@@ -215,6 +235,7 @@ class GqaDecoder(StaticKVDecoder):
         self.fused_rotary = False
         positions = torch.arange(max_seq_len)[None]
         rotary = arch.rotary(torch.zeros(1, max_seq_len, arch.dims.hidden_size), positions)
+        self.rotary_free = rotary is None  # learned positions (GPT-2): q, k and v pack with nothing to rotate
         # onnxruntime's fused rotary needs the whole head rotated and a head size that is a multiple of 16
         if rotary is not None and rotary[0].shape[-1] == arch.dims.head_dim and arch.dims.head_dim % 16 == 0:
             half = arch.dims.head_dim // 2
@@ -231,7 +252,8 @@ class GqaDecoder(StaticKVDecoder):
 
     def _pack(self, index: int, layer) -> dict:
         """Register layer `index`'s packed weights as buffers; -> which of them it has."""
-        qkv = self.arch.packed_qkv(layer) if self.fused_rotary else None  # unfused rotary needs q, k apart
+        # unfused rotary needs q, k apart
+        qkv = self.arch.packed_qkv(layer) if self.fused_rotary or self.rotary_free else None
         if qkv is not None:
             self.register_buffer(f"qkv_weight_{index}", qkv[0], persistent=False)
             self.register_buffer(f"qkv_bias_{index}", qkv[1], persistent=False)
@@ -284,9 +306,13 @@ class GqaDecoder(StaticKVDecoder):
         return torch.cat([*normed, v], dim=-1)
 
     def mlp_packed(self, index, layer, x):
-        # x: [B, T, H] -> [B, T, H]; gate and up as one MatMul where the family allows
+        # x: [B, T, H] -> [B, T, H]; gate and up as one MatMul where the family allows, GELU as one op
         if self.packed[index]["gate_up"] is None:
-            return self.arch.mlp(layer, x)
+            gelu = self.arch.gelu_mlp(layer)
+            if gelu is None:
+                return self.arch.mlp(layer, x)
+            up, approximate, down = gelu
+            return down(torch.ops.specdec.gelu(up(x), approximate))
         act, down = self.packed[index]["gate_up"]
         gate, up = torch.nn.functional.linear(x, getattr(self, f"gate_up_weight_{index}")).chunk(2, dim=-1)
         return down(act(gate) * up)

@@ -26,9 +26,11 @@ static int block_kind(int kind) { return kind == W_Q4 || kind == W_Q5 || kind ==
 static int gguf_blocks(int kind) { return kind == SPECDEC_Q41 || kind == SPECDEC_Q80 || kind == SPECDEC_MIXED; }  // else rows
 
 static int check_layers(const model_t *m, int quant) {
-    if (!m->in_norm || !m->post_norm || !m->final_norm || !m->head || !m->cos || !m->sin) return SPECDEC_E_NULL;
+    if (!m->in_norm || !m->post_norm || !m->final_norm || !m->head) return SPECDEC_E_NULL;
+    if (!m->cos != !m->sin || !m->cos == !m->position_table) return SPECDEC_E_NULL;  // rotary tables or learned ones
     if (!m->embedding && !m->embedding_rows) return SPECDEC_E_NULL;
     if (!m->q_norm != !m->k_norm) return SPECDEC_E_NULL;  // both or neither
+    if (!m->in_norm_bias != !m->post_norm_bias || !m->in_norm_bias != !m->final_norm_bias) return SPECDEC_E_NULL;
     const void *const *tables[4] = {(const void *const *)m->qkv, (const void *const *)m->o,
                                     (const void *const *)m->gate_up, (const void *const *)m->down};
     if (quant) {
@@ -46,8 +48,12 @@ static int check_layers(const model_t *m, int quant) {
                 if (!block_kind(kind)) return SPECDEC_E_SHAPE;
             }
     }
+    const float *const *biases[6] = {m->qkv_bias, m->o_bias, m->gate_up_bias, m->down_bias, m->in_norm_bias,
+                                     m->post_norm_bias};
     for (int l = 0; l < m->L; l++) {
-        if (!m->in_norm[l] || !m->post_norm[l] || (m->qkv_bias && !m->qkv_bias[l])) return SPECDEC_E_NULL;
+        if (!m->in_norm[l] || !m->post_norm[l]) return SPECDEC_E_NULL;
+        for (int t = 0; t < 6; t++)
+            if (biases[t] && !biases[t][l]) return SPECDEC_E_NULL;
         if (m->q_norm && (!m->q_norm[l] || !m->k_norm[l])) return SPECDEC_E_NULL;
         for (int t = 0; t < 4; t++)
             if (!tables[t][l]) return SPECDEC_E_NULL;
@@ -64,6 +70,7 @@ static int check_model(const model_t *m, int quant) {
         out_of((long)(m->Hq + 2 * m->Hkv) * m->D, 1, MAX_DIM) || out_of(m->I, 32, MAX_DIM) || m->I % 32 ||
         out_of(m->V, 1, 1L << 24) || out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
         out_of(m->kind, SPECDEC_Q41, SPECDEC_MIXED) || (!gguf_blocks(m->kind) && !m->embedding) ||
+        out_of(m->mlp, SPECDEC_MLP_SILU_GATED, SPECDEC_MLP_GELU) ||
         !(m->eps >= 0.f) || !isfinite(m->scale) || m->window < 0)
         return SPECDEC_E_SHAPE;
     return check_layers(m, quant);
@@ -119,6 +126,27 @@ static void rmsnorm(const float *x, const float *gamma, float eps, int H, float 
     for (int i = 0; i < H; i++) out[i] = x[i] * r * gamma[i];
 }
 
+static void layernorm(const float *x, const float *gamma, const float *beta, float eps, int H, float *out) {
+    float s = 0.f, v = 0.f;
+    for (int i = 0; i < H; i++) s += x[i];
+    const float mean = s / H;
+    for (int i = 0; i < H; i++) v += (x[i] - mean) * (x[i] - mean);
+    const float r = 1.f / sqrtf(v / H + eps);
+    for (int i = 0; i < H; i++) out[i] = (x[i] - mean) * r * gamma[i] + beta[i];
+}
+
+// the model's norm of one row: LayerNorm where it has a bias (beta), else RMSNorm
+static void norm(const model_t *m, const float *x, const float *gamma, const float *beta, float *out) {
+    if (beta) layernorm(x, gamma, beta, m->eps, m->H, out);
+    else rmsnorm(x, gamma, m->eps, m->H, out);
+}
+
+static void add_bias(float *y, int M, int N, const float *bias) {  // y [M, N] += bias [N], where there is one
+    if (!bias) return;
+    for (int r = 0; r < M; r++)
+        for (int i = 0; i < N; i++) y[(size_t)r * N + i] += bias[i];
+}
+
 static void rotate(const float *x, const float *cs, const float *sn, int D, float *out) {
     const int half = D / 2;
     for (int i = 0; i < half; i++) {
@@ -136,6 +164,26 @@ static void silu_times(const float *g, const float *u, int I, float *y) {  // Si
                                               _mm256_loadu_ps(u + i)));
     }
     for (; i < I; i++) y[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+
+// GELU(u) = u / 2 * (1 + tanh(sqrt(2 / pi) * (u + 0.044715 u^3))) (tanh: onnxruntime's FastGelu), or
+// u / 2 * (1 + erf(u / sqrt(2))); tanh(z) = 1 - 2 / (e^(2z) + 1)
+static void gelu(int mlp, const float *u, int I, float *y) {
+    int i = 0;
+    if (mlp == SPECDEC_MLP_GELU_TANH)
+        for (; i + 8 <= I; i += 8) {
+            const __m256 x = _mm256_loadu_ps(u + i), one = _mm256_set1_ps(1.f);
+            const __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                           _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x),
+                                                           _mm256_mul_ps(x, x), x));
+            const __m256 e = exp256(_mm256_add_ps(z, z));
+            const __m256 t = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, one)));
+            _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(one, t)));
+        }
+    for (; i < I; i++)
+        y[i] = mlp == SPECDEC_MLP_GELU_TANH
+                   ? 0.5f * u[i] * (1.f + tanhf(0.7978845608028654f * (u[i] + 0.044715f * u[i] * u[i] * u[i])))
+                   : 0.5f * u[i] * (1.f + erff(u[i] * 0.70710678118654752f));
 }
 
 typedef struct {
@@ -183,6 +231,14 @@ static void place_qkv(const pass_t *p, int l, float *qkv) {
             const size_t row = (size_t)b * p->T + t;
             const int at = p->pos[b] + t;
             float *in = qkv + row * QKV;
+            if (!m->cos) {  // learned positions: nothing to rotate
+                for (int h = 0; h < Hq; h++) memcpy(BUF(p, q) + (row * Hq + h) * D, in + h * D, sizeof(float) * D);
+                for (int h = 0; h < Hkv; h++) {
+                    memcpy(k + ((size_t)h * p->S + at) * D, in + (Hq + h) * D, sizeof(float) * D);
+                    memcpy(v + ((size_t)h * p->S + at) * D, in + (Hq + Hkv + h) * D, sizeof(float) * D);
+                }
+                continue;
+            }
             const float *cs = m->cos + (size_t)at * half, *sn = m->sin + (size_t)at * half;
             if (m->q_norm)  // each head of q and k normalized in place, before rotary (Qwen3)
                 for (int h = 0; h < Hq + Hkv; h++)
@@ -200,12 +256,11 @@ static void layer(const pass_t *p, int l) {
     const model_t *m = p->m;
     const int H = m->H, I = m->I, M = p->B * p->T, QD = m->Hq * m->D;
     float *x = BUF(p, x), *xn = BUF(p, xn), *tmp = BUF(p, tmp), *gu = BUF(p, gu), *act = BUF(p, act);
-    for (int r = 0; r < M; r++) rmsnorm(x + (size_t)r * H, m->in_norm[l], m->eps, H, xn + (size_t)r * H);
+    const float *beta = m->in_norm_bias ? m->in_norm_bias[l] : NULL;
+    for (int r = 0; r < M; r++) norm(m, x + (size_t)r * H, m->in_norm[l], beta, xn + (size_t)r * H);
     const int QKV = (m->Hq + 2 * m->Hkv) * m->D;
     dense(p, l, L_QKV, xn, H, WEIGHT(p, qkv, l), tmp, QKV);
-    if (m->qkv_bias)
-        for (int r = 0; r < M; r++)
-            for (int i = 0; i < QKV; i++) tmp[(size_t)r * QKV + i] += m->qkv_bias[l][i];
+    add_bias(tmp, M, QKV, m->qkv_bias ? m->qkv_bias[l] : NULL);
     place_qkv(p, l, tmp);
     const float **rows = (const float **)(p->base + p->at.ptrs);  // each row's keys, then values, of layer l
     for (int b = 0; b < p->B; b++) {
@@ -216,11 +271,19 @@ static void layer(const pass_t *p, int l) {
                            rows + p->B, BUF(p, att)};
     attention(p->threads, &a, p->base + p->at.attn);
     dense(p, l, L_O, BUF(p, att), QD, WEIGHT(p, o, l), tmp, H);
+    add_bias(tmp, M, H, m->o_bias ? m->o_bias[l] : NULL);
     for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
-    for (int r = 0; r < M; r++) rmsnorm(x + (size_t)r * H, m->post_norm[l], m->eps, H, xn + (size_t)r * H);
-    dense(p, l, L_GATE_UP, xn, H, WEIGHT(p, gate_up, l), gu, 2 * I);
-    for (int r = 0; r < M; r++) silu_times(gu + (size_t)r * 2 * I, gu + (size_t)r * 2 * I + I, I, act + (size_t)r * I);
+    beta = m->post_norm_bias ? m->post_norm_bias[l] : NULL;
+    for (int r = 0; r < M; r++) norm(m, x + (size_t)r * H, m->post_norm[l], beta, xn + (size_t)r * H);
+    const int up = m->mlp == SPECDEC_MLP_SILU_GATED ? 2 * I : I;  // gate and up rows, or up rows alone
+    dense(p, l, L_GATE_UP, xn, H, WEIGHT(p, gate_up, l), gu, up);
+    add_bias(gu, M, up, m->gate_up_bias ? m->gate_up_bias[l] : NULL);
+    for (int r = 0; r < M; r++) {
+        if (m->mlp == SPECDEC_MLP_SILU_GATED) silu_times(gu + (size_t)r * up, gu + (size_t)r * up + I, I, act + (size_t)r * I);
+        else gelu(m->mlp, gu + (size_t)r * up, I, act + (size_t)r * I);
+    }
     dense(p, l, L_DOWN, act, I, WEIGHT(p, down, l), tmp, H);
+    add_bias(tmp, M, H, m->down_bias ? m->down_bias[l] : NULL);
     for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
 }
 
@@ -241,6 +304,10 @@ static void embed(const pass_t *p, const int64_t *tokens) {
         else if (m->embedding) memcpy(x, (const float *)m->embedding + (size_t)tokens[r] * H, sizeof(float) * H);
         else decode_blocks(head_kind(m), (const char *)m->embedding_rows + (size_t)tokens[r] * (H / 32) * block_bytes(
                  head_kind(m)), H / 32, x);  // the head's row of the token
+        if (m->position_table) {  // learned positions: the row of the token's position
+            const float *at = m->position_table + (size_t)(p->pos[r / p->T] + (int)(r % p->T)) * H;
+            for (int i = 0; i < H; i++) x[i] += at[i];
+        }
     }
 }
 
@@ -250,7 +317,7 @@ static void score(const pass_t *p, int last_only, float *logits) {
     const int H = m->H, rows = last_only ? p->B : p->B * p->T;
     for (int r = 0; r < rows; r++) {
         const size_t from = last_only ? (size_t)r * p->T + p->T - 1 : (size_t)r;
-        rmsnorm(BUF(p, x) + from * H, m->final_norm, m->eps, H, BUF(p, xn) + (size_t)r * H);
+        norm(m, BUF(p, x) + from * H, m->final_norm, m->final_norm_bias, BUF(p, xn) + (size_t)r * H);
     }
     const int kind = p->quant ? W_Q8 : gguf_blocks(m->kind) ? head_kind(m) : row_kind(m->kind);  // a draft's: blk8
     linear(p->threads, p->quant ? K_INT8 : K_STEP, kind, BUF(p, xn), rows, H, m->head, logits, m->V, m->V, BUF(p, decoded),

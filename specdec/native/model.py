@@ -11,7 +11,7 @@ import numpy as np
 from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK5, BLOCK6, BLOCK8, KINDS, WEIGHT_LAYOUTS
 from specdec.errors import BackendError
 from specdec.lowering import Geometry
-from specdec.manifest import ModelDims
+from specdec.manifest import Activation, ModelDims
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
@@ -31,7 +31,11 @@ class ModelStruct(ctypes.Structure):
                 ("qkv", _P), ("o", _P), ("gate_up", _P), ("down", _P), ("qkv_p", _P), ("o_p", _P),
                 ("gate_up_p", _P), ("down_p", _P), ("final_norm", _P), ("head", _P), ("cos", _P), ("sin", _P),
                 ("embedding_rows", _P), ("qkv_bias", _P), ("kinds", _P), ("qkv_v", _P), ("q_norm", _P), ("k_norm", _P),
-                ("head_kind", _I), ("window", _I)]
+                ("head_kind", _I), ("window", _I), ("mlp", _I), ("in_norm_bias", _P), ("post_norm_bias", _P),
+                ("final_norm_bias", _P), ("o_bias", _P), ("gate_up_bias", _P), ("down_bias", _P),
+                ("position_table", _P)]
+MLPS = {Activation.SILU_GATED: 0, Activation.GELU_TANH: 1, Activation.GELU: 2}  # specdec_native.h's SPECDEC_MLP_*
+BIASES = ("input_norm_bias", "post_norm_bias", "o_bias", "gate_up_bias", "down_bias")  # model_t's [L] tables of them
 
 
 def _pointers(arrays: list) -> np.ndarray:
@@ -124,20 +128,25 @@ class NativeModel:
             v is not None for v in split) else None
         head_norms = [_pointers([getattr(layer, name) for layer in layers]) for name in ("q_norm", "k_norm")] \
             if layers[0].q_norm is not None else [None, None]
-        self._tables = tables + paired + [biases, kinds, v_rows, *head_norms]  # kept alive with the struct
+        more = [_pointers([getattr(layer, name) for layer in layers]) if getattr(layers[0], name) is not None else None
+                for name in BIASES]  # LayerNorm's biases, and those after o, gate_up and down (GPT-2's)
+        self._tables = tables + paired + [biases, kinds, v_rows, *head_norms, *more]  # kept alive with the struct
+        address = lambda array: None if array is None else array.ctypes.data  # noqa: E731
         rows = WEIGHT_LAYOUTS[weights.layout].rows  # rows: a tied embedding is the head itself
         embedding = weights.head if rows and weights.embedding is None else weights.embedding
         return ModelStruct(
             dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim, weights.mlp_width,
-            len(self.head), weights.vocab, len(weights.cos), KINDS[weights.layout], weights.epsilon, weights.scale,
+            len(self.head), weights.vocab, weights.max_position, KINDS[weights.layout], weights.epsilon, weights.scale,
             None if embedding is None else embedding.ctypes.data, *(table.ctypes.data for table in tables),
             *([table.ctypes.data for table in paired] or [None] * len(LINEARS)),  # NULL for a target
-            weights.final_norm.ctypes.data, self.head.ctypes.data, weights.cos.ctypes.data, weights.sin.ctypes.data,
+            weights.final_norm.ctypes.data, self.head.ctypes.data, address(weights.cos), address(weights.sin),
             weights.head.ctypes.data if embedding is None else None,  # the whole head, not a draft's rows
             None if biases is None else biases.ctypes.data, None if kinds is None else kinds.ctypes.data,
             None if v_rows is None else v_rows.ctypes.data,
             *(None if table is None else table.ctypes.data for table in head_norms),
-            WEIGHT_KINDS[weights.head.dtype] if mixed else WEIGHT_KINDS[BLOCK8], weights.window)
+            WEIGHT_KINDS[weights.head.dtype] if mixed else WEIGHT_KINDS[BLOCK8], weights.window,
+            MLPS[weights.activation], *(address(table) for table in more[:2]), address(weights.final_norm_bias),
+            *(address(table) for table in more[2:]), address(weights.positions))
 
     @property
     def keys(self):

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SPECDEC_ABI_VERSION 5
+#define SPECDEC_ABI_VERSION 6
 #define SPECDEC_FORMAT_VERSION 2
 #define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
@@ -64,10 +64,20 @@ enum {
     SPECDEC_W_Q5 = 7,    // blk5 [N, K / 32]
 };
 
+// A model's MLP (model_t.mlp)
+enum {
+    SPECDEC_MLP_SILU_GATED = 0,  // gate_up [2 I, H], gate rows then up rows: down(SiLU(gate) * up)
+    SPECDEC_MLP_GELU_TANH = 1,   // gate_up the up rows alone [I, H]: down(GELU(up)), GELU's tanh approximation
+    SPECDEC_MLP_GELU = 2,        // ... GELU's exact erf form
+};
+
 // A LLaMA-layout model: per layer RMSNorm, packed q/k/v (plus biases, where qkv_bias is set; each head of q and k
 // RMS-normalized, where q_norm and k_norm are set), rotate-half rotary,
 // causal GQA over static KV (within a sliding window, where window is set), o, RMSNorm,
 // packed gate/up, SiLU(gate) * up, down; a final RMSNorm and the head's V rows.
+// Or GPT-2's layout, the same with: LayerNorm for every norm (the *_norm_bias tables set), learned positions added to
+// the embedding in place of rotary (position_table set, cos and sin NULL), a bias after every product (o_bias,
+// gate_up_bias, down_bias beside qkv_bias), and GELU of one up product as the MLP (mlp).
 typedef struct {
     int32_t L, H, Hq, Hkv, D, I, V;  // layers, hidden, query heads, KV heads, head size, MLP width, head rows
     int32_t vocab;                   // embedding rows: every token id must be below this
@@ -81,7 +91,7 @@ typedef struct {
                                                                                   // draft's (quant); else NULL
     const float *final_norm;  // [H]
     const void *head;         // blk8 [V, H / 32] (Q41, Q80, and a draft's), or rows of kind [V, H]
-    const float *cos, *sin;   // [positions, D / 2]
+    const float *cos, *sin;   // [positions, D / 2], or both NULL where position_table is set
     const void *embedding_rows;  // [vocab, H / 32] of the head's blocks (blk8, or head_kind's): row t of the embedding
                                  // is their values (tied weights), or NULL
     const float *const *qkv_bias;  // [L] of [(Hq + 2 Hkv) D]: biases added to q/k/v before rotary (Qwen2), or NULL
@@ -94,6 +104,15 @@ typedef struct {
     int32_t head_kind;  // SPECDEC_MIXED: the head's weight kind (SPECDEC_W_Q41, _Q5, _Q80 or _Q6: a Q6_K output's
                         // blk6); every other GGUF kind's head is blk8
     int32_t window;     // keys a query sees, its own included (a sliding window: Mistral's), or 0: every earlier key
+    int32_t mlp;        // SPECDEC_MLP_SILU_GATED, _GELU_TANH or _GELU
+    const float *const *in_norm_bias, *const *post_norm_bias;  // [L] of [H]: LayerNorm's biases, where every norm is
+                                                                // LayerNorm ((x - mean) / std * gamma + beta: GPT-2's);
+                                                                // both NULL: RMSNorm
+    const float *final_norm_bias;                               // [H], set exactly where in_norm_bias is
+    const float *const *o_bias, *const *gate_up_bias, *const *down_bias;  // [L] of [H], [2 I or I], [H]: biases added
+                                                                          // after those products, or NULL
+    const float *position_table;  // [positions, H]: learned positions added to each token's embedding, where cos and
+                                  // sin are NULL (no rotary: GPT-2's); or NULL
 } model_t;
 
 // Status codes: 0, or what was wrong with the arguments. Nothing is written where a call fails its checks.

@@ -6,8 +6,11 @@ Layouts (the manifest's NativeRecord.layout):
   `layers.{i}.input_norm`, `.post_norm` [H] f32, `.qkv` [(Hq + 2 Hkv) D, H / 32], `.o` [H, Hq D / 32], `.gate_up`
   [2 I, H / 32], `.down` [H, I / 32] of blk4; `final_norm` [H]; `head` [V, H / 32] of blk8; `cos`, `sin`
   [positions, D / 2]; `embedding` [V, H] f32 only where the head's blocks do not hold it (untied weights); and in
-  every layout, for a family whose q/k/v projections have biases (Qwen2), `layers.{i}.qkv_bias` [(Hq + 2 Hkv) D] f32,
-  and for one that normalizes each head of q and k before rotary (Qwen3), `layers.{i}.q_norm` and `.k_norm` [D] f32.
+  every layout, for a family whose products have biases, `layers.{i}.{linear}_bias` [N] f32 (Qwen2's on q/k/v,
+  GPT-2's on all four), for one that normalizes each head of q and k before rotary (Qwen3), `layers.{i}.q_norm` and
+  `.k_norm` [D] f32, and for GPT-2's layout: LayerNorm biases `layers.{i}.input_norm_bias`, `.post_norm_bias` and
+  `final_norm_bias` [H] f32, learned `positions` [positions, H] f32 in place of `cos` and `sin`, and `.gate_up` the
+  MLP's up rows alone [I, H / 32] (the record's activation: GELU of them).
 - "q80": the same for a Q8_0 GGUF: every linear weight on a Q8_0 grid, as blk8 [N, K / 32] (4.5 bits a weight
   more than Q4_1's, no minimum).
 - "mixed": a K-quant GGUF's target (Q4_K_M, Q5_K_M): each linear weight in the blocks of its own grid, blk4
@@ -31,7 +34,7 @@ import numpy as np
 from specdec.blocks import (BLOCK, DTYPES, FORMAT_VERSION, MIXED_LINEARS, WEIGHT_LAYOUTS, Pages, TensorEntry, nonfinite,
                             read_tensors)
 from specdec.errors import BackendError
-from specdec.manifest import Method, ModelDims, ModelEntry, NativeRecord
+from specdec.manifest import Activation, Method, ModelDims, ModelEntry, NativeRecord
 
 HINT = "re-export the bundle with this specdec (specdec-export writes native weights), or use backend='onnxruntime'"
 LINEARS = ("qkv", "o", "gate_up", "down")
@@ -50,6 +53,11 @@ class Layer:
     qkv_v: np.ndarray | None = None  # [Hkv D, H / 32]: a "mixed" layer's v rows on another grid (qkv: its q/k rows)
     q_norm: np.ndarray | None = None  # [D] float32: the RMSNorm of each head of q before rotary (Qwen3), or None
     k_norm: np.ndarray | None = None  # [D] ... of k
+    input_norm_bias: np.ndarray | None = None  # [H] float32: LayerNorm's bias (GPT-2: the norms are LayerNorm), or None
+    post_norm_bias: np.ndarray | None = None
+    o_bias: np.ndarray | None = None  # [H] float32: biases added after the o, gate_up and down products, or None
+    gate_up_bias: np.ndarray | None = None  # [2 I, or I where the MLP is ungated]
+    down_bias: np.ndarray | None = None  # [H]
 
     @property
     def qkv_rows(self) -> int:
@@ -63,12 +71,25 @@ class NativeWeights:
     layers: list
     final_norm: np.ndarray  # [H]
     head: np.ndarray  # [V, H / 32] of BLOCK8
-    cos: np.ndarray  # [positions, D / 2]
-    sin: np.ndarray
+    cos: np.ndarray | None  # [positions, D / 2]; None where the model learns its positions
+    sin: np.ndarray | None
     epsilon: float
     scale: float  # attention scores' scale
     layout: str = "q41"  # a key of specdec.blocks.WEIGHT_LAYOUTS
     window: int = 0  # keys a query sees, its own included (a sliding window), or 0: every earlier key
+    final_norm_bias: np.ndarray | None = None  # [H]: LayerNorm's bias (GPT-2), or None
+    positions: np.ndarray | None = None  # [positions, H]: learned positions added to the embedding (GPT-2), or None
+    activation: str = Activation.SILU_GATED  # the MLP's
+
+    @property
+    def max_position(self) -> int:
+        """Positions the tables hold (rotary, or learned): every position must be below this."""
+        return len(self.cos if self.positions is None else self.positions)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is SiLU(gate)·up (gate_up holds 2 I rows), else GELU of one up product (I rows)."""
+        return self.activation == Activation.SILU_GATED
 
     @property
     def vocab(self) -> int:
@@ -137,21 +158,30 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
     t = _tensors(root, record, "target", pages)
     f32, rows = np.dtype("<f4"), WEIGHT_LAYOUTS[record.layout].rows
     H, D, V, layers = dims.hidden_size, dims.head_dim, dims.vocab_size, dims.num_layers
-    cos = t.get("cos")
-    if cos is None or cos.ndim != 2 or cos.shape[1] != D // 2:
-        raise BackendError(f"the target's rotary table is {None if cos is None else list(cos.shape)}, not "
-                           f"[positions, {D // 2}]", HINT)
+    learned = t.get("positions")
+    table, columns = ("positions", H) if learned is not None else ("cos", D // 2)
+    cos = t.get(table)
+    if cos is None or cos.ndim != 2 or cos.shape[1] != columns or cos.dtype != f32:
+        raise BackendError(f"the target's {table} table is {None if cos is None else list(cos.shape)}, not "
+                           f"[positions, {columns}] f32", HINT)
+    if record.activation not in set(Activation):
+        raise BackendError(f"the target's MLP activation is {record.activation!r}, which this engine does not run", HINT)
+    gated = record.activation == Activation.SILU_GATED
     layout = WEIGHT_LAYOUTS[record.layout]
     per, linear, head_kind = (1, DTYPES[record.layout], DTYPES[record.layout]) if rows else \
         (BLOCK, DTYPES[layout.linear] if layout.linear else MIXED_LINEARS, MIXED_LINEARS if layout.mixed else BLOCK8)
     qkv, width = (dims.num_heads + 2 * dims.num_kv_heads) * D, dims.num_heads * D
     down = t.get("layers.0.down")
     mlp = (down.shape[1] if down is not None and down.ndim == 2 else 0) * per
+    up = (2 if gated else 1) * mlp
     shapes = {"input_norm": ((H,), f32), "post_norm": ((H,), f32), "qkv": ((qkv, H // per), linear),
-              "o": ((H, width // per), linear), "gate_up": ((2 * mlp, H // per), linear),
+              "o": ((H, width // per), linear), "gate_up": ((up, H // per), linear),
               "down": ((H, mlp // per), linear)}
-    if t.get("layers.0.qkv_bias") is not None:  # every layer or none (Qwen2's q/k/v biases)
-        shapes["qkv_bias"] = ((qkv,), f32)
+    for name, size in (("qkv", qkv), ("o", H), ("gate_up", up), ("down", H)):
+        if t.get(f"layers.0.{name}_bias") is not None:  # every layer or none (Qwen2's q/k/v biases, GPT-2's all)
+            shapes[f"{name}_bias"] = ((size,), f32)
+    if t.get("layers.0.input_norm_bias") is not None:  # LayerNorm (GPT-2)
+        shapes["input_norm_bias"], shapes["post_norm_bias"] = ((H,), f32), ((H,), f32)
     if t.get("layers.0.q_norm") is not None:  # every layer or none (Qwen3's per-head q/k norms)
         shapes["q_norm"], shapes["k_norm"] = ((D,), f32), ((D,), f32)
     layer_list = []
@@ -165,10 +195,14 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
     embedding = t.get("embedding")
     if embedding is not None:
         _expect(t, "embedding", head_kind if rows else f32, (V, H), "target")
+    layer_norm = layer_list[0].input_norm_bias is not None
     return NativeWeights(embedding=embedding, layers=layer_list, final_norm=_expect(t, "final_norm", f32, (H,), "target"),
-                         head=_expect(t, "head", head_kind, (V, H // per), "target"), cos=cos,
-                         sin=_expect(t, "sin", f32, cos.shape, "target"), epsilon=record.epsilon, scale=record.scale,
-                         layout=record.layout, window=record.window)
+                         head=_expect(t, "head", head_kind, (V, H // per), "target"),
+                         cos=None if learned is not None else cos,
+                         sin=None if learned is not None else _expect(t, "sin", f32, cos.shape, "target"),
+                         epsilon=record.epsilon, scale=record.scale, layout=record.layout, window=record.window,
+                         final_norm_bias=_expect(t, "final_norm_bias", f32, (H,), "target") if layer_norm else None,
+                         positions=learned, activation=record.activation)
 
 
 def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: NativeWeights,

@@ -84,7 +84,7 @@ class CudaBackend(SharedKvDraft, Backend):
     # ---- lifetime ----
     def open(self) -> "CudaBackend":
         from specdec.manifest import read_manifest
-        from specdec.native.weights import check_layout, draft_weights, target_weights
+        from specdec.native.weights import LINEARS, check_layout, draft_weights, target_weights
 
         self.defaults = read_manifest(self.root).defaults
         role = Role.TARGET if self.target is None else Role.DRAFT
@@ -95,8 +95,11 @@ class CudaBackend(SharedKvDraft, Backend):
                                f"{MAX_HEAD_DIM}", "use backend='native' or 'onnxruntime'")
         if self.target is None:
             weights = target_weights(self.root, record, dims, Pages.SHARED)  # mapped: uploaded, then dropped
-            if weights.layers[0].qkv_bias is not None:
-                raise BackendError("the cuda kernels do not add q/k/v biases (Qwen2's) yet",
+            if weights.positions is not None or not weights.gated or weights.final_norm_bias is not None:
+                raise BackendError("the cuda kernels do not run GPT-2's layout (LayerNorm, learned positions, GELU) yet",
+                                   "use backend='native' (on the CPU) or 'onnxruntime'")
+            if any(getattr(weights.layers[0], f"{name}_bias") is not None for name in LINEARS):
+                raise BackendError("the cuda kernels do not add biases to products (Qwen2's q/k/v, GPT-2's) yet",
                                    "use backend='native' (on the CPU) or 'onnxruntime'")
             if weights.window:
                 raise BackendError(f"the cuda kernels do not attend within a sliding window ({weights.window} keys) "
@@ -183,7 +186,7 @@ class CudaBackend(SharedKvDraft, Backend):
         return self.model.chain(tokens, cache_len, slots, steps)
 
     def _check_positions(self, cache_len: np.ndarray, steps: int) -> None:
-        end, table = bounds(cache_len)[1] + steps, len(self.model.weights.cos)
+        end, table = bounds(cache_len)[1] + steps, self.model.weights.max_position
         if end > table:
             raise CapacityError(f"positions up to {end} pass the rotary table's {table}",
                                 "re-export with a larger --max-seq-len")

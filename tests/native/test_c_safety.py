@@ -136,6 +136,34 @@ def test_raw_exports_return_status_codes(target):
         assert forward(m=ctypes.byref(mixed)) == E_SHAPE, kind
     mixed.kind = 6
     assert forward(m=ctypes.byref(mixed)) == E_SHAPE
+    for mlp in (-1, 3):  # SiLU-gated, GELU tanh, GELU erf: 0..2
+        gpt2 = type(model.struct).from_buffer_copy(model.struct)
+        gpt2.mlp = mlp
+        assert forward(m=ctypes.byref(gpt2)) == E_SHAPE, mlp
+    H, L = model.dims.hidden_size, model.dims.num_layers
+    table, beta = np.zeros((model.max_seq_len, H), np.float32), np.zeros(H, np.float32)
+    betas = np.array([beta.ctypes.data] * L, np.uintp)
+    gpt2 = type(model.struct).from_buffer_copy(model.struct)
+    gpt2.position_table = table.ctypes.data  # learned positions beside rotary tables
+    assert forward(m=ctypes.byref(gpt2)) == E_NULL
+    gpt2.cos = None  # ... beside half of them
+    assert forward(m=ctypes.byref(gpt2)) == E_NULL
+    gpt2.sin = None  # learned positions alone
+    assert forward(m=ctypes.byref(gpt2)) == 0
+    gpt2.position_table = None  # neither
+    assert forward(m=ctypes.byref(gpt2)) == E_NULL
+    gpt2 = type(model.struct).from_buffer_copy(model.struct)
+    gpt2.in_norm_bias = gpt2.post_norm_bias = betas.ctypes.data  # LayerNorm without the final norm's bias
+    assert forward(m=ctypes.byref(gpt2)) == E_NULL
+    gpt2.final_norm_bias = beta.ctypes.data
+    gpt2.o_bias = gpt2.down_bias = betas.ctypes.data
+    assert forward(m=ctypes.byref(gpt2)) == 0
+    holes = betas.copy()
+    holes[-1] = 0  # the last layer's bias NULL
+    for field in ("in_norm_bias", "o_bias", "down_bias", "qkv_bias"):
+        broken = type(gpt2).from_buffer_copy(gpt2)
+        setattr(broken, field, holes.ctypes.data)
+        assert forward(m=ctypes.byref(broken)) == E_NULL, field
     assert lib.specdec_scratch_bytes(struct, 0, 1, 8, 1) == -1 and lib.specdec_scratch_bytes(None, 1, 1, 8, 1) == -1
     w = model.weights.layers[0].qkv
     assert lib.specdec_matmul(None, 4, 64, w.ctypes.data, 2, 0, 0, y.ctypes.data, 4, scratch.ctypes.data, 64, 1) == 1

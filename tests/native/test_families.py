@@ -1,6 +1,6 @@
 """The native engine beyond Llama: Phi-3 and Mistral (a sliding window, if any, as long as S) are its layout, Qwen2
-(q/k/v biases, added after the packed product) and Qwen3 (each head of q and k RMS-normalized before rotary) run
-natively, the same function as their ONNX graphs (logits against onnxruntime over 320 positions, greedy equality for
+(q/k/v biases, added after the packed product), Qwen3 (each head of q and k RMS-normalized before rotary) and GPT-2
+(LayerNorm, learned positions, a bias on every product, GELU) run natively, the same function as their ONNX graphs (logits against onnxruntime over 320 positions, greedy equality for
 every drafter, `auto` picks native, χ² at draft positions 0-2). A family it does not run falls back to onnxruntime, and
 `backend_note` says why (the reason export recorded in the manifest)."""
 from __future__ import annotations
@@ -56,6 +56,36 @@ def _normed_qwen3(folder):
     return folder
 
 
+def _gpt2(folder, activation: str = "gelu_new"):
+    """A tiny GPT-2 whose biases and LayerNorm weights are random (a fresh one's are zeros and ones, which would test
+    nothing: the exporter even drops zero biases), with the given Hugging Face activation."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdec.export.tiny import save_tiny
+
+    folder = save_tiny(folder, family="gpt2", seed=0, init_range=0.5, hidden=64)
+    config = json.loads((folder / "config.json").read_text())
+    config["activation_function"] = activation
+    (folder / "config.json").write_text(json.dumps(config))
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                base = 1.0 if name.endswith("weight") else 0.0
+                parameter.copy_(base + 0.5 * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gpt2_bundles(tmp_path_factory):
+    return with_q41(tmp_path_factory, "gpt2", _gpt2(tmp_path_factory.mktemp("gpt2")), max_seq_len=384)
+
+
 @pytest.fixture(scope="module")
 def qwen2_bundles(tmp_path_factory):
     return with_q41(tmp_path_factory, "qwen2", _biased_qwen2(tmp_path_factory.mktemp("qwen2")), max_seq_len=384)
@@ -84,20 +114,46 @@ def test_qwen3_head_norms_are_native_weights(qwen3_bundles):
     assert not np.array_equal(layer.q_norm, layer.k_norm)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_gpt2_layernorms_positions_and_biases_are_native_weights(gpt2_bundles):
+    """The gqa graph of GPT-2 is LayerNormalization, packed q/k/v, a MatMul and a bias Add for every product,
+    GroupQueryAttention without rotary and FastGelu; native export reads all of it."""
+    bundle, q41 = gpt2_bundles
+    native = read_manifest(bundle).target.native
+    assert native is not None and native.layout == "f32" and native.activation == "gelu-tanh"
+    assert native.tensors["positions"]["shape"] == [512, 64] and "cos" not in native.tensors
+    for name, size in (("qkv_bias", 3 * 64), ("o_bias", 64), ("gate_up_bias", 256), ("down_bias", 64),
+                       ("input_norm_bias", 64), ("post_norm_bias", 64)):
+        assert native.tensors[f"layers.1.{name}"]["shape"] == [size], name
+    weights = NativeBackend(bundle, read_manifest(bundle).target, 2).open().model.weights
+    assert weights.layers[0].gate_up.shape == (256, 64) and not weights.gated  # the up rows alone
+    for name in ("o_bias", "gate_up_bias", "down_bias", "post_norm_bias"):
+        assert np.abs(getattr(weights.layers[0], name)).max() > 0.5, name  # the random ones, not zeros
+    assert read_manifest(q41).draft.native is not None  # its int4-q41 draft runs natively too
+
+
+def test_gpt2_with_exact_gelu_runs_natively(tmp_path):
+    """activation_function "gelu" (the erf form): onnxruntime's Gelu in the graph, the same function natively."""
+    bundle = _gqa_export(tmp_path / "b", _gpt2(tmp_path / "hf", "gelu"), no_draft=True)
+    assert read_manifest(bundle).target.native.activation == "gelu"
+    assert_logits_match_onnxruntime(bundle)
+    with load(bundle) as gen:
+        assert gen.backend == "native"
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gpt2"])
 def test_logits_match_onnxruntime_over_320_positions(request, family):
     bundle, _ = request.getfixturevalue(f"{family}_bundles")
     assert_logits_match_onnxruntime(bundle, positions=320)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gpt2"])
 @pytest.mark.parametrize("drafter,gamma", DRAFTER_CASES)
 def test_greedy_identical_to_target_only(request, family, drafter, gamma):
     bundle, q41 = request.getfixturevalue(f"{family}_bundles")
     assert_greedy_identical_to_target_only(bundle, q41, drafter, gamma)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gpt2"])
 def test_sampling_matches_the_target_distribution(request, family):
     _, q41 = request.getfixturevalue(f"{family}_bundles")
     assert_sampling_matches_the_target(q41)
@@ -115,13 +171,24 @@ def test_the_cuda_backend_refuses_qwen3_and_auto_stays_native(qwen3_bundles):
         assert gen.backend == "native"
 
 
+def test_the_cuda_backend_refuses_gpt2(gpt2_bundles):
+    from specdec.cuda.reference import ReferenceKernels
+    from specdec.errors import BackendError
+    from specdec.runtime.cuda_backend import CudaBackend, CudaOptions
+
+    bundle, _ = gpt2_bundles
+    with pytest.raises(BackendError, match="GPT-2's layout"):
+        CudaBackend(bundle, read_manifest(bundle).target, CudaOptions(kernels=ReferenceKernels)).open()
+
+
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
 def test_a_family_the_engine_does_not_run_says_why(tmp_path, family):
-    """GPT-2 (LayerNorm, learned positions), and a Qwen3 whose head size (8) keeps q/k unpacked: its norms stay the
-    exporter's decomposed ops."""
+    """A Qwen3 whose head size (8) keeps q/k unpacked: its norms stay the exporter's decomposed ops; a GPT-2 whose
+    MLP is ReLU, which stays Hugging Face's own module."""
     from specdec.export.tiny import save_tiny
 
-    model = save_tiny(tmp_path / "hf", family=family, seed=0, hidden=64)
+    model = save_tiny(tmp_path / "hf", family=family, seed=0, hidden=64) if family == "qwen3" else \
+        _gpt2(tmp_path / "hf", "relu")
     bundle = _gqa_export(tmp_path / "b", model, no_draft=True)
     note = read_manifest(bundle).target.native_note
     assert note.startswith(f"{family}, gqa lowering: ") and "native engine does not run" in note, note
