@@ -94,11 +94,15 @@ static inline float hsum16(__m512 v) {
                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
 // A block's weights as elements 0-15 and 16-31
+// (Q4_1: the block's 16 values d * q + m, q = 0..15, by one FMA, then each weight's own by its nibble: vpermps reads
+// an index's low 4 bits, so the low nibbles need no mask. The same bits as d * q + m of each weight, in 5 vector
+// operations a block against 7.)
 static inline __attribute__((always_inline)) void q4_decode16(const blk4 *blk, __m512 *wa, __m512 *wb) {
-    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs)), mask = _mm512_set1_epi32(0x0F);
-    const __m512 d = _mm512_set1_ps(blk->d), m = _mm512_set1_ps(blk->m);
-    *wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, mask)), d, m);
-    *wb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, m);
+    const __m512 levels = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_ps(blk->d), _mm512_set1_ps(blk->m));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
+    *wa = _mm512_permutexvar_ps(q, levels);
+    *wb = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), levels);
 }
 static inline __attribute__((always_inline)) void q8_decode16(const blk8 *blk, __m512 *wa, __m512 *wb) {
     const __m512 d = _mm512_set1_ps(blk->d);
@@ -130,14 +134,14 @@ static inline __attribute__((always_inline)) void row_decode16(const int kind, c
         #undef BF16X16
     }
 }
-// Blocks' columns two at a time for 2 rows or more (16 + 4 + 2 registers at 8 rows): a row's activations are loaded
-// once for both. One row goes a column at a time (its step is bound by the decode, not the loads), and so do rows of
-// bf16 / f16 / f32 weights, whose verify passes were slower in pairs where measured. AT(n, b) is
+// Blocks' columns two at a time (16 + 4 + 2 registers at 8 rows): a row's activations are loaded once for both, and
+// one row's step has two accumulator chains in flight, not one (its FMAs wait on each other otherwise); rows of
+// bf16 / f16 / f32 weights go a column at a time, as their verify passes were slower in pairs where measured. AT(n, b) is
 // the address of column n's block b, DECODE(address, &wa, &wb) its weights; each output's sums in the order above.
 // FAR_TOO: also fetch FAR bytes ahead into L2 (see rows_cols).
 #define STEP16(PAIRS, R, nb, AT, DECODE, FAR_TOO) \
     int n = n0; \
-    for (; PAIRS && R > 1 && n + 2 <= n1; n += 2) { \
+    for (; PAIRS && n + 2 <= n1; n += 2) { \
         __m512 acc0[MAXR], acc1[MAXR]; \
         for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps(); \
         for (int b = 0; b < nb; b++) { \
