@@ -29,7 +29,7 @@
 #endif
 #define PREFILL_COLUMNS 24  /* columns per task of a prompt: their decoded weights stay in L2 while the rows pass */
 #ifndef PREFETCH
-#define PREFETCH 2048  /* bytes ahead (benchmarks/native_ab.py measures other distances) */
+#define PREFETCH 4096  /* bytes ahead (benchmarks/native_ab.py measures other distances) */
 #endif
 #ifndef FAR
 #define FAR 8192  /* bytes ahead, into L2, for bf16 / f16 / f32 rows read for several rows (see rows_cols) */
