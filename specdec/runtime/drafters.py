@@ -3,6 +3,8 @@ distributions q; prompt lookup returns point masses (q = None). Which drafter a 
 specdec.runtime.config.DRAFTER_KINDS: adding a drafter is its class here and one entry there."""
 from __future__ import annotations
 
+from collections import deque
+
 import time
 from dataclasses import dataclass
 
@@ -177,8 +179,8 @@ class ModelGate:
 
     Two kinds (docs/generation.md): a *measured* gate lives as long as its generator and learns α, c (the draft's time
     per one-token step over the target's time per verify pass, both from rounds that drafted with the model) and
-    r (the target's fastest such verify pass over its fastest one-token pass, from rounds where no row drafted)
-    on this machine; greedy requests share it, since their output does not depend on it. Until it has timed
+    r (the median of the target's last TIMES such verify passes over the median of its last TIMES one-token passes,
+    from rounds where no row drafted) on this machine; greedy requests share it, since their output does not depend on it. Until it has timed
     `plain_probes` one-token passes, it declines the model for a round now and then to time one (at most
     `plain_probes` * probe_every declines): where the target's verify pass costs much more than its step (the
     native backend's compute-bound verify), the model may not pay even at a high α. A *fixed* gate serves one
@@ -186,8 +188,11 @@ class ModelGate:
     request alone, so the same seed gives the same tokens whatever ran before.
     """
 
+    TIMES = 64  # passes of each kind r is the ratio of medians of
+    PROBE_BOUND = 16  # a model that could not pay at any acceptance is probed this many times more rarely
+
     def __init__(self, cost_ratio: float | None = None, warmup_rounds: int = 4, prior_alpha: float = 0.7,
-                 prior_weight: float = 4.0, probe_every: int = 16, plain_probes: int = 2):
+                 prior_weight: float = 4.0, probe_every: int = 16, plain_probes: int = 4):
         self.fixed_cost = cost_ratio
         self.warmup_rounds = warmup_rounds
         self.probe_every = probe_every  # while the model does not pay, still try it every n-th round
@@ -198,7 +203,12 @@ class ModelGate:
         self.tries, self.passes = [], []  # per draft position j: rows that reached it with 1..j-1 accepted; took it
         self.verify_s = self.step_s = 0.0
         self.steps = self.plain_steps = 0
-        self.fastest_verify = self.fastest_plain = float("inf")  # r from the fastest of each: noise only adds
+        # r from medians of recent passes of each kind: the fastest of each would compare the fastest of hundreds of
+        # verify passes with the fastest of a few one-token ones, and so judge the verify pass cheaper than it is
+        self.verify_times, self.plain_times = deque(maxlen=self.TIMES), deque(maxlen=self.TIMES)
+        # per kind of lookup (strong or weak): (tokens a row emitted, seconds of the pass) of recent lookup rounds
+        self.lookups = {strong: deque(maxlen=self.TIMES) for strong in (True, False)}
+        self.lookup_refusals = {True: 0, False: 0}
 
     def observe(self, proposed: int, accepted: int, verify_s: float, runs=None) -> None:
         """A verify pass that checked model drafts: `proposed` and `accepted` over its rows, and per row
@@ -207,7 +217,7 @@ class ModelGate:
         self.proposed += proposed
         self.accepted += accepted
         self.verify_s += verify_s
-        self.fastest_verify = min(self.fastest_verify, verify_s)
+        self.verify_times.append(verify_s)
         for row_proposed, row_accepted in runs if runs is not None else [(proposed, accepted)]:
             while len(self.tries) < row_proposed:
                 self.tries.append(0)
@@ -222,8 +232,27 @@ class ModelGate:
 
     def observe_plain(self, seconds: float) -> None:
         """A round in which the target verified no drafts: one token per row."""
-        self.fastest_plain = min(self.fastest_plain, seconds)
+        self.plain_times.append(seconds)
         self.plain_steps += 1
+
+    def observe_lookup(self, strong: bool, emitted: float, verify_s: float) -> None:
+        """A verify pass that checked lookups alone: each row of this gate that looked one up emitted `emitted` tokens
+        (mean), its lookup strong or weak."""
+        self.lookups[strong].append((emitted, verify_s))
+
+    def lookup_pays(self, strong: bool) -> bool:
+        """Whether to verify a lookup of this kind this round: its recent rounds emitted more tokens per second of
+        their verify passes than one-token passes do (a verify pass costs about r one-token passes: where r is large,
+        a lookup right half the time loses); until warmup_rounds of them and a one-token pass are timed, and for a
+        fixed gate, yes; declined ones are still tried every probe_every-th time."""
+        seen = self.lookups[strong]
+        if self.fixed_cost is not None or len(seen) < self.warmup_rounds or not self.plain_times:
+            return True
+        tokens, seconds = (sum(column) for column in zip(*seen))
+        if tokens / seconds * float(np.median(self.plain_times)) > 1.0:
+            return True
+        self.lookup_refusals[strong] += 1
+        return self.lookup_refusals[strong] % self.probe_every == 0
 
     @property
     def alpha(self) -> float:
@@ -246,12 +275,13 @@ class ModelGate:
 
     @property
     def verify_ratio(self) -> float:
-        """r: the target's fastest model-round verify pass over its fastest one-token pass (a busy machine only
-        adds time, so the fastest of each is the steadiest estimate); 1 until both are timed, and for a fixed
-        gate."""
-        if self.fixed_cost is not None or not self.plain_steps or not self.rounds or self.fastest_plain <= 0:
+        """r: the median of the target's recent model-round verify passes over the median of its recent one-token
+        passes (a median shrugs off a pass the machine slowed, and both come from as many passes or fewer); 1 until
+        both are timed, and for a fixed gate."""
+        if self.fixed_cost is not None or not self.plain_times or not self.verify_times:
             return 1.0
-        return self.fastest_verify / self.fastest_plain
+        plain = float(np.median(self.plain_times))
+        return float(np.median(self.verify_times)) / plain if plain > 0 else 1.0
 
     def pays(self, gamma: int) -> bool:
         """Whether to draft with the model this round (the expected gain, or a periodic probe)."""
@@ -264,7 +294,10 @@ class ModelGate:
         if speedup_table(self.cumulative(gamma), self.cost_ratio)[-1] / self.verify_ratio > 1.0:
             return True
         self.refusals += 1
-        return self.refusals % self.probe_every == 0
+        # a probe learns α; where even every draft accepted would not pay (the draft too costly, the verify pass too
+        # long), α cannot change the answer, and a probe is a round lost: then one in PROBE_BOUND times as many
+        hopeless = speedup_table(np.ones(gamma), self.cost_ratio)[-1] / self.verify_ratio <= 1.0
+        return self.refusals % (self.probe_every * (self.PROBE_BOUND if hopeless else 1)) == 0
 
 
 class ChainDrafter:
@@ -277,9 +310,11 @@ class ChainDrafter:
         self.model = model
 
     def propose(self, rows: list, limits: list) -> list:
-        # a strong lookup (longest n-gram, full length) is free and usually right: it always goes first;
-        # elsewhere the model drafts where the row's gate says it pays, and weak lookups fill in where it does not
-        proposals = self.lookup.propose(rows, limits)
+        # a strong lookup (longest n-gram, full length) costs nothing to find and is usually right: it goes first
+        # where lookups of its kind pay; elsewhere the model drafts where the row's gate says it pays, and weak lookups
+        # fill in where it does not (and where they pay)
+        proposals = [p if not p.tokens.size or row.gate is None or row.gate.lookup_pays(p.strong) else EMPTY
+                     for row, p in zip(rows, self.lookup.propose(rows, limits))]  # where lookups pay on this machine
         if self.model is None:
             return proposals
         need = [lim if lim and not p.strong and row.gate.pays(lim) else 0

@@ -138,7 +138,7 @@ class SpeculativeLoop:
                 continue
             accepted, token = self.accept(row, prop, row_logits)
             committed = self.commit(row, prop, accepted, token)
-            records.append(RowRound(len(prop.tokens), accepted, committed, prop.source, row.finish))
+            records.append(RowRound(len(prop.tokens), accepted, committed, prop.source, row.finish, prop.strong))
         record = Round(gamma, records, draft_s, verify_s)
         self.policy.observe(record)
         self._teach_gates(rows, record)
@@ -154,6 +154,15 @@ class SpeculativeLoop:
                 runs.setdefault(id(row.gate), (row.gate, []))[1].append((row_record.proposed, row_record.accepted))
         for gate, pairs in runs.values():
             gate.observe(sum(p for p, _ in pairs), sum(a for _, a in pairs), record.verify_s, pairs)
+        if not runs:  # lookups alone: each gate learns what its rows' lookups emitted for the pass
+            looked = {}  # per gate: (gate, {strong: [tokens emitted by each of its rows that looked up]})
+            for row, row_record in zip(rows, record.rows):
+                if row_record is not None and row.gate is not None and row_record.proposed:
+                    kinds = looked.setdefault(id(row.gate), (row.gate, {}))[1]
+                    kinds.setdefault(row_record.strong, []).append(row_record.accepted + 1)
+            for gate, kinds in looked.values():
+                for strong, emitted in kinds.items():
+                    gate.observe_lookup(strong, sum(emitted) / len(emitted), record.verify_s)
         if not any(row_record is not None and row_record.proposed for row_record in record.rows):
             for gate in {id(row.gate): row.gate for row in rows if row.gate is not None}.values():
                 gate.observe_plain(record.verify_s)  # every row verified one token: a plain step

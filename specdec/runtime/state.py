@@ -90,6 +90,7 @@ class RowRound:
     committed: list  # tokens appended (after stops)
     source: DraftSource
     finish: Finish | None
+    strong: bool = False  # a lookup that matched the longest n-gram and filled the whole limit (Proposal.strong)
 
     @property
     def from_model(self) -> bool:

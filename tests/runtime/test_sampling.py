@@ -110,12 +110,31 @@ def test_gate_turns_the_model_off_when_it_does_not_pay():
         fast.observe(proposed=4, accepted=4, verify_s=0.04)  # α high
         fast.observe_draft_step(0.004)  # c = 0.1
     assert not fast.pays(4)  # no one-token pass timed yet: it declines the model for a round to time one
-    fast.observe_plain(0.05)
-    fast.observe_plain(0.035)  # r = 0.04 / 0.035, from the fastest of each
-    assert abs(fast.verify_ratio - 0.04 / 0.035) < 1e-12
+    for seconds in (0.05, 0.035, 0.036, 0.2):  # one pass the machine slowed
+        fast.observe_plain(seconds)  # r = 0.04 / 0.043, the medians of each
+    assert abs(fast.verify_ratio - 0.04 / 0.043) < 1e-12
     assert fast.pays(4)
     probes = [slow.pays(4) for _ in range(32)]  # still tried every 16th refusal (the assert above was the 1st)
     assert probes.count(True) == 2 and probes[14] and probes[30]
+
+
+def test_gate_compares_typical_passes_not_the_fastest():
+    """Verify passes spread from 8 to 12 ms over a request (longer contexts, a busy machine), one-token passes near
+    4.8 (fewer of them), every draft accepted, c = 0.4: a round emits 5 tokens for 2.6 verify passes. The fastest of
+    each would say r = 8 / 4.7 = 1.70 and let a model that does not pay draft (5 / 2.6 / 1.70 = 1.13); the medians say
+    r = 10 / 4.8 = 2.08 (5 / 2.6 / 2.08 = 0.92), and the gate declines."""
+    from specdec.runtime.drafters import ModelGate
+
+    gate = ModelGate(warmup_rounds=2, prior_weight=1e-9)
+    for verify_s in np.linspace(0.008, 0.012, 41):
+        gate.observe(proposed=4, accepted=4, verify_s=float(verify_s))
+        gate.observe_draft_step(0.4 * float(verify_s))
+    for seconds in (0.0048, 0.0047, 0.0049, 0.0048):
+        gate.observe_plain(seconds)
+    assert abs(gate.verify_ratio - 0.010 / 0.0048) < 1e-9 and abs(gate.cost_ratio - 0.4) < 1e-9
+    per_verify = (1 + gate.cumulative(4).sum()) / (1 + 4 * gate.cost_ratio)
+    assert per_verify / (0.008 / 0.0047) > 1.1 and per_verify / gate.verify_ratio < 0.95
+    assert [gate.pays(4) for _ in range(15)] == [False] * 15  # (every 16th refusal is a probe)
 
 
 def test_gate_counts_acceptance_by_position():
@@ -133,7 +152,7 @@ def test_gate_counts_acceptance_by_position():
         drafted = [RowRound(4, accepted, [7] * (accepted + 1), "model", None)] * 2
         SpeculativeLoop._teach_gates(rows, Round(4, drafted, 0.0, 0.017))
         gate.observe_draft_step(0.017 / 4)  # c = 0.25
-    for _ in range(2):
+    for _ in range(4):
         SpeculativeLoop._teach_gates(rows, Round(4, [RowRound(0, 0, [7], "none", None)] * 2, 0.0, 0.01))  # r = 1.7
     assert abs(gate.alpha - 0.7) < 1e-6 and gate.tries == [20, 14, 14, 14] and gate.passes == [14, 14, 14, 14]
     assert abs(1 + gate.cumulative(4).sum() - 3.8) < 1e-6
@@ -155,7 +174,7 @@ def test_gate_counts_the_verify_pass_against_a_one_token_step():
         costly.observe(proposed=4, accepted=4, verify_s=0.04)
         costly.observe_draft_step(0.004)
     assert expected_speedup(costly.alpha, 4, costly.cost_ratio) > 1.0  # the paper's model (r = 1) says it pays
-    declined = [costly.pays(4) for _ in range(9)]  # until two one-token passes are timed: 1st, 5th, 9th declined
+    declined = [costly.pays(4) for _ in range(9)]  # until four one-token passes are timed: 1st, 5th, 9th, ...
     assert [i for i, d in enumerate(declined) if not d] == [0, 4, 8]
     rows = [SimpleNamespace(gate=costly), SimpleNamespace(gate=costly)]
     plain = Round(4, [RowRound(0, 0, [7], "none", None), None], 0.0, 0.008)
@@ -168,3 +187,47 @@ def test_gate_counts_the_verify_pass_against_a_one_token_step():
     fixed.observe(proposed=4, accepted=4, verify_s=0.04)
     fixed.observe_plain(0.008)
     assert fixed.verify_ratio == 1.0 and fixed.pays(4)
+    # even every draft accepted would not pay (5 tokens for 1.4 passes of 5 steps each): a probe is a lost round, so
+    # one comes every 16 * PROBE_BOUND refusals, not every 16th
+    costly.refusals = 0
+    probes = [i for i in range(1, 600) if costly.pays(4)]
+    assert len(probes) == 2 and probes[1] - probes[0] == 16 * ModelGate.PROBE_BOUND, probes  # (and a few declines
+    # that time one-token passes: it has timed 2 of its 4)
+
+
+def test_lookups_are_verified_only_where_they_pay():
+    """`auto` verifies a lookup of a kind only while lookups of that kind emit more tokens per second of their verify
+    passes than one-token passes do: with a 4.5 ms step and a 9 ms verify pass, weak lookups emitting 1.8 tokens a
+    round (5 ms a token) are dropped but for a probe every 16th time, strong ones emitting 4 (2.25 ms) are kept, and
+    a dropped lookup leaves the row to plain decoding. A sampled request's fixed gate keeps every lookup (its tokens
+    must not depend on timing)."""
+    from specdec.runtime.drafters import EMPTY, ChainDrafter, ModelGate, PromptLookupDrafter
+    from specdec.runtime.loop import SpeculativeLoop
+    from specdec.runtime.state import Round, RowRound
+
+    gate = ModelGate(warmup_rounds=4)
+    rows = [SimpleNamespace(gate=gate)]
+    assert gate.lookup_pays(False) and gate.lookup_pays(True)  # nothing timed yet
+    for _ in range(4):
+        SpeculativeLoop._teach_gates(rows, Round(4, [RowRound(0, 0, [7], "none", None)], 0.0, 0.0045))
+    for accepted in (0, 1, 1, 0, 2, 1, 0, 1):  # weak: 1.75 tokens a 9 ms pass
+        SpeculativeLoop._teach_gates(rows, Round(4, [RowRound(4, accepted, [7], "lookup", None)], 0.0, 0.009))
+    for _ in range(4):  # strong: 4 tokens a pass
+        SpeculativeLoop._teach_gates(rows, Round(4, [RowRound(4, 3, [7], "lookup", None, True)], 0.0, 0.009))
+    assert [len(gate.lookups[k]) for k in (False, True)] == [8, 4] and gate.rounds == 0  # the model gate saw none
+    assert gate.lookup_pays(True)
+    weak = [gate.lookup_pays(False) for _ in range(32)]
+    assert [i for i, pays in enumerate(weak) if pays] == [15, 31]  # the probes
+    row = SimpleNamespace(gate=gate, tokens=[5, 6, 7, 8, 9, 5, 6, 7], config=SimpleNamespace(lookup_ngram=3,
+                                                                                           lookup_min_ngram=1))
+    found = PromptLookupDrafter().propose([row], [4])[0]
+    assert found.tokens.tolist() == [8, 9, 5, 6] and found.strong
+    assert ChainDrafter(PromptLookupDrafter(), None).propose([row], [4])[0].tokens.tolist() == [8, 9, 5, 6]  # paid
+    row.tokens = [5, 6, 7, 8, 9, 4, 3, 7]  # only "7" recurs: a weak lookup, dropped
+    assert not PromptLookupDrafter().propose([row], [4])[0].strong
+    assert ChainDrafter(PromptLookupDrafter(), None).propose([row], [4])[0] is EMPTY
+    fixed = ModelGate(cost_ratio=0.1, warmup_rounds=0)
+    fixed.observe_plain(0.0045)
+    for _ in range(8):
+        fixed.observe_lookup(False, 1.0, 0.009)
+    assert all(fixed.lookup_pays(False) for _ in range(20))
