@@ -29,6 +29,37 @@ def with_q41(tmp_path_factory, name: str, model, max_seq_len: int = 256):
     return bundle, quantized_bundle(bundle, tmp_path_factory.mktemp("q41") / "q41", config)
 
 
+def _gpt2(folder, activation: str = "gelu_new"):
+    """A tiny GPT-2 whose biases and LayerNorm weights are random (a fresh one's are zeros and ones, which would test
+    nothing: the exporter even drops zero biases), with the given Hugging Face activation."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdec.export.tiny import save_tiny
+
+    folder = save_tiny(folder, family="gpt2", seed=0, init_range=0.5, hidden=64)
+    config = json.loads((folder / "config.json").read_text())
+    config["activation_function"] = activation
+    (folder / "config.json").write_text(json.dumps(config))
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                base = 1.0 if name.endswith("weight") else 0.0
+                parameter.copy_(base + 0.5 * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gpt2_bundle(tmp_path_factory):
+    """A tiny GPT-2 with random biases and LayerNorm weights (GPT-2's layout on the native kernels), no draft."""
+    return _gqa_export(tmp_path_factory.mktemp("b") / "gpt2", _gpt2(tmp_path_factory.mktemp("gpt2")), no_draft=True)
+
+
 @pytest.fixture(scope="module")
 def grid_bundle(tmp_path_factory):
     """A tiny LLaMA whose weights lie on the GGUF grids, exported with an int4 (MatMulNBits) draft."""

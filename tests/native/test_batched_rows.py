@@ -26,9 +26,11 @@ def _prefill(backend, ids: np.ndarray, lengths: list) -> None:
         backend.forward(ids[slot : slot + 1, :length], np.array([0]), last_only=True, slots=np.array([slot]))
 
 
+@pytest.mark.parametrize("bundle", ["grid_bundle", "gpt2_bundle"])  # GPT-2: each row's own learned positions
 @pytest.mark.parametrize("steps", [1, 4])
-def test_batched_rows_equal_rows_alone(grid_bundle, steps):
+def test_batched_rows_equal_rows_alone(request, bundle, steps):
     """Rows at cache lengths 140, 37, 200 and 9 in slots 2, 0, 3, 1 in one call (T = 1: steps; T = 4: verify)."""
+    grid_bundle = request.getfixturevalue(bundle)
     ids = np.random.default_rng(11).integers(3, 300, (4, 240))
     lengths, order = [37, 9, 140, 200], np.array([2, 0, 3, 1])
     batched, alone = _target(grid_bundle, 2), _target(grid_bundle, 2)
@@ -43,9 +45,11 @@ def test_batched_rows_equal_rows_alone(grid_bundle, steps):
     assert np.array_equal(batched.model.keys, alone.model.keys)
 
 
-def test_verify_pass_equals_steps_and_threads_agree(grid_bundle):
+@pytest.mark.parametrize("bundle", ["grid_bundle", "gpt2_bundle"])
+def test_verify_pass_equals_steps_and_threads_agree(request, bundle):
     """Past 128 cached positions, where keys come in several chunks: a 5-token pass against five one-token steps, on
     1 and 2 threads."""
+    grid_bundle = request.getfixturevalue(bundle)
     ids = np.random.default_rng(12).integers(3, 300, (1, 220))
     runs = []
     for threads in (1, 2):

@@ -12,7 +12,7 @@ from specdec.manifest import read_manifest
 from specdec.native import build
 from specdec.runtime import load
 from specdec.runtime.native_backend import NativeBackend
-from tests.native.conftest import _gqa_export, with_q41
+from tests.native.conftest import _gpt2, _gqa_export, with_q41
 from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only,
                                  assert_logits_match_onnxruntime, assert_sampling_matches_the_target)
 
@@ -52,31 +52,6 @@ def _normed_qwen3(folder):
         for layer in model.model.layers:
             for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
                 norm.weight.copy_(1 + 0.5 * torch.randn(norm.weight.shape, generator=generator))
-    model.save_pretrained(folder)
-    return folder
-
-
-def _gpt2(folder, activation: str = "gelu_new"):
-    """A tiny GPT-2 whose biases and LayerNorm weights are random (a fresh one's are zeros and ones, which would test
-    nothing: the exporter even drops zero biases), with the given Hugging Face activation."""
-    import json
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from specdec.export.tiny import save_tiny
-
-    folder = save_tiny(folder, family="gpt2", seed=0, init_range=0.5, hidden=64)
-    config = json.loads((folder / "config.json").read_text())
-    config["activation_function"] = activation
-    (folder / "config.json").write_text(json.dumps(config))
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias") or ".ln_" in name:
-                base = 1.0 if name.endswith("weight") else 0.0
-                parameter.copy_(base + 0.5 * torch.randn(parameter.shape, generator=generator))
     model.save_pretrained(folder)
     return folder
 
