@@ -102,7 +102,6 @@ def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:
         raise NativeSkipped(f"{path.name} is not a LLaMA- or GPT-2-layout gqa graph of {layers} layers: it has "
                             f"{counts}, norms {sorted(norm_ops)}")
     parts["biases"] = biases
-    parts["layer_norm"] = Op.LAYER_NORMALIZATION in norm_ops
     parts["activation"] = GELUS[parts["gelus"][0].op_type] if parts["gelus"] else Activation.SILU_GATED
     parts["qk_norms"] = _qk_norms(parts["attention"], made_by, len(head_norms), path)
     return parts

@@ -180,10 +180,11 @@ class ModelGate:
     Two kinds (docs/generation.md): a *measured* gate lives as long as its generator and learns α, c (the draft's time
     per one-token step over the target's time per verify pass, both from rounds that drafted with the model) and
     r (the median of the target's last TIMES such verify passes over the median of its last TIMES one-token passes,
-    from rounds where no row drafted) on this machine; greedy requests share it, since their output does not depend on it. Until it has timed
-    `plain_probes` one-token passes, it declines the model for a round now and then to time one (at most
-    `plain_probes` * probe_every declines): where the target's verify pass costs much more than its step (the
-    native backend's compute-bound verify), the model may not pay even at a high α. A *fixed* gate serves one
+    from rounds where no row drafted) on this machine; greedy requests share it, since their output does not depend
+    on it. Until it has timed `plain_probes` one-token passes, it declines the model for a round now and then to time
+    one (at most `plain_probes` * probe_every declines): where the target's verify pass costs much more than its step
+    (the native backend's compute-bound verify), the model may not pay even at a high α. It gates lookups too
+    (lookup_pays), by what they emitted per second of verify. A *fixed* gate serves one
     sampled request: c is fixed bundle data (the γ calibration's, or a default), r is 1 and α comes from that
     request alone, so the same seed gives the same tokens whatever ran before.
     """

@@ -1,8 +1,9 @@
 """The native engine beyond Llama: Phi-3 and Mistral (a sliding window, if any, as long as S) are its layout, Qwen2
 (q/k/v biases, added after the packed product), Qwen3 (each head of q and k RMS-normalized before rotary) and GPT-2
-(LayerNorm, learned positions, a bias on every product, GELU) run natively, the same function as their ONNX graphs (logits against onnxruntime over 320 positions, greedy equality for
-every drafter, `auto` picks native, χ² at draft positions 0-2). A family it does not run falls back to onnxruntime, and
-`backend_note` says why (the reason export recorded in the manifest)."""
+(LayerNorm, learned positions, a bias on every product, GELU) run natively, the same function as their ONNX graphs
+(logits against onnxruntime over 320 positions, greedy equality for every drafter, `auto` picks native, χ² at draft
+positions 0-2). A family it does not run falls back to onnxruntime, and `backend_note` says why (the reason export
+recorded in the manifest)."""
 from __future__ import annotations
 
 import numpy as np
