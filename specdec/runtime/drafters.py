@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.runtime.adaptive_gamma import cumulative_from_conditional, speedup_table
+from specdec.runtime.adaptive_gamma import cumulative_from_conditional
 from specdec.runtime.backend import unwrapped
 from specdec.runtime.config import DrafterName
 from specdec.runtime.sampling import gumbel_choice, sample, warp
@@ -168,6 +168,13 @@ class ModelDrafter:
         return Proposal(np.asarray(drafts, dtype=np.int64), q, DraftSource.MODEL)
 
 
+def _median(values) -> float:
+    """The median of a few numbers (a gate's recent passes), without numpy's overhead."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return (ordered[middle] + ordered[~middle]) / 2
+
+
 class ModelGate:
     """Decides from acceptance, cost ratio c and verify cost r whether model drafts beat plain decoding.
 
@@ -250,10 +257,14 @@ class ModelGate:
         if self.fixed_cost is not None or len(seen) < self.warmup_rounds or not self.plain_times:
             return True
         tokens, seconds = (sum(column) for column in zip(*seen))
-        if tokens / seconds * float(np.median(self.plain_times)) > 1.0:
+        if tokens / seconds * _median(self.plain_times) > 1.0:
             return True
         self.lookup_refusals[strong] += 1
         return self.lookup_refusals[strong] % self.probe_every == 0
+
+    def lookup_kinds(self) -> set:
+        """The kinds of lookup (strong: True, weak: False) worth verifying this round (lookup_pays of each)."""
+        return {strong for strong in (True, False) if self.lookup_pays(strong)}
 
     @property
     def alpha(self) -> float:
@@ -281,8 +292,21 @@ class ModelGate:
         both are timed, and for a fixed gate."""
         if self.fixed_cost is not None or not self.plain_times or not self.verify_times:
             return 1.0
-        plain = float(np.median(self.plain_times))
-        return float(np.median(self.verify_times)) / plain if plain > 0 else 1.0
+        plain = _median(self.plain_times)
+        return _median(self.verify_times) / plain if plain > 0 else 1.0
+
+    def _speedup(self, gamma: int, every: bool = False) -> float:
+        """speedup_table(...)[-1] / r for a round of γ drafts (every: as if every draft were accepted), in plain
+        Python: the gate decides every round, where numpy's overhead on arrays of γ values would cost more than the
+        arithmetic."""
+        alpha, weight = self.alpha, self.prior[1]
+        tokens, run = 1.0, 1.0
+        for j in range(gamma):
+            if not every:
+                run *= min(max((self.passes[j] + alpha * weight) / (self.tries[j] + weight) if j < len(self.tries)
+                               else alpha, 0.0), 1.0)
+            tokens += run
+        return tokens / (gamma * self.cost_ratio + 1.0) / self.verify_ratio
 
     def pays(self, gamma: int) -> bool:
         """Whether to draft with the model this round (the expected gain, or a periodic probe)."""
@@ -292,12 +316,12 @@ class ModelGate:
             self.plain_declines += 1  # time a one-token pass now and then, until plain_probes of them
             if self.plain_declines <= self.plain_probes * self.probe_every and self.plain_declines % 4 == 1:
                 return False
-        if speedup_table(self.cumulative(gamma), self.cost_ratio)[-1] / self.verify_ratio > 1.0:
+        if self._speedup(gamma) > 1.0:
             return True
         self.refusals += 1
         # a probe learns α; where even every draft accepted would not pay (the draft too costly, the verify pass too
         # long), α cannot change the answer, and a probe is a round lost: then one in PROBE_BOUND times as many
-        hopeless = speedup_table(np.ones(gamma), self.cost_ratio)[-1] / self.verify_ratio <= 1.0
+        hopeless = self._speedup(gamma, every=True) <= 1.0
         return self.refusals % (self.probe_every * (self.PROBE_BOUND if hopeless else 1)) == 0
 
 
@@ -314,8 +338,10 @@ class ChainDrafter:
         # a strong lookup (longest n-gram, full length) costs nothing to find and is usually right: it goes first
         # where lookups of its kind pay; elsewhere the model drafts where the row's gate says it pays, and weak lookups
         # fill in where it does not (and where they pay)
-        proposals = [p if not p.tokens.size or row.gate is None or row.gate.lookup_pays(p.strong) else EMPTY
-                     for row, p in zip(rows, self.lookup.propose(rows, limits))]  # where lookups pay on this machine
+        kinds = [None if row.gate is None else row.gate.lookup_kinds() for row in rows]  # worth verifying here
+        found = self.lookup.propose(rows, [lim if k is None or k else 0 for lim, k in zip(limits, kinds)])  # (no
+        # search where no kind is)
+        proposals = [p if k is None or p.strong in k else EMPTY for p, k in zip(found, kinds)]
         if self.model is None:
             return proposals
         need = [lim if lim and not p.strong and row.gate.pays(lim) else 0
