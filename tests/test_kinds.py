@@ -17,8 +17,6 @@ ALLOWED = {  # file -> the literals it may compare with, and why none of them is
     "specdec/calibration/quantize.py": {"__dict__", "__weakref__",  # attributes every class has
                                         "Constant", "Mul", "MatMul"},  # ONNX op types
     "specdec/calibration/q41.py": {"Gemm", "MatMul", "", "ai.onnx", "com.microsoft"},  # ONNX op types, op domains
-    "specdec/export/native_pack.py": {"input_ids"},  # the graph's token input
-    "specdec/export/gqa.py": {"seqlens_k", "total_len", "k", "v"},  # GroupQueryAttention's input names
     "specdec/engines/tensorrt.py": {"MatMulNBits", "com.microsoft"},  # in TensorRT's parser errors
     "specdec/export/bundle.py": {"NOT_IMPLEMENTED"},  # in onnxruntime's error
     "specdec/engines/cuda_glue.py": {"Device", "Driver"},  # in CUDA's error names

@@ -145,12 +145,13 @@ def _register_staging_schemas() -> None:
     attr, kinds = onnx.defs.OpSchema.Attribute, onnx.defs.OpSchema.AttrType
     floats = ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "")
     if not onnx.defs.has("GroupQueryAttention", STAGING_DOMAIN):
-        names = ("q", "k", "v", "past_k", "past_v", "seqlens_k", "total_len", "cos_cache", "sin_cache")
+        # GroupQueryAttention's inputs: (name, its type: T float / M int32, optional)
+        inputs = (("q", "T", False), ("k", "T", True), ("v", "T", True), ("past_k", "T", False),
+                  ("past_v", "T", False), ("seqlens_k", "M", False), ("total_len", "M", False),
+                  ("cos_cache", "T", True), ("sin_cache", "T", True))
         onnx.defs.register_schema(schema(
             "GroupQueryAttention", STAGING_DOMAIN, 1,
-            inputs=[param(n, "M" if n in ("seqlens_k", "total_len") else "T",
-                          param_option=optional if n.endswith("cache") or n in ("k", "v") else single)
-                    for n in names],
+            inputs=[param(n, kind, param_option=optional if either else single) for n, kind, either in inputs],
             outputs=[param(n, "T") for n in ("out", "present_k", "present_v")],
             type_constraints=[floats, ("M", ["tensor(int32)"], "")],
             attributes=[attr(n, kinds.INT, "") for n in ("num_heads", "kv_num_heads", "do_rotary", "local_window_size")]

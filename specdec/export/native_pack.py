@@ -57,6 +57,7 @@ ALLOWED_OPS = set(Op)
 NORMS = (Op.SIMPLIFIED_LAYER_NORMALIZATION, Op.SKIP_SIMPLIFIED_LAYER_NORMALIZATION,
          Op.LAYER_NORMALIZATION)  # a layer's and the final norm: RMSNorm, or LayerNorm (GPT-2's)
 GELUS = {Op.FAST_GELU: Activation.GELU_TANH, Op.GELU: Activation.GELU}  # an ungated MLP's activation (GPT-2's)
+TOKENS = "input_ids"  # the graph's token input (the ONNX contract's): the embedding Gathers by it
 TABLES = ("cos", "sin", "positions")  # the position tables: rotary's, or learned ones (GPT-2's)
 TARGET_FILE, DRAFT_FILE = "native.bin", "native.bin"  # in the model's folder
 
@@ -90,8 +91,8 @@ def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:
              "matmuls": [n for n in nodes if n.op_type == Op.MAT_MUL and n.input[1] in inits],
              "attention": [n for n in nodes if n.op_type == Op.GROUP_QUERY_ATTENTION],
              "heads": [n for n in nodes if n.op_type == Op.GEMM and n.input[1] in inits],
-             "embeddings": [n for n in gathers if n.input[1] == "input_ids"],
-             "positions": [n for n in gathers if n.input[1] != "input_ids"],  # a learned table (GPT-2)
+             "embeddings": [n for n in gathers if n.input[1] == TOKENS],
+             "positions": [n for n in gathers if n.input[1] != TOKENS],  # a learned table (GPT-2)
              "gelus": [n for n in nodes if n.op_type in GELUS]}
     layers, learned = dims.num_layers, int(bool(parts["positions"]))
     expected = {"norms": 2 * layers + 1, "matmuls": 4 * layers, "attention": layers, "heads": 1, "embeddings": 1,

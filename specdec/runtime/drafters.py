@@ -270,12 +270,15 @@ class ModelGate:
     def alpha(self) -> float:
         return (self.accepted + self.prior[0]) / (self.proposed + self.prior[1])
 
+    def _conditional(self, gamma: int) -> list:
+        """[α_1..α_γ] from the per-position counts, each position's prior the overall α."""
+        alpha, weight = self.alpha, self.prior[1]
+        return [(self.passes[j] + alpha * weight) / (self.tries[j] + weight) if j < len(self.tries) else alpha
+                for j in range(gamma)]
+
     def cumulative(self, gamma: int) -> np.ndarray:
         """[A_1..A_γ] from the per-position counts, each position's prior the overall α."""
-        alpha, weight = self.alpha, self.prior[1]
-        conditional = [(self.passes[j] + alpha * weight) / (self.tries[j] + weight) if j < len(self.tries) else alpha
-                       for j in range(gamma)]
-        return cumulative_from_conditional(conditional)
+        return cumulative_from_conditional(self._conditional(gamma))
 
     @property
     def cost_ratio(self) -> float:
@@ -299,12 +302,9 @@ class ModelGate:
         """speedup_table(...)[-1] / r for a round of γ drafts (every: as if every draft were accepted), in plain
         Python: the gate decides every round, where numpy's overhead on arrays of γ values would cost more than the
         arithmetic."""
-        alpha, weight = self.alpha, self.prior[1]
         tokens, run = 1.0, 1.0
-        for j in range(gamma):
-            if not every:
-                run *= min(max((self.passes[j] + alpha * weight) / (self.tries[j] + weight) if j < len(self.tries)
-                               else alpha, 0.0), 1.0)
+        for alpha in ([1.0] * gamma if every else self._conditional(gamma)):
+            run *= min(max(alpha, 0.0), 1.0)  # A_j, as cumulative_from_conditional clips
             tokens += run
         return tokens / (gamma * self.cost_ratio + 1.0) / self.verify_ratio
 
