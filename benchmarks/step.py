@@ -16,9 +16,9 @@ A case T@L is a forward of T tokens at cache length L; one that does not fit the
 --floor adds the memory-bandwidth floor of a plain step: the bytes its kernels read (every weight of the target's
 ONNX graph but an embedding table, of which one row is read, plus the valid KV) over the read bandwidth of this
 machine, measured two ways in the same run (numpy XOR-reductions, one thread per core; onnxruntime's fp32 GEMV).
-A shared machine's bandwidth drifts by half within a minute, so it also pairs them: a reader of the step's bytes (the
-native weights where the target has them) takes its turn in every round, and each target's decode step at
---floor-cache-len is set against it: min step / min read, and the median of step / read of the same round.
+A shared machine's bandwidth drifts by half within a minute, so it also pairs them: for each target, a reader of that
+target's own step bytes (its native weights where it has them) takes its turn in every round, and the target's decode
+step at --floor-cache-len is set against it: min step / min read, and the median of step / read of the same round.
 Needs `onnx` (the [native] or [export] extra).
 --by-op adds onnxruntime's profiler view (onnxruntime backend only): per op type, the sum over nodes of each node's
 minimum over the calls, for T = 1 and the widest verify case. The profiler makes small kernels look dearer.
@@ -83,9 +83,9 @@ def _opened(stack: contextlib.ExitStack, bundle, backend: str, threads, pages: s
 
 def open_all(stack: contextlib.ExitStack, bundles: list, backends: list, roles: list, threads,
              pages: list = (None,), isas: list = (None,)) -> tuple:
-    """({model label: backend}, {system label: settings}) over bundles × backends × roles (× pages × instruction
-    sets, native only)."""
-    models, settings = {}, {}
+    """({model label: backend}, {system label: settings}, {model label: its bundle}) over bundles × backends × roles
+    (× pages × instruction sets, native only)."""
+    models, settings, sources = {}, {}, {}
     names = [Path(b).name for b in bundles]
     variants = [(p, i) for p in pages for i in isas]
     for bundle, name in zip(bundles, names):
@@ -100,7 +100,8 @@ def open_all(stack: contextlib.ExitStack, bundles: list, backends: list, roles: 
                 model.reset(1)
                 if role in roles:
                     models[f"{system} {role}"] = (model, generator.manifest)
-    return models, settings
+                    sources[f"{system} {role}"] = Path(bundle)
+    return models, settings, sources
 
 
 def measure(models: dict, cases: list, rounds: int, extra: dict | None = None) -> dict:
@@ -135,37 +136,86 @@ def csv_rows(spreads: dict, models: dict) -> list:
 # --- the bandwidth floor -------------------------------------------------------------------------------------------
 
 class Reader:
-    """A callable that reads `nbytes` of its own buffer once, XOR-reducing with one thread per core (the way
-    numpy_read_gbs does): its time is the bandwidth floor of a step of `nbytes`, at the moment it runs."""
+    """A callable that reads `nbytes` once, XOR-reducing with one thread per core (the way numpy_read_gbs does): its
+    time is the bandwidth floor of a step of `nbytes`, at the moment it runs. `arrays`: read these (a native model's
+    own weights, on the pages the step reads) and a buffer of its own for the rest of `nbytes` (the KV)."""
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, arrays: list = ()):
         self.cores = len(os.sched_getaffinity(0))
-        self.data = np.ones(max(nbytes // 8, self.cores), dtype=np.uint64)
-        self.parts = np.array_split(self.data, self.cores)
+        spans = [_words(array) for array in _merged(arrays)]
+        rest = nbytes - sum(span.nbytes for span in spans)
+        spans.append(np.ones(max(rest // 8, self.cores), dtype=np.uint64))
+        self.nbytes = sum(span.nbytes for span in spans)
+        self.parts = [[] for _ in range(self.cores)]  # each thread's share of every span: equal bytes per thread
+        for span in spans:
+            for part, piece in zip(self.parts, np.array_split(span, self.cores)):
+                part.append(piece)
         self.pool = concurrent.futures.ThreadPoolExecutor(self.cores)
 
     def __call__(self) -> None:
-        list(self.pool.map(np.bitwise_xor.reduce, self.parts))
+        list(self.pool.map(_xor_all, self.parts))
 
     def close(self) -> None:
         self.pool.shutdown()
 
 
-def paired_floor(samples: dict, models: dict, case: tuple, reader_name: str) -> tuple:
-    """(markdown, {model: {...}}): each target's step time at `case` against the Reader's, the time to read its bytes
-    at this machine's bandwidth. Two views: the least disturbed of each (min step / min read), and the median over
-    rounds of step / read in the same round (a neighbour's burst in one round moves both, or one ratio only)."""
+def _xor_all(pieces: list) -> None:
+    for piece in pieces:
+        np.bitwise_xor.reduce(piece)
+
+
+def _words(array: np.ndarray) -> np.ndarray:
+    """A byte array's whole uint64 words."""
+    return array[: array.nbytes // 8 * 8].view(np.uint64)
+
+
+def _merged(arrays: list, gap: int = 1 << 16) -> list:
+    """Byte views of `arrays`' memory, where adjacent (within `gap` bytes) arrays of one buffer become one view: a
+    native model's tensors lie in one file's buffer in order, so a step's weights are a few long spans."""
+    found = []
+    for array in arrays:
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        start = array.ctypes.data - root.ctypes.data
+        found.append((id(root), start, start + array.nbytes, root))
+    spans = []
+    for key, start, end, root in sorted(found, key=lambda item: item[:3]):
+        if spans and spans[-1][0] == key and start <= spans[-1][2] + gap:
+            spans[-1][2] = max(spans[-1][2], end)
+        else:
+            spans.append([key, start, end, root])
+    return [root.reshape(-1).view(np.uint8)[start:end] for _, start, end, root in spans]
+
+
+def step_arrays(backend) -> list:
+    """The arrays a native backend's one-token step reads whole (every layer's weights, norms and biases, the final
+    norm and the head), or [] for any other backend (the reader then reads a buffer of its own)."""
+    model = getattr(backend, "model", None)
+    weights = getattr(model, "weights", None)
+    if weights is None or getattr(model, "draft", None) is not None:
+        return []
+    arrays = [weights.final_norm, weights.head] + [weights.final_norm_bias] * (weights.final_norm_bias is not None)
+    for layer in weights.layers:
+        arrays += [value for value in vars(layer).values() if isinstance(value, np.ndarray)]
+    return arrays
+
+
+def paired_floor(samples: dict, models: dict, case: tuple, readers: dict) -> tuple:
+    """(markdown, {model: {...}}): each target's step time at `case` against its Reader's (`readers`: {model label:
+    reader name}), the time to read that target's own bytes at this machine's bandwidth. Two views: the least
+    disturbed of each (min step / min read), and the median over rounds of step / read in the same round (a
+    neighbour's burst in one round moves both, or one ratio only)."""
     rows, found = [], {}
-    reads = samples[reader_name]
     for name in models:
-        if not name.endswith(" target") or (name, case) not in samples:
+        if name not in readers or (name, case) not in samples:
             continue
-        steps = samples[(name, case)]
+        steps, reads = samples[(name, case)], samples[readers[name]]
         least = min(steps) / min(reads)
         median = timer.summarize([step / read for step, read in zip(steps, reads)]).median
         found[name] = {"min_over_min": round(least, 3), "median_paired": round(median, 3), "rounds": len(steps)}
-        rows.append([name, f"{least:.2f}×", f"{median:.2f}×", str(len(steps))])
-    header = ["model", "min step / min read", "median of step / read, same round", "rounds"]
+        rows.append([name, readers[name], f"{least:.2f}×", f"{median:.2f}×", str(len(steps))])
+    header = ["model", "its bytes read", "min step / min read", "median of step / read, same round", "rounds"]
     return tables.markdown(header, rows), found
 
 
@@ -229,13 +279,13 @@ def step_bytes(bundle: Path, entry, cache_len: int) -> tuple:
 
 def native_step_bytes(entry) -> int | None:
     """Weight bytes a native step reads: every tensor of the target's native weights but the tables it reads one row
-    of (an untied embedding, the rotary tables), or None without native weights."""
+    of (an untied embedding, the rotary or learned position tables), or None without native weights."""
     if entry.native is None:
         return None
     from specdec.blocks import DTYPES
 
     return sum(int(np.prod(spec["shape"])) * DTYPES[spec["kind"]].itemsize
-               for name, spec in entry.native.tensors.items() if name not in ("embedding", "cos", "sin"))
+               for name, spec in entry.native.tensors.items() if name not in ("embedding", "cos", "sin", "positions"))
 
 
 def floor_step_bytes(bundle: Path, entry, cache_len: int) -> tuple:
@@ -333,7 +383,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--roles", default="target,draft")
     parser.add_argument("--cases", default=DEFAULT_CASES, help="T@L items: T tokens at cache length L")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--floor", action="store_true", help="add the bandwidth floor of the first bundle's target")
+    parser.add_argument("--floor", action="store_true", help="add the bandwidth floor of the first bundle's target, and "
+                        "each target's step against the time to read its own bytes")
     parser.add_argument("--floor-gib", type=float, default=1.0)
     parser.add_argument("--floor-cache-len", type=int, default=64)
     parser.add_argument("--by-op", action="store_true", help="add onnxruntime's per-op profile")
@@ -362,18 +413,20 @@ def main(argv=None) -> int:
     if any(i not in ISAS for i in isas if i is not None):
         raise SystemExit(f"unknown instruction set in {args.isa!r}; choose from {', '.join(ISAS)}")
     with contextlib.ExitStack() as stack:
-        models, settings = open_all(stack, args.bundles, backends, roles, args.threads, pages, isas)
+        models, settings, sources = open_all(stack, args.bundles, backends, roles, args.threads, pages, isas)
         if not models:
             raise SystemExit(f"no model with a role in {roles!r} in {args.bundles}")
         run = record.run_record(EXPERIMENT, settings, args.threads, __file__, argv,
                                 cases=[list(c) for c in cases], rounds=args.rounds)
-        extra, reader, floor_case = {}, None, (1, args.floor_cache_len)
+        extra, readers, floor_case = {}, {}, (1, args.floor_cache_len)
         if args.floor:
             manifest = next(iter(models.values()))[1]
-            reader = stack.enter_context(contextlib.closing(Reader(sum(floor_step_bytes(
-                Path(args.bundles[0]), manifest.target, args.floor_cache_len)))))
-            reader_name = f"read {reader.data.nbytes / 1e6:.1f} MB, {reader.cores} threads"
-            extra[reader_name] = reader
+            for name, (model, entry) in models.items():  # a reader of each target's own bytes, in the same rounds
+                if name.endswith(" target"):
+                    nbytes = sum(floor_step_bytes(sources[name], entry.target, args.floor_cache_len))
+                    reader = Reader(nbytes, step_arrays(model))  # its own weights' pages, where they are native
+                    readers[name] = f"read {name}'s {reader.nbytes / 1e6:.1f} MB"
+                    extra[readers[name]] = stack.enter_context(contextlib.closing(reader))
             cases = cases if floor_case in cases else cases + [floor_case]
         samples = measure(models, cases, args.rounds, extra)
         spreads = {key: timer.summarize(values) for key, values in samples.items() if key not in extra}
@@ -382,12 +435,15 @@ def main(argv=None) -> int:
         if args.floor:
             floor, finished["floor"] = floor_table(Path(args.bundles[0]), manifest, args.floor_cache_len,
                                                    args.floor_gib, args.rounds)
-            paired, finished["floor"]["paired"] = paired_floor(samples, models, floor_case, reader_name)
-            read = timer.summarize(samples[reader_name])
-            finished["floor"]["read_ms"] = {"min": round(read.min * 1e3, 3), "median": round(read.median * 1e3, 3)}
+            paired, finished["floor"]["paired"] = paired_floor(samples, models, floor_case, readers)
+            reads = {name: timer.summarize(samples[name]) for name in dict.fromkeys(readers.values())}
+            finished["floor"]["read_ms"] = {name: {"min": round(read.min * 1e3, 3), "median": round(
+                read.median * 1e3, 3)} for name, read in reads.items()}
+            threads = next(iter(extra.values())).cores
             text += ("\n" + floor + f"\nPaired by round: each target's {label(floor_case, 0)} over the time to read "
-                     f"its step's bytes (the native weights where it has them, and the KV) in the same round, "
-                     f"{read.ms(2)} ms ({reader_name}; min / median)\n\n" + paired)
+                     f"its own step's bytes (the native weights where it has them, and the KV; {threads} threads) in "
+                     "the same round. Reads (min / median ms): "
+                     + "; ".join(f"{name} {read.ms(2)}" for name, read in reads.items()) + "\n\n" + paired)
         if args.by_op:
             for name, (model, manifest) in models.items():
                 widths = tuple(sorted({1} | {t for t, _ in cases if 1 < t <= manifest.defaults.gamma_max + 1}))

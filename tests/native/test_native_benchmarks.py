@@ -92,9 +92,12 @@ def test_paired_floor_divides_round_by_round():
         step = importlib.import_module("step")
     finally:
         sys.path.remove(str(BENCH))
-    samples = {("m target", (1, 8)): [2.0, 9.0, 3.0], ("m draft", (1, 8)): [1.0, 1.0, 1.0], "read": [1.5, 3.0, 1.0]}
-    models = {"m target": None, "m draft": None}
-    text, found = step.paired_floor(samples, models, (1, 8), "read")
-    # least disturbed: 2 / 1; same round: 2 / 1.5, 9 / 3, 3 / 1 -> median 3 (a draft is not scored)
-    assert found == {"m target": {"min_over_min": 2.0, "median_paired": 3.0, "rounds": 3}}
-    assert "| m target | 2.00× | 3.00× | 3 |" in text
+    samples = {("m target", (1, 8)): [2.0, 9.0, 3.0], ("m draft", (1, 8)): [1.0, 1.0, 1.0], "read m": [1.5, 3.0, 1.0],
+               ("n target", (1, 8)): [4.0, 4.0, 4.0], "read n": [2.0, 1.0, 4.0]}
+    models = {"m target": None, "m draft": None, "n target": None}
+    text, found = step.paired_floor(samples, models, (1, 8), {"m target": "read m", "n target": "read n"})
+    # least disturbed: 2 / 1; same round: 2 / 1.5, 9 / 3, 3 / 1 -> median 3 (a draft is not scored); each target
+    # against the reader of its own bytes: n's 4 / 1, and 2, 4, 1 -> median 2
+    assert found == {"m target": {"min_over_min": 2.0, "median_paired": 3.0, "rounds": 3},
+                     "n target": {"min_over_min": 4.0, "median_paired": 2.0, "rounds": 3}}
+    assert "| m target | read m | 2.00× | 3.00× | 3 |" in text and "| n target | read n | 4.00× | 2.00× | 3 |" in text
