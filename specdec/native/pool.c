@@ -75,7 +75,7 @@ static long now_ns(void) {
     return t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
-// Take the next tasks of the running loop for `worker`, [first, *last): a 1 / (2 threads) share of those left, at
+// Take the next tasks of the running loop for `worker`, [first, *last): a 1 / threads share of those left, at
 // least one; -1 when none is left or the worker is not one of the loop's threads.
 static int claim(int worker, int *last) {
     uint64_t word = atomic_load_explicit(&P.claim, memory_order_acquire);
@@ -83,7 +83,7 @@ static int claim(int worker, int *last) {
         const uint64_t next = word & TASK_MASK, n = word >> TASK_BITS & TASK_MASK;
         const int threads = (int)(word >> 2 * TASK_BITS) + 1;
         if (next >= n || worker >= threads) return -1;
-        uint64_t share = (n - next) / (2 * (uint64_t)threads);
+        uint64_t share = (n - next) / (uint64_t)threads;
         share = share ? share : 1;
         if (atomic_compare_exchange_weak_explicit(&P.claim, &word, word + share, memory_order_acq_rel,
                                                   memory_order_acquire)) {

@@ -7,7 +7,7 @@
 typedef void (*pool_task)(void *ctx, int first, int last, int worker);
 
 // Run tasks 0..n - 1 on up to `threads` threads, the caller among them; returns when every task has run. A claim
-// takes a share of what is left (guided: large first, then smaller), so a loop costs few claims and ends evenly.
+// takes what is left over the threads (large first, then smaller), so a loop costs few claims and ends evenly.
 void pool_run(int threads, pool_task fn, void *ctx, int n);
 
 #endif
