@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,17 +22,6 @@ from harness import opening, record, tables, timer
 
 EXPERIMENT = "contention"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-
-
-@contextlib.contextmanager
-def busy(count: int):
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
 
 
 def specdec_system(bundle: Path, backend: str, threads: int | None, tokens: int):
@@ -85,7 +73,7 @@ def main() -> None:
         levels = [int(n) for n in args.busy.split(",")]
         results = {}
         for index, level in enumerate(levels + [0]):
-            with busy(level):
+            with timer.busy(level):
                 samples = timer.interleave(systems, args.rounds, warmup=1, reported=True)
             results[(index, level)] = {name: timer.summarize(got) for name, got in samples.items()}
     idle = results[(0, levels[0])]

@@ -4,6 +4,7 @@ calls interleaved (which build goes first alternates), so the machine's drift fa
     python benchmarks/native_ab.py bundles/smollm2-q41 HEAD~1                 # this tree against a commit's sources
     python benchmarks/native_ab.py bundles/smollm2-q41 /tmp/other --role target --tokens 5 --rows 4
     python benchmarks/native_ab.py bundles/smollm2-q41 HEAD~1 --isa avx2      # both builds for AVX2 only
+    python benchmarks/native_ab.py bundles/smollm2-q41 HEAD~1 --busy 1        # beside a process spinning on a core
 
 OLD: a git commit (its specdec/native/*.c and *.h) or a folder holding the sources. Both builds must export the ABI
 this specdec reads (specdec_native.h); older sources are refused. Both are built for one instruction set with one
@@ -11,8 +12,9 @@ flag set, so a difference is the code's, never the ISA's: the new build is the o
 SPECDEC_NATIVE_ISA, else the widest this CPU runs: specdec.native.build.isa()), the old one takes its compiler and
 flags. At cache lengths 64 / 512 / 1000 (a random prompt prefilled by the target): forwards of --tokens tokens for
 --rows rows of the role (a prompt's chunk, last row scored, where tokens > --verify-rows; else every row scored, as
-a step or verify pass). Writes native_ab.md and record.json, each naming both builds' ISA and flags; asserts
-nothing.
+a step or verify pass). --busy N runs N processes that each spin on a core while both builds are timed (a change to
+the thread pool, measured where another process holds a core). Writes native_ab.md and record.json, each naming both
+builds' ISA and flags; asserts nothing.
 """
 from __future__ import annotations
 
@@ -96,12 +98,16 @@ def main() -> None:
     parser.add_argument("--isa", choices=ISAS, default=None,
                         help="the instruction set both builds are made for (default: as SPECDEC_NATIVE_ISA says, the "
                              "widest this CPU runs unless set)")
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning on a core while the builds are timed")
     opening.add_common(parser, backend=False)
     args = parser.parse_args()
+    if args.busy < 0:
+        raise SystemExit(f"--busy {args.busy}: pass 0 or more processes")
     generator, model, builds, settings = opened(args)
     old = settings["builds"]["old"]["sources"]
     run = record.run_record(EXPERIMENT, {"specdec native": settings | {"role": args.role, "old": old, "rows": args.rows,
-                                                                       "tokens": args.tokens}}, args.threads, __file__)
+                                                                       "tokens": args.tokens}}, args.threads, __file__,
+                            busy=args.busy)
     target = generator.target.backend
     rng, rows = np.random.default_rng(0), []
     for length in (n for n in LENGTHS if n + args.tokens <= model.max_seq_len):
@@ -118,13 +124,15 @@ def main() -> None:
                 model.forward(ids, starts, slots, last_only, generator.target.threads or build_threads())
             return forward
 
-        samples = timer.interleave({name: call(name) for name in builds}, args.rounds)
+        with timer.busy(args.busy):
+            samples = timer.interleave({name: call(name) for name in builds}, args.rounds)
         rows.append([length, *timer.compared(timer.summarize(samples["new"]), timer.summarize(samples["old"]))])
     model.kernels = builds["new"]
     described = "\n".join(f"- {side}: {b['sources']}; ISA {b['isa']}; {b['compiler']} {' '.join(b['flags'])}"
                           for side, b in settings["builds"].items())
+    beside = f", beside {args.busy} process{'es' if args.busy > 1 else ''} spinning on a core each" if args.busy else ""
     text = (f"{args.role}, {args.rows} x {args.tokens}-token forwards, ms (min / median of {args.rounds} "
-            f"interleaved calls); old = {old}\n\n{described}\n\n"
+            f"interleaved calls{beside}); old = {old}\n\n{described}\n\n"
             + tables.markdown(["cache length", "new", "old", "new / old (min)", "new / old (median)"], rows))
     record.finish(run, args.out, {"native_ab.md": text}, shown=text)
 

@@ -3,15 +3,31 @@ warm-up, so a drift of the machine (a neighbour, the memory bus, the clock) fall
 Read ratios within one run; min is the least disturbed call, median the typical one, spread their distance.
 
 Request timing: `timed` (one call end to end), `Request` (a streamed request: time to the first piece, the gaps
-after it) and `token_weighted_tpot` (time per output token after each request's first, over many requests)."""
+after it) and `token_weighted_tpot` (time per output token after each request's first, over many requests).
+`busy` runs processes that each spin on a core, for timing beside other work."""
 from __future__ import annotations
 
+import contextlib
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def busy(count: int):
+    """`count` processes that each spin on one core, killed on exit."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def rotated(items: list, shift: int) -> list:
