@@ -139,6 +139,9 @@ static inline __attribute__((always_inline)) void row_decode16(const int kind, c
 // bf16 / f16 / f32 weights go a column at a time, as their verify passes were slower in pairs where measured. AT(n, b) is
 // the address of column n's block b, DECODE(address, &wa, &wb) its weights; each output's sums in the order above.
 // FAR_TOO: also fetch FAR bytes ahead into L2 (see rows_cols).
+// A row's activations held in registers for both columns: GCC would otherwise fold each load into both columns' FMAs,
+// loading them twice, and with several rows the loads, not the FMAs, would bound the loop
+#define IN_REGISTERS(a, b) __asm__("" : "+v"(a), "+v"(b))
 #define STEP16(PAIRS, R, nb, AT, DECODE, FAR_TOO) \
     int n = n0; \
     for (; PAIRS && n + 2 <= n1; n += 2) { \
@@ -150,7 +153,8 @@ static inline __attribute__((always_inline)) void row_decode16(const int kind, c
             DECODE(AT(n, b), &wa0, &wb0); DECODE(AT(n + 1, b), &wa1, &wb1); \
             for (int r = 0; r < R; r++) { \
                 const float *xr = x + (size_t)r * K + b * 32; \
-                const __m512 xa = _mm512_loadu_ps(xr), xb = _mm512_loadu_ps(xr + 16); \
+                __m512 xa = _mm512_loadu_ps(xr), xb = _mm512_loadu_ps(xr + 16); \
+                IN_REGISTERS(xa, xb); \
                 acc0[r] = _mm512_fmadd_ps(wb0, xb, _mm512_fmadd_ps(wa0, xa, acc0[r])); \
                 acc1[r] = _mm512_fmadd_ps(wb1, xb, _mm512_fmadd_ps(wa1, xa, acc1[r])); \
             } \
