@@ -2,6 +2,7 @@
 exits 0 and writes its table and a run record. Never timings (benchmarks are not tests)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from specdec.native import build
@@ -84,16 +85,44 @@ def test_step_floor_pairs_each_target_step_with_a_read_of_the_same_round(q41_bun
     assert 0 < ratios["min_over_min"] < float("inf") and 0 < ratios["median_paired"] < float("inf")
 
 
-def test_paired_floor_divides_round_by_round():
+def _step_module():
     import importlib
     import sys
 
     from tests.bench.test_entry_points import BENCH
     sys.path.insert(0, str(BENCH))  # step.py imports its harness as a script does
     try:
-        step = importlib.import_module("step")
+        return importlib.import_module("step")
     finally:
         sys.path.remove(str(BENCH))
+
+
+def test_floor_reader_reads_the_weights_own_pages():
+    """The reader of a native target's floor reads the arrays a step reads, where they lie: adjacent tensors of one
+    buffer as one span, a far one (past the gap) as another, another buffer's apart; the rest of the bytes (the KV)
+    from a buffer of its own."""
+    step = _step_module()
+    whole, other = np.arange(1 << 20, dtype=np.uint8), np.zeros(4096, np.uint8)
+    near = [whole[:1000], whole[1000:5000], whole[5000:9000].view(np.uint32)]
+    far = whole[(1 << 20) - 4096:]
+    spans = step._merged([far, *near, other])
+    assert len(spans) == 3
+    assert sorted((s.ctypes.data - whole.ctypes.data, s.nbytes) for s in spans if np.shares_memory(s, whole)) == [
+        (0, 9000), ((1 << 20) - 4096, 4096)]
+    assert [s.nbytes for s in spans if np.shares_memory(s, other)] == [4096]
+    reader = step.Reader(9000 + 4096 + 800, [far, *near])
+    try:
+        reader()
+        assert reader.nbytes == 9000 + 4096 + 800  # whole words of the weights' spans, then 800 bytes of its own
+        assert sum(piece.nbytes for part in reader.parts for piece in part) == reader.nbytes
+        own = [piece for part in reader.parts for piece in part if not np.shares_memory(piece, whole)]
+        assert sum(piece.nbytes for piece in own) == 800
+    finally:
+        reader.close()
+
+
+def test_paired_floor_divides_round_by_round():
+    step = _step_module()
     samples = {("m target", (1, 8)): [2.0, 9.0, 3.0], ("m draft", (1, 8)): [1.0, 1.0, 1.0], "read m": [1.5, 3.0, 1.0],
                ("n target", (1, 8)): [4.0, 4.0, 4.0], "read n": [2.0, 1.0, 4.0]}
     models = {"m target": None, "m draft": None, "n target": None}
