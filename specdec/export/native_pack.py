@@ -57,7 +57,6 @@ ALLOWED_OPS = set(Op)
 NORMS = (Op.SIMPLIFIED_LAYER_NORMALIZATION, Op.SKIP_SIMPLIFIED_LAYER_NORMALIZATION,
          Op.LAYER_NORMALIZATION)  # a layer's and the final norm: RMSNorm, or LayerNorm (GPT-2's)
 GELUS = {Op.FAST_GELU: Activation.GELU_TANH, Op.GELU: Activation.GELU}  # an ungated MLP's activation (GPT-2's)
-TOKENS = "input_ids"  # the graph's token input (the ONNX contract's): the embedding Gathers by it
 TABLES = ("cos", "sin", "positions")  # the position tables: rotary's, or learned ones (GPT-2's)
 TARGET_FILE, DRAFT_FILE = "native.bin", "native.bin"  # in the model's folder
 
@@ -87,12 +86,14 @@ def _parts(graph, inits: dict, dims: ModelDims, path: Path) -> dict:
                   and getattr(made_by.get(n.input[0]), "op_type", None) == Op.RESHAPE}  # a head's q or k (Qwen3)
     norm_ops = {n.op_type for n in nodes if n.op_type in NORMS and id(n) not in head_norms}
     gathers = [n for n in nodes if n.op_type == Op.GATHER and n.input[0] in inits]
+    fed = {value.name for value in graph.input}  # the embedding Gathers by a graph input (the token ids); a learned
+    # position table by positions the graph computes
     parts = {"norms": [n for n in nodes if n.op_type in NORMS and id(n) not in head_norms],
              "matmuls": [n for n in nodes if n.op_type == Op.MAT_MUL and n.input[1] in inits],
              "attention": [n for n in nodes if n.op_type == Op.GROUP_QUERY_ATTENTION],
              "heads": [n for n in nodes if n.op_type == Op.GEMM and n.input[1] in inits],
-             "embeddings": [n for n in gathers if n.input[1] == TOKENS],
-             "positions": [n for n in gathers if n.input[1] != TOKENS],  # a learned table (GPT-2)
+             "embeddings": [n for n in gathers if n.input[1] in fed],
+             "positions": [n for n in gathers if n.input[1] not in fed],  # a learned table (GPT-2)
              "gelus": [n for n in nodes if n.op_type in GELUS]}
     layers, learned = dims.num_layers, int(bool(parts["positions"]))
     expected = {"norms": 2 * layers + 1, "matmuls": 4 * layers, "attention": layers, "heads": 1, "embeddings": 1,
