@@ -3,9 +3,8 @@ distributions q; prompt lookup returns point masses (q = None). Which drafter a 
 specdec.runtime.config.DRAFTER_KINDS: adding a drafter is its class here and one entry there."""
 from __future__ import annotations
 
-from collections import deque
-
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
