@@ -19,6 +19,7 @@ builds' ISA and flags; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -49,8 +50,16 @@ def sources_of(old: str, into: Path) -> Path:
 
 
 def build_of(folder: Path, into: Path, flags: tuple):
-    """OLD's sources in `folder` compiled with this specdec's compiler and `flags`, loaded and checked."""
+    """OLD's sources in `folder` compiled with this specdec's compiler and `flags`, loaded and checked: refused where
+    they read another weights format (the same bundle's blocks would mean other weights to them)."""
+    from specdec.blocks import FORMAT_VERSION
     from specdec.native import build
+
+    found = re.search(r"#define SPECDEC_FORMAT_VERSION (\d+)", (folder / "specdec_native.h").read_text())
+    if found is None or int(found.group(1)) != FORMAT_VERSION:
+        raise SystemExit(f"the other sources read native weights of format {found.group(1) if found else '?'}, this "
+                         f"specdec writes format {FORMAT_VERSION}: time them on their own bundle with "
+                         "benchmarks/tree_ab.py")
 
     library = into / "old.so"
     done = subprocess.run([build.compiler(), *flags, *(str(folder / p.name) for p in build.SOURCES), "-o",

@@ -23,14 +23,17 @@ import numpy as np
 from specdec.manifest import Role
 
 ABI_VERSION = 6  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
-FORMAT_VERSION = 2  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
+FORMAT_VERSION = 3  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
+CHANGED_SINCE = {2: frozenset({"blk5"})}  # an older format: the kinds whose layout changed since (3: blk5's codes)
 BLOCK = 32  # weights per block along K
 BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1; qs[j] = q[j] | q[j + 16] << 4
 BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # blk8: Q8_0
 BLOCK4P = np.dtype([("h", "<f2", 4), ("qs", "u1", 32)])  # blk4p: two BLOCK4 of a column, fp16 d0 d1 m0 m1
 BLOCK6 = np.dtype([("d", "<f4", 2), ("qs", "i1", 32)])  # blk6: Q8 with a scale per 16 (a Q6_K's sub-blocks)
-BLOCK5 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qh", "<u4"), ("qs", "u1", 16)])  # blk5: 5-bit codes (Q5_0, Q5_1, Q5_K);
-# qs as BLOCK4's (the low 4 bits), bit j of qh the fifth bit of q[j]
+BLOCK5 = np.dtype([("codes", "u1", 20), ("d", "<f4"), ("m", "<f4")])  # blk5: 5-bit codes (Q5_0, Q5_1, Q5_K), 160
+# bits, slot i (bits 5i..5i+4, little-endian) holding q[Q5_ORDER[i]]: see specdec_native.h
+Q5_ORDER = np.array([0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29,
+                     2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31])  # SPECDEC_Q5_ORDER
 GRID_TOLERANCE = 1e-4  # max |w − dequant| / d of a weight the native engine takes: fp32 rounding, not a coarser grid
 BF16 = np.dtype("<u2")  # a bf16 value: the top 16 bits of its fp32
 DTYPES = {"blk4": BLOCK4, "blk8": BLOCK8, "blk4p": BLOCK4P, "blk6": BLOCK6, "blk5": BLOCK5, "f32": np.dtype("<f4"), "i64": np.dtype("<i8"),
@@ -234,17 +237,33 @@ def _asymmetric(weight: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray
 
 def _fit_levels(weight: np.ndarray, levels: int) -> np.ndarray | None:
     """weight [N, K] -> blocks [N, K / 32] of BLOCK4 (16 levels: a Q4_1 or Q4_K block's values) or BLOCK5 (32: a
-    Q5_0, Q5_1 or Q5_K block's), or None. Both hold the low 4 bits of q[j] and q[j + 16] in qs[j]; BLOCK5 the fifth
-    bits in qh."""
+    Q5_0, Q5_1 or Q5_K block's), or None."""
     found = _asymmetric(weight, levels)
     if found is None:
         return None
     scale, low, q = found
     out = np.empty(low.shape, BLOCK5 if levels > 16 else BLOCK4)
-    out["d"], out["m"], out["qs"] = scale, low, (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
+    out["d"], out["m"] = scale, low
     if levels > 16:
-        out["qh"] = ((q >> 4).astype(np.uint32) << np.arange(BLOCK, dtype=np.uint32)).sum(axis=-1, dtype=np.uint32)
+        out["codes"] = q5_packed(q)
+    else:
+        out["qs"] = q[..., :16] | (q[..., 16:] << 4)
     return out
+
+
+def q5_packed(q: np.ndarray) -> np.ndarray:
+    """codes [..., 32] (0..31) -> BLOCK5's 20 bytes [..., 20]: slot i, bits 5i..5i+4, holds q[Q5_ORDER[i]]."""
+    bits = (q[..., Q5_ORDER, None].astype(np.uint8) >> np.arange(5, dtype=np.uint8)) & 1  # [..., 32 slots, 5]
+    return np.packbits(bits.reshape(*q.shape[:-1], 160), axis=-1, bitorder="little")
+
+
+def q5_codes(packed: np.ndarray) -> np.ndarray:
+    """BLOCK5's 20 bytes [..., 20] -> their codes [..., 32] uint8 (q5_packed's inverse)."""
+    bits = np.unpackbits(packed, axis=-1, bitorder="little").reshape(*packed.shape[:-1], 32, 5)
+    slots = (bits << np.arange(5, dtype=np.uint8)).sum(axis=-1, dtype=np.uint8)
+    q = np.empty_like(slots)
+    q[..., Q5_ORDER] = slots
+    return q
 
 
 def _fit4(weight: np.ndarray) -> np.ndarray | None:
@@ -276,8 +295,7 @@ def mixed_blocks(name: str, weight: np.ndarray) -> np.ndarray:
 
 
 def _nibbles(blocks: np.ndarray) -> np.ndarray:
-    """BLOCK4 or BLOCK5 blocks [..., nb] -> the low 4 bits of their codes [..., nb, 32] uint8 (q[j] and q[j + 16] from
-    qs[j])."""
+    """BLOCK4 blocks [..., nb] -> their codes [..., nb, 32] uint8 (q[j] and q[j + 16] from qs[j])."""
     return np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1)
 
 
@@ -346,9 +364,7 @@ def float_rows(rows: np.ndarray) -> np.ndarray:
         scales = np.repeat(rows["d"], BLOCK // 2, axis=-1)  # [N, nb, 32]
         return (scales * rows["qs"].astype(np.float32)).reshape(rows.shape[0], -1)
     if rows.dtype in (BLOCK4, BLOCK5):
-        q = _nibbles(rows).astype(np.float32)
-        if rows.dtype == BLOCK5:
-            q += 16 * ((rows["qh"][..., None] >> np.arange(BLOCK, dtype=np.uint32)) & 1)
+        q = (_nibbles(rows) if rows.dtype == BLOCK4 else q5_codes(rows["codes"])).astype(np.float32)
         return (q * rows["d"][..., None] + rows["m"][..., None]).reshape(rows.shape[0], -1)
     return rows.astype(np.float32)
 
@@ -444,6 +460,19 @@ PAGES = tuple(Pages)
 READ_CHUNK = 1 << 24
 
 
+def check_format(abi: int, kinds: set, name: str) -> None:
+    """ValueError unless weights of format `abi` holding tensors of `kinds` read as this format: the same format, or
+    an older one none of whose changed layouts (CHANGED_SINCE) they use."""
+    if abi == FORMAT_VERSION:
+        return
+    if abi not in CHANGED_SINCE:
+        raise ValueError(f"{name} holds native weights of format {abi}, this specdec reads format {FORMAT_VERSION}")
+    changed = sorted(CHANGED_SINCE[abi] & set(kinds))
+    if changed:
+        raise ValueError(f"{name} holds native weights of format {abi} with {', '.join(changed)} blocks, whose layout "
+                         f"changed in format {FORMAT_VERSION}")
+
+
 def read_tensors(path: Path, index: dict, pages: str = Pages.SHARED) -> dict:
     """Every tensor of `index` ({name: TensorEntry}) of `path`, read only. ValueError where the file is not a native
     weights file of this format, or too short for the index.
@@ -461,8 +490,7 @@ def read_tensors(path: Path, index: dict, pages: str = Pages.SHARED) -> dict:
     if head[: len(MAGIC)] != MAGIC:
         raise ValueError(f"{path} is not a native weights file (no magic)")
     abi = int(np.frombuffer(head[len(MAGIC) :], "<u4")[0]) if len(head) == len(MAGIC) + 4 else -1
-    if abi != FORMAT_VERSION:
-        raise ValueError(f"{path} holds native weights of format {abi}, this specdec reads format {FORMAT_VERSION}")
+    check_format(abi, {entry.kind for entry in index.values()}, str(path))
     check_index(index, size, str(path))
     whole = _private_copy(path, size) if pages == Pages.PRIVATE else np.memmap(path, dtype=np.uint8, mode="r")
     return {name: whole[entry.offset : entry.offset + entry.nbytes].view(DTYPES[entry.kind]).reshape(entry.shape)

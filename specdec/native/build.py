@@ -41,19 +41,24 @@ REQUIRED_FLAGS = ("avx2", "fma", "f16c")  # /proc/cpuinfo names of what FLAGS le
 # Wider kernels where the CPU has them: 16-lane products, 32 registers, VNNI's int8 dot products (same results)
 AVX512_FLAGS = ("-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx512vnni")
 AVX512_CPU = ("avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_vnni")
+# ... and VBMI's multishift, which unpacks a blk5 block's 5-bit codes in one instruction a half (same results)
+VBMI_FLAGS = AVX512_FLAGS + ("-mavx512vbmi",)
+VBMI_CPU = AVX512_CPU + ("avx512vbmi",)
 ISA_ENV = "SPECDEC_NATIVE_ISA"  # an Isa
 
 
 class Isa(StrEnum):
     """The instruction set the kernels are built for."""
 
-    AUTO = "auto"  # the default: avx512 where the CPU has it, else avx2
+    AUTO = "auto"  # the default: the widest of the others the CPU has
     AVX2 = "avx2"
     AVX512 = "avx512"
+    AVX512_VBMI = "avx512-vbmi"
 
 
 ISAS = tuple(Isa)
-ISA_FLAGS = {Isa.AVX2: (), Isa.AVX512: AVX512_FLAGS}  # beyond FLAGS
+ISA_FLAGS = {Isa.AVX2: (), Isa.AVX512: AVX512_FLAGS, Isa.AVX512_VBMI: VBMI_FLAGS}  # beyond FLAGS
+ISA_CPU = {Isa.AVX2: REQUIRED_FLAGS, Isa.AVX512: AVX512_CPU, Isa.AVX512_VBMI: VBMI_CPU}  # what each needs
 NO_NATIVE = "use backend='onnxruntime'"
 LIBRARY_NAME = "libspecdec_native.so"
 
@@ -88,17 +93,23 @@ def missing_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), required: tuple = R
 
 
 def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> Isa:
-    """The instruction set the kernels are built for: $SPECDEC_NATIVE_ISA, where auto (or unset) means avx512 on a
-    CPU with every one of AVX512_CPU, else avx2. Both compute the same bits (tests/native/test_isa.py)."""
+    """The instruction set the kernels are built for: $SPECDEC_NATIVE_ISA, where auto (or unset) means avx512-vbmi
+    on a CPU with every one of VBMI_CPU, else avx512 on one with every one of AVX512_CPU, else avx2. All compute the
+    same bits (tests/native/test_isa.py)."""
     wanted = os.environ.get(ISA_ENV, "").strip().lower() or Isa.AUTO
     if wanted not in ISAS:
         raise BackendError(f"{ISA_ENV}={os.environ[ISA_ENV]!r} is not one of {', '.join(ISAS)}",
                            f"unset it (auto picks the widest this CPU runs), or {NO_NATIVE}")
-    lacking = missing_cpu_flags(cpuinfo, AVX512_CPU)
-    if wanted == Isa.AVX512 and lacking:
-        raise BackendError(f"{ISA_ENV}=avx512, but this CPU lacks {', '.join(lacking)}",
-                           f"unset {ISA_ENV} or set it to avx2")
-    return Isa.AVX512 if wanted == Isa.AVX512 or (wanted == Isa.AUTO and not lacking) else Isa.AVX2
+    if wanted != Isa.AUTO:
+        lacking = missing_cpu_flags(cpuinfo, ISA_CPU[wanted]) if wanted != Isa.AVX2 else []
+        if lacking:
+            raise BackendError(f"{ISA_ENV}={wanted}, but this CPU lacks {', '.join(lacking)}",
+                               f"unset {ISA_ENV} (auto picks the widest this CPU runs) or set it to avx2")
+        return Isa(wanted)
+    for widest in (Isa.AVX512_VBMI, Isa.AVX512):
+        if not missing_cpu_flags(cpuinfo, ISA_CPU[widest]):
+            return widest
+    return Isa.AVX2
 
 
 def compiler() -> str:

@@ -61,21 +61,28 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
     const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi8_, mask)), d_, m_); \
     const __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(lo8_, 4)), d_, m_); \
     const __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hi8_, 4)), d_, m_)
-// A 5-bit block's 32 weights as four vectors of 8, as Q4_DECODE, with bit j of qh added as 16 to code j
-#define FIFTH(qh, k) _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)((qh) >> (k))), \
-                                                                           shifts_), one_), 4)
-#define Q5_DECODE(blk, mask, w0, w1, w2, w3) \
-    const __m256i lo8_ = Z8((blk).qs), hi8_ = Z8((blk).qs + 8); \
-    const __m256i shifts_ = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), one_ = _mm256_set1_epi32(1); \
+// A 5-bit block's codes (blk5: 160 bits, slot i holding q[SPECDEC_Q5_ORDER[i]]). Q5_BIT(k): the first bit of
+// q[k] for k in 0..15 from the block's start, and of q[16 + k] from its byte 5 (q[16 + k] lies 40 bits after q[k])
+#define Q5_BIT(k) (5 * (((k) >> 1) + ((k) & 1) + (((k) >> 1) & 1) * 15))
+// a dword lane's shuffle of q[k]'s two bytes (the code within bits Q5_BIT(k) % 8 .. + 4 of them) and two zeros
+#define Q5_BYTES(k) ((int)((unsigned)(Q5_BIT(k) >> 3) | (unsigned)((Q5_BIT(k) >> 3) + 1) << 8 | 0x80800000u))
+#define Q5_BYTES8(k) _mm256_setr_epi32(Q5_BYTES(k), Q5_BYTES(k + 1), Q5_BYTES(k + 2), Q5_BYTES(k + 3), \
+                                        Q5_BYTES(k + 4), Q5_BYTES(k + 5), Q5_BYTES(k + 6), Q5_BYTES(k + 7))
+#define Q5_SHIFTS8(k) _mm256_setr_epi32(Q5_BIT(k) & 7, Q5_BIT(k + 1) & 7, Q5_BIT(k + 2) & 7, Q5_BIT(k + 3) & 7, \
+                                         Q5_BIT(k + 4) & 7, Q5_BIT(k + 5) & 7, Q5_BIT(k + 6) & 7, Q5_BIT(k + 7) & 7)
+// codes k..k+7 of a half's 16 bytes, broadcast to both 128-bit lanes (a shuffle stays within its lane)
+#define Q5_PICK(v, k) _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(v, Q5_BYTES8(k)), Q5_SHIFTS8(k)), \
+                                       _mm256_set1_epi32(31))
+// A 5-bit block's 32 weights as four vectors of 8, d * q + m as Q4_DECODE's: 12 integer operations a block, where
+// a nibble and a fifth bit apart took 30
+#define Q5_DECODE(blk, w0, w1, w2, w3) \
+    const __m256i lo_ = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk).codes)); \
+    const __m256i hi_ = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)((blk).codes + 5))); \
     const __m256 d_ = _mm256_broadcast_ss(&(blk).d), m_ = _mm256_broadcast_ss(&(blk).m); \
-    const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(_mm256_and_si256(lo8_, mask), \
-                                                                          FIFTH((blk).qh, 0))), d_, m_); \
-    const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(_mm256_and_si256(hi8_, mask), \
-                                                                          FIFTH((blk).qh, 8))), d_, m_); \
-    const __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(_mm256_srli_epi32(lo8_, 4), \
-                                                                          FIFTH((blk).qh, 16))), d_, m_); \
-    const __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(_mm256_srli_epi32(hi8_, 4), \
-                                                                          FIFTH((blk).qh, 24))), d_, m_)
+    const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Q5_PICK(lo_, 0)), d_, m_); \
+    const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Q5_PICK(lo_, 8)), d_, m_); \
+    const __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Q5_PICK(hi_, 0)), d_, m_); \
+    const __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Q5_PICK(hi_, 8)), d_, m_)
 #ifdef __AVX512F__
 // The same products with 16 lanes (AVX-512 builds): a row's accumulator holds both chains, lanes 0-7 the first and
 // 8-15 the second. A block's weights are two vectors, elements 0-15 and 16-31, so lane l takes element l and then
@@ -109,12 +116,30 @@ static inline __attribute__((always_inline)) void q8_decode16(const blk8 *blk, _
     *wa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))), d);
     *wb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16)))), d);
 }
+// (blk5: the block's 32 values d * q + m, q = 0..31, by two FMAs, then each half's 16 weights by one 32-entry lookup,
+// vpermt2ps reading an index's low 5 bits. Each half's 16 bytes are broadcast to the four 128-bit lanes, so each
+// 8-byte half of them lands in every other 64-bit lane, the one whose two codes it holds (specdec_native.h). With
+// VBMI one multishift puts each code's bits at its dword's bottom: 8 vector operations a block, as Q4_1's 7;
+// without, a byte shuffle and a shift: 10. The per-element conversion it replaces took 13.)
+#ifdef __AVX512VBMI__
+#define Q5_INDEX(v) _mm512_multishift_epi64_epi8(_mm512_setr_epi32( \
+    Q5_BIT(0), Q5_BIT(1), Q5_BIT(2) - 64, Q5_BIT(3) - 64, Q5_BIT(4), Q5_BIT(5), Q5_BIT(6) - 64, Q5_BIT(7) - 64, \
+    Q5_BIT(8), Q5_BIT(9), Q5_BIT(10) - 64, Q5_BIT(11) - 64, Q5_BIT(12), Q5_BIT(13), Q5_BIT(14) - 64, \
+    Q5_BIT(15) - 64), v)
+#else
+#define Q5_INDEX(v) _mm512_srlv_epi32(_mm512_shuffle_epi8(v, _mm512_inserti64x4(_mm512_castsi256_si512(Q5_BYTES8(0)), \
+                                                                                 Q5_BYTES8(8), 1)), \
+                                      _mm512_inserti64x4(_mm512_castsi256_si512(Q5_SHIFTS8(0)), Q5_SHIFTS8(8), 1))
+#endif
 static inline __attribute__((always_inline)) void q5_decode16(const blk5 *blk, __m512 *wa, __m512 *wb) {
-    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs)), fifth = _mm512_set1_epi32(16);
-    const __m512i a = _mm512_and_si512(q, _mm512_set1_epi32(0x0F)), b = _mm512_srli_epi32(q, 4);
     const __m512 d = _mm512_set1_ps(blk->d), m = _mm512_set1_ps(blk->m);
-    *wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mask_add_epi32(a, (__mmask16)blk->qh, a, fifth)), d, m);
-    *wb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mask_add_epi32(b, (__mmask16)(blk->qh >> 16), b, fifth)), d, m);
+    const __m512 low = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), d, m);
+    const __m512 high = _mm512_fmadd_ps(_mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31),
+                                        d, m);
+    const __m512i a = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)blk->codes));
+    const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk->codes + 5)));
+    *wa = _mm512_permutex2var_ps(low, Q5_INDEX(a), high);
+    *wb = _mm512_permutex2var_ps(low, Q5_INDEX(b), high);
 }
 static inline __attribute__((always_inline)) void q6_decode16(const blk6 *blk, __m512 *wa, __m512 *wb) {
     *wa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs))),
@@ -237,14 +262,14 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
 }
 static inline __attribute__((always_inline)) void q5_cols(const int R, const float *x, int K, const blk5 *w, float *y,
                                                           int N, int n0, int n1) {
-    const int nb = K / 32; const __m256i mask = _mm256_set1_epi32(0x0F);
+    const int nb = K / 32;
     for (int n = n0; n < n1; n++) {
         const blk5 *c = w + (size_t)n * nb;
         __m256 acc[MAXR][2];
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             FETCH(c + b);
-            Q5_DECODE(c[b], mask, w0, w1, w2, w3);
+            Q5_DECODE(c[b], w0, w1, w2, w3);
             rows_times(R, x + b * 32, K, w0, w1, w2, w3, acc);
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
@@ -285,10 +310,9 @@ void decode8_row(const blk8 *c, int nb, float *out) {
     }
 }
 static inline void decode5(const blk5 *c, int nb, float *out) {
-    const __m256i mask = _mm256_set1_epi32(0x0F);
     for (int b = 0; b < nb; b++, out += 32) {
         FETCH(c + b);
-        Q5_DECODE(c[b], mask, w0, w1, w2, w3);
+        Q5_DECODE(c[b], w0, w1, w2, w3);
         _mm256_store_ps(out, w0); _mm256_store_ps(out + 8, w1); _mm256_store_ps(out + 16, w2);
         _mm256_store_ps(out + 24, w3);
     }

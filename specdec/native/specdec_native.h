@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #define SPECDEC_ABI_VERSION 6
-#define SPECDEC_FORMAT_VERSION 2
+#define SPECDEC_FORMAT_VERSION 3
 #define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
 
@@ -18,9 +18,15 @@
 typedef struct { float d, m; uint8_t qs[SPECDEC_BLOCK / 2]; } blk4;
 // Q8_0: w = d * q
 typedef struct { float d; int8_t qs[SPECDEC_BLOCK]; } blk8;
-// 5-bit codes with a scale and a minimum (a GGUF's Q5_0, Q5_1 or Q5_K block): w = d * q + m, q in 0..31; qs[j] holds
-// the low 4 bits of q[j] in its low nibble and of q[j + 16] in its high one, bit j of qh the fifth bit of q[j]
-typedef struct { float d, m; uint32_t qh; uint8_t qs[SPECDEC_BLOCK / 2]; } blk5;
+// 5-bit codes with a scale and a minimum (a GGUF's Q5_0, Q5_1 or Q5_K block): w = d * q + m, q in 0..31. The 32
+// codes are packed in `codes` as 160 bits (little-endian: bit t of byte b is bit 8 b + t), 5 bits a slot, slot i
+// holding q[SPECDEC_Q5_ORDER[i]]: q[0..15] all lie in bytes 0-15 and q[16..31] in bytes 5-20, at the same offsets
+// from them, so each half is one 16-byte load; and within each 8-byte half of such a load lie the codes of the
+// 16-lane vector's lanes that a 128-bit broadcast puts there (linear.c: q5_decode16). d and m follow the codes, so
+// the second load stays inside the block.
+#define SPECDEC_Q5_ORDER {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29, \
+                          2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}
+typedef struct { uint8_t codes[20]; float d, m; } blk5;
 // Q8_0 with a scale per 16 (a GGUF Q6_K's sub-blocks): w = d[0] * q for elements 0-15, d[1] * q for 16-31
 typedef struct { float d[2]; int8_t qs[SPECDEC_BLOCK]; } blk6;
 // Two Q4_1 blocks of a column (the draft's copy): fp16 d0, d1, m0, m1 (a GGUF's own precision), then

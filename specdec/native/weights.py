@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (BLOCK, DTYPES, FORMAT_VERSION, MIXED_LINEARS, WEIGHT_LAYOUTS, Pages, TensorEntry, nonfinite,
+from specdec.blocks import (BLOCK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, Pages, TensorEntry, check_format, nonfinite,
                             read_tensors)
 from specdec.errors import BackendError
 from specdec.manifest import Activation, Method, ModelDims, ModelEntry, NativeRecord
@@ -111,10 +111,11 @@ class DraftWeights:
 
 
 def _tensors(root: Path, record: NativeRecord, role: str, pages: str) -> dict:
-    if record.abi != FORMAT_VERSION:
-        raise BackendError(f"the {role}'s native weights have format {record.abi}; this specdec reads format "
-                           f"{FORMAT_VERSION}",
-                           HINT)
+    kinds = {spec.get("kind") for spec in record.tensors.values() if isinstance(spec, dict)}
+    try:
+        check_format(record.abi, kinds, f"{record.path} (the {role}'s)")
+    except ValueError as exc:
+        raise BackendError(str(exc), HINT) from None
     try:
         index = {name: TensorEntry(spec["kind"], tuple(spec["shape"]), int(spec["offset"]))
                  for name, spec in record.tensors.items()}

@@ -1,7 +1,8 @@
 """The kernels' instruction sets: where the CPU has AVX-512 (F, VL, BW, DQ) and VNNI, the library is built with them
-(16-lane products, 32 registers, int8 dot products in one instruction) and computes the same bits as the AVX2 build:
-every product of every weight layout and kernel at every row count, and whole forwards of a Q4_1 target, its int8
-draft and a bf16 target. SPECDEC_NATIVE_ISA picks one; its bad values are refused with a hint."""
+(16-lane products, 32 registers, int8 dot products in one instruction), and with VBMI too where it has that (blk5's
+codes unpacked by one multishift); each computes the same bits as the AVX2 build: every product of every weight
+layout and kernel at every row count, and whole forwards of a Q4_1 target, its int8 draft and a bf16 target.
+SPECDEC_NATIVE_ISA picks one; its bad values are refused with a hint."""
 from __future__ import annotations
 
 import os
@@ -12,20 +13,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec.blocks import q41_blocks, q41_pairs, q8_blocks, rows_of
+from specdec.blocks import BLOCK5, BLOCK6, mixed_blocks, q41_blocks, q41_pairs, q8_blocks, rows_of
 from specdec.errors import BackendError
 from specdec.native import build
+from tests.native.test_mixed import _q6_like
 
 ROOT = Path(__file__).resolve().parents[2]
 AVX512 = "flags\t\t: fpu avx2 fma f16c " + " ".join(build.AVX512_CPU)
+VBMI = AVX512 + " avx512vbmi"
 AVX2_ONLY = "flags\t\t: fpu avx2 fma f16c avx512f"
 needs_avx512 = pytest.mark.skipif(bool(build.missing_cpu_flags(required=build.AVX512_CPU)),
                                   reason="this CPU lacks AVX-512 or VNNI: only the AVX2 build runs here")
+# the wider builds this CPU runs, each compared with the AVX2 build
+WIDER = [isa for isa in (build.Isa.AVX512, build.Isa.AVX512_VBMI) if not build.missing_cpu_flags(
+    required=build.ISA_CPU[isa])]
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
 
 @pytest.mark.parametrize("cpu, wanted, expected", [
     (AVX512, None, "avx512"), (AVX512, "auto", "avx512"), (AVX512, "avx2", "avx2"), (AVX512, " AVX512 ", "avx512"),
+    (VBMI, None, "avx512-vbmi"), (VBMI, "avx512", "avx512"), (VBMI, "avx512-vbmi", "avx512-vbmi"),
     (AVX2_ONLY, None, "avx2"), (AVX2_ONLY, "avx2", "avx2"),
 ])
 def test_the_widest_set_the_cpu_has_unless_told(tmp_path, monkeypatch, cpu, wanted, expected):
@@ -43,6 +50,10 @@ def test_wider_than_the_cpu_or_unknown_is_refused(tmp_path, monkeypatch):
     with pytest.raises(BackendError, match="lacks avx512vl, avx512bw, avx512dq, avx512_vnni") as caught:
         build.isa(tmp_path / "cpuinfo")
     assert "avx2" in caught.value.hint
+    (tmp_path / "cpuinfo").write_text(AVX512)
+    monkeypatch.setenv(build.ISA_ENV, "avx512-vbmi")
+    with pytest.raises(BackendError, match="but this CPU lacks avx512vbmi\n"):
+        build.isa(tmp_path / "cpuinfo")
     monkeypatch.setenv(build.ISA_ENV, "sse4")
     with pytest.raises(BackendError, match="'sse4' is not one of auto, avx2, avx512"):
         build.isa(tmp_path / "cpuinfo")
@@ -54,7 +65,12 @@ def test_each_set_builds_its_own_library(monkeypatch):
     assert not set(build.AVX512_FLAGS) & set(narrow)
     if not build.missing_cpu_flags(required=build.AVX512_CPU):
         monkeypatch.setenv(build.ISA_ENV, "avx512")
-        assert set(build.AVX512_FLAGS) <= set(build.build_flags()) and build.source_key("cc") != narrow_key
+        wide, wide_key = build.build_flags(), build.source_key("cc")
+        assert set(build.AVX512_FLAGS) <= set(wide) and "-mavx512vbmi" not in wide and wide_key != narrow_key
+        if build.Isa.AVX512_VBMI in WIDER:
+            monkeypatch.setenv(build.ISA_ENV, "avx512-vbmi")
+            assert set(build.VBMI_FLAGS) <= set(build.build_flags()) and build.source_key("cc") not in (narrow_key,
+                                                                                                         wide_key)
 
 
 def products(bundle: str, out: str) -> None:
@@ -69,7 +85,11 @@ def products(bundle: str, out: str) -> None:
         weight = rng.normal(0, 0.1, (n, k)).astype(np.float32)
         q4, _ = q41_blocks(weight)
         q8, _ = q8_blocks(weight)
+        q5 = mixed_blocks("q5", rng.integers(0, 32, (n, k)).astype(np.float32) * np.float32(0.01) - np.float32(0.1))
+        q6 = mixed_blocks("q6", _q6_like(rng, n, k))
+        assert q5.dtype == BLOCK5 and q6.dtype == BLOCK6
         layouts = {"q4": (q4, ("step", "prompt")), "q8": (q8, ("step", "prompt", "int8")),
+                   "q5": (q5, ("step", "prompt")), "q6": (q6, ("step", "prompt")),
                    "q4p": (q41_pairs(q4), ("int8",)), "f32": (weight, ("step", "prompt")),
                    "f16": (weight.astype(np.float16), ("step", "prompt")),
                    "bf16": (rows_of(weight, "bf16"), ("step", "prompt"))}
@@ -122,19 +142,21 @@ def same_bits(first: Path, second: Path) -> None:
 
 
 @needs_avx512
-def test_products_are_the_same_bits_in_both_builds(q41_bundle, tmp_path):
-    for isa in ("avx2", "avx512"):
+def test_products_are_the_same_bits_in_every_build(q41_bundle, tmp_path):
+    for isa in ("avx2", *WIDER):
         under(isa, f"products({str(q41_bundle)!r}, {str(tmp_path / isa)!r})", tmp_path / "cache")
-    same_bits(tmp_path / "avx2.npz", tmp_path / "avx512.npz")
+    for isa in WIDER:
+        same_bits(tmp_path / "avx2.npz", tmp_path / f"{isa}.npz")
 
 
 @needs_avx512
 @pytest.mark.parametrize("which", ["q41_bundle", "bf16_pair"])
-def test_forwards_are_the_same_bits_in_both_builds(request, tmp_path, which):
+def test_forwards_are_the_same_bits_in_every_build(request, tmp_path, which):
     bundle = request.getfixturevalue(which)
-    for isa in ("avx2", "avx512"):
+    for isa in ("avx2", *WIDER):
         under(isa, f"forwards({str(bundle)!r}, {str(tmp_path / isa)!r})", tmp_path / "cache")
-    same_bits(tmp_path / "avx2.npz", tmp_path / "avx512.npz")
+    for isa in WIDER:
+        same_bits(tmp_path / "avx2.npz", tmp_path / f"{isa}.npz")
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,15 @@ and reaches every kind (tiny.py's _mixed_grid). Logits against onnxruntime over 
 every drafter, the sampled output's distribution, the products against numpy, and the fitters on their own."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 
-from specdec.blocks import BLOCK4, BLOCK5, BLOCK6, BLOCK8, GridError, float_gcd, float_rows, mixed_blocks
+from specdec.blocks import (BLOCK4, BLOCK5, BLOCK6, BLOCK8, FORMAT_VERSION, MAGIC, GridError, TensorEntry, check_format,
+                            float_gcd, float_rows, mixed_blocks, read_tensors)
+from specdec.errors import BackendError
 from specdec.manifest import read_manifest
 from specdec.native import build
 from specdec.runtime import load
@@ -151,3 +156,37 @@ def test_a_gguf_of_a_type_no_block_holds_is_named(tmp_path):
     note = gguf_rows_note(path, "f32")
     assert "IQ4_NL tensors fit no block" in note and "as f32 rows" in note and "Q8_0 tensors" not in note
     assert gguf_rows_note(path, "mixed") == ""
+
+
+def test_weights_of_the_older_format_are_read_only_without_the_blocks_it_changed(mixed_bundle, tmp_path):
+    """Format 3 changed blk5's layout alone: a format-2 file without blk5 reads as it did; one with blk5, a format-1
+    file, or a bundle recording either, is refused with what changed, and the backend's hint says to re-export."""
+    bundle, q41 = mixed_bundle
+    assert FORMAT_VERSION == 3
+    check_format(2, {"blk4", "blk8", "blk6", "f32"}, "w")
+    with pytest.raises(ValueError, match="w holds native weights of format 2 with blk5 blocks, whose layout changed"):
+        check_format(2, {"blk4", "blk5"}, "w")
+    with pytest.raises(ValueError, match="format 1, this specdec reads format 3"):
+        check_format(1, {"blk4"}, "w")
+    for source, role, readable in ((bundle, "target", False), (q41, "draft", True)):  # blk5 in it, or none
+        record = getattr(read_manifest(source), role).native
+        index = {name: TensorEntry(spec["kind"], tuple(spec["shape"]), int(spec["offset"]))
+                 for name, spec in record.tensors.items()}
+        older = tmp_path / f"{role}.bin"
+        data = bytearray((source / record.path).read_bytes())
+        data[len(MAGIC) : len(MAGIC) + 4] = np.array([2], "<u4").tobytes()
+        older.write_bytes(bytes(data))
+        if readable:
+            got, now = read_tensors(older, index), read_tensors(source / record.path, index)
+            assert all(np.array_equal(got[name].view(np.uint8), now[name].view(np.uint8)) for name in now)
+        else:
+            with pytest.raises(ValueError, match="format 2 with blk5 blocks"):
+                read_tensors(older, index)
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["models"]["target"]["native"]["abi"] = 2
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BackendError, match=r"\(the target's\) holds native weights of format 2 with blk5") as caught:
+        NativeBackend(copy, read_manifest(copy).target, 2).open()
+    assert "re-export" in caught.value.hint

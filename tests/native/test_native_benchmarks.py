@@ -32,6 +32,48 @@ def test_native_ab_against_a_folder_of_sources(q41_bundle, tmp_path):
     assert "- new: this tree; ISA avx2; " in (forced / "native_ab.md").read_text(encoding="utf-8")
 
 
+def test_native_ab_refuses_sources_of_another_weights_format(q41_bundle, tmp_path):
+    """Sources that read another format would take the bundle's blocks for other weights: refused, pointing at
+    tree_ab.py."""
+    import shutil
+    import subprocess
+    import sys
+
+    from specdec.blocks import FORMAT_VERSION
+    from tests.bench.test_entry_points import BENCH
+
+    old = tmp_path / "old"
+    shutil.copytree(build.HERE, old, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    header = old / "specdec_native.h"
+    header.write_text(header.read_text().replace(f"SPECDEC_FORMAT_VERSION {FORMAT_VERSION}\n",
+                                                 f"SPECDEC_FORMAT_VERSION {FORMAT_VERSION - 1}\n"))
+    done = subprocess.run([sys.executable, str(BENCH / "native_ab.py"), str(q41_bundle), str(old), "--rounds", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"read native weights of format {FORMAT_VERSION - 1}, this specdec writes format {FORMAT_VERSION}" in \
+        done.stderr and "tree_ab.py" in done.stderr
+
+
+def test_tree_ab_times_two_checkouts_in_turn(q41_bundle, tmp_path):
+    """Each side a process of its own checkout on its own bundle (here this tree on both sides), named in the table;
+    a checkout that cannot decode its bundle is named with its error, no traceback."""
+    import subprocess
+    import sys
+
+    from tests.bench.test_entry_points import BENCH
+
+    root = build.HERE.parents[1]
+    out = tmp_path / "tree"
+    run_script("tree_ab.py", q41_bundle, root, q41_bundle, "--rounds", "2", "--steps", "3", "--out", out)
+    text = (out / "tree_ab.md").read_text(encoding="utf-8")
+    assert "- new: this tree, " in text and f"ISA {build.isa()}" in text and "new / old (min)" in text
+    sides = read_record(out, "tree_ab.py")["settings"]["specdec native"]["sides"]
+    assert sides["new"]["isa"] == sides["old"]["isa"] == build.isa()
+    done = subprocess.run([sys.executable, str(BENCH / "tree_ab.py"), str(q41_bundle), str(root), str(tmp_path),
+                           "--rounds", "1", "--steps", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "could not decode" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_open_cost(q41_bundle, tmp_path):
     out = tmp_path / "open"
     run_script("open_cost.py", q41_bundle, "--rounds", "1", "--out", out)
