@@ -61,6 +61,13 @@ def side(tree: Path, bundle: Path, length: int, steps: int, isa: str | None) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def commit_of(tree: Path) -> str:
+    """The short commit `tree` has checked out ("-dirty" where its code differs from it), or "none" outside git."""
+    done = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty", "--abbrev=7",
+                           "--exclude", "*"], capture_output=True, text=True)
+    return done.stdout.strip() or "none" if done.returncode == 0 else "none"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path, help="the bundle this checkout decodes")
@@ -84,12 +91,13 @@ def main() -> None:
             got = side(*sides[name], args.length, args.steps, args.isa)
             samples[name] += got["seconds"]
             isas[name] = got["isa"]
-    settings = {name: {"tree": "this tree" if name == "new" else record.repo_path(tree),
+    settings = {name: {"tree": "this tree" if name == "new" else record.repo_path(tree), "commit": commit_of(tree),
                        "bundle": record.repo_path(bundle), "isa": isas[name]} for name, (tree, bundle) in sides.items()}
     run = record.run_record(EXPERIMENT, {"specdec native": {"sides": settings, "length": args.length,
                                                             "steps": args.steps, "rounds": args.rounds}}, None, __file__)
     new, old = timer.summarize(samples["new"]), timer.summarize(samples["old"])
-    described = "\n".join(f"- {name}: {s['tree']}, {s['bundle']}; ISA {s['isa']}" for name, s in settings.items())
+    described = "\n".join(f"- {name}: {s['tree']} (commit {s['commit']}), {s['bundle']}; ISA {s['isa']}"
+                          for name, s in settings.items())
     text = (f"one-token steps of the target at cache length {args.length}+, ms (min / median of {args.rounds} "
             f"alternating processes x {args.steps} steps)\n\n{described}\n\n"
             + tables.markdown(["new", "old", "new / old (min)", "new / old (median)"], [timer.compared(new, old)]))

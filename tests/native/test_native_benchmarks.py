@@ -66,7 +66,7 @@ def test_tree_ab_times_two_checkouts_in_turn(q41_bundle, tmp_path):
     out = tmp_path / "tree"
     run_script("tree_ab.py", q41_bundle, root, q41_bundle, "--rounds", "2", "--steps", "3", "--out", out)
     text = (out / "tree_ab.md").read_text(encoding="utf-8")
-    assert "- new: this tree, " in text and f"ISA {build.isa()}" in text and "new / old (min)" in text
+    assert "- new: this tree (commit " in text and f"ISA {build.isa()}" in text and "new / old (min)" in text
     sides = read_record(out, "tree_ab.py")["settings"]["specdec native"]["sides"]
     assert sides["new"]["isa"] == sides["old"]["isa"] == build.isa()
     done = subprocess.run([sys.executable, str(BENCH / "tree_ab.py"), str(q41_bundle), str(root), str(tmp_path),
