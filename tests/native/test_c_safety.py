@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import shutil
 
 import numpy as np
 import pytest
 
-from specdec.blocks import ABI_VERSION, BLOCK4, BLOCK5, BLOCK6, FORMAT_VERSION, SIZES
+from specdec.blocks import ABI_VERSION, BLOCK4, BLOCK5, BLOCK6, FORMAT_VERSION, Q5_ORDER, SIZES
 from specdec.errors import BackendError, SpecDecError
 from specdec.manifest import read_manifest
 from specdec.native import build
@@ -40,6 +41,9 @@ def test_the_library_reports_the_header_and_the_python_layouts():
         [24, ctypes.sizeof(ModelStruct), SIZES["blk6"]]
     assert [BLOCK6.itemsize, BLOCK5.itemsize, lib.specdec_layout_size(7), lib.specdec_layout_size(8),
             lib.specdec_layout_size(-1)] == [SIZES["blk6"], SIZES["blk5"], SIZES["blk5"], -1, -1]
+    order = re.search(r"#define SPECDEC_Q5_ORDER \{([^}]*)\}", header).group(1)  # blk5's slots, as blocks.py packs them
+    assert [int(v) for v in order.replace("\\", " ").split(",")] == Q5_ORDER.tolist()
+    assert sorted(Q5_ORDER.tolist()) == list(range(32))
 
 
 @pytest.mark.parametrize("ids,start,last_only,match", [
