@@ -8,8 +8,9 @@ the new format's).
 
 Each round starts one process per side (which side goes first alternates), with that checkout first on PYTHONPATH:
 it opens its bundle on the native backend (built for --isa where given, else as SPECDEC_NATIVE_ISA says, else for the
-widest set that checkout knows this CPU runs: the table names each side's), prefills a random --length-token prompt, then times --steps one-token steps of the
-target, each a forward through the backend as generation calls it. A side's samples are every step of every round.
+widest set that checkout knows this CPU runs: the table names each side's), prefills a random --length-token prompt,
+then times --steps one-token steps of the target, each a forward through the backend as generation calls it. A
+side's samples are every step of every round.
 Writes tree_ab.md and record.json; asserts nothing. The two bundles should hold the same model: check that their
 logits agree (`specdec.runtime.load(...).target.forward`) before reading a time.
 """
@@ -85,16 +86,18 @@ def main() -> None:
         if not path.exists():
             raise SystemExit(f"{path} does not exist")
     sides = {"new": (ROOT, args.bundle.resolve()), "old": (args.old_tree.resolve(), args.old_bundle.resolve())}
+    trees = {"new": "this tree", "old": record.repo_path(args.old_tree.resolve())}
+    run = record.run_record(EXPERIMENT, {}, None, __file__)  # started now; its settings once each side has said its ISA
     samples, isas = {name: [] for name in sides}, {}
     for index in range(args.rounds):
         for name in timer.rotated(list(sides), index):
             got = side(*sides[name], args.length, args.steps, args.isa)
             samples[name] += got["seconds"]
             isas[name] = got["isa"]
-    settings = {name: {"tree": "this tree" if name == "new" else record.repo_path(tree), "commit": commit_of(tree),
+    settings = {name: {"tree": trees[name], "commit": commit_of(tree),
                        "bundle": record.repo_path(bundle), "isa": isas[name]} for name, (tree, bundle) in sides.items()}
-    run = record.run_record(EXPERIMENT, {"specdec native": {"sides": settings, "length": args.length,
-                                                            "steps": args.steps, "rounds": args.rounds}}, None, __file__)
+    run["settings"] = {"specdec native": {"sides": settings, "length": args.length, "steps": args.steps,
+                                          "rounds": args.rounds}}
     new, old = timer.summarize(samples["new"]), timer.summarize(samples["old"])
     described = "\n".join(f"- {name}: {s['tree']} (commit {s['commit']}), {s['bundle']}; ISA {s['isa']}"
                           for name, s in settings.items())
