@@ -5,9 +5,9 @@ import argparse
 import shlex
 import sys
 
-from specdec.runtime.config import NAMED_BACKENDS
+from specdec.runtime.config import NAMED_BACKENDS, BackendName
 
-DEFAULT_BACKEND = NAMED_BACKENDS[0]  # onnxruntime: every bundle
+DEFAULT_BACKEND = BackendName.ONNXRUNTIME  # every bundle
 DEFAULT_PROMPTS = "benchmarks/prompts"
 
 
@@ -80,7 +80,7 @@ def command_from_args(args: argparse.Namespace) -> str:
                                  ("--peers", args.peers, None)):
         if value is not None and value != default:
             parts += [flag, str(value)]
-    if args.backend != DEFAULT_BACKEND:
+    if BackendName(args.backend) is not DEFAULT_BACKEND:
         parts += ["--backend", args.backend]
     if args.temperature:
         parts += ["--temperature", str(args.temperature), "--seed", str(args.seed)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES, COUPLINGS, DRAFTERS, GAMMA_POLICIES
+from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES, COUPLINGS, DRAFTERS, GAMMA_POLICIES, BackendName
 
 
 def add_generate_parser(commands) -> None:
@@ -25,7 +25,7 @@ def add_generate_parser(commands) -> None:
                         help="sampled tokens: leviathan (the paper's rule, default) or gumbel (noise fixed by seed and "
                              "position: the same seed gives the same text whatever the drafter and γ)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    parser.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+    parser.add_argument("--backend", choices=BACKEND_CHOICES, default=AUTO_BACKEND,
                         help="auto (default): cuda on a GPU; on the CPU native where the bundle and machine allow it, "
                              "else onnxruntime; native: specdec's own CPU kernels over the bundle's native weights (an "
                              "AVX2 CPU and a C compiler); cuda: specdec's own GPU kernels over the same weights (an "
@@ -51,6 +51,6 @@ def run_generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         sys.stdout.write("\n")
         print(f"[{args.drafter}, {generator.backend}] {generator.last_stats.summary()}", file=sys.stderr)
-        if args.backend == AUTO_BACKEND and generator.backend_note:
+        if BackendName(args.backend) is BackendName.AUTO and generator.backend_note:
             print(f"({generator.backend}: {generator.backend_note})", file=sys.stderr)
     return 0

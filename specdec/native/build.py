@@ -96,16 +96,17 @@ def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> Isa:
     """The instruction set the kernels are built for: $SPECDEC_NATIVE_ISA, where auto (or unset) means avx512-vbmi
     on a CPU with every one of VBMI_CPU, else avx512 on one with every one of AVX512_CPU, else avx2. All compute the
     same bits (tests/native/test_isa.py)."""
-    wanted = os.environ.get(ISA_ENV, "").strip().lower() or Isa.AUTO
-    if wanted not in ISAS:
+    try:
+        wanted = Isa(os.environ.get(ISA_ENV, "").strip().lower() or Isa.AUTO)
+    except ValueError:
         raise BackendError(f"{ISA_ENV}={os.environ[ISA_ENV]!r} is not one of {', '.join(ISAS)}",
-                           f"unset it (auto picks the widest this CPU runs), or {NO_NATIVE}")
-    if wanted != Isa.AUTO:
-        lacking = missing_cpu_flags(cpuinfo, ISA_CPU[wanted]) if wanted != Isa.AVX2 else []
+                           f"unset it (auto picks the widest this CPU runs), or {NO_NATIVE}") from None
+    if wanted is not Isa.AUTO:
+        lacking = missing_cpu_flags(cpuinfo, ISA_CPU[wanted]) if wanted is not Isa.AVX2 else []
         if lacking:
             raise BackendError(f"{ISA_ENV}={wanted}, but this CPU lacks {', '.join(lacking)}",
                                f"unset {ISA_ENV} (auto picks the widest this CPU runs) or set it to avx2")
-        return Isa(wanted)
+        return wanted
     for widest in (Isa.AVX512_VBMI, Isa.AVX512):
         if not missing_cpu_flags(cpuinfo, ISA_CPU[widest]):
             return widest

@@ -71,7 +71,7 @@ def _native_off() -> bool:
     value = os.environ.get(BACKEND_ENV, "").strip()
     if value and value not in (AUTO, *BACKENDS):
         raise BackendError(f"{BACKEND_ENV}={value!r} names no backend", "set it to onnxruntime, or unset it")
-    return value == OrtBackend.name
+    return bool(value) and BackendName(value) is BackendName.ONNXRUNTIME
 
 
 @functools.cache
