@@ -88,8 +88,10 @@ def repo_path(path: str | Path) -> str:
 
 
 def command_line(script: str, args: list | None = None) -> str:
-    """The command as a user would type it from the repository root: `python benchmarks/X.py ARGS`."""
-    return " ".join(["python", repo_path(script), *(sys.argv[1:] if args is None else list(args))])
+    """The command as a user would type it from the repository root: `python benchmarks/X.py ARGS`, an absolute path
+    among ARGS written as repo_path writes it."""
+    args = sys.argv[1:] if args is None else list(args)
+    return " ".join(["python", repo_path(script), *(repo_path(a) if os.path.isabs(str(a)) else str(a) for a in args)])
 
 
 def run_record(experiment: str, settings: dict, threads: int | None, script: str, args: list | None = None,

@@ -133,3 +133,12 @@ def test_native_env_sets_and_restores_the_native_settings(monkeypatch):
     assert build.ISA_ENV not in os.environ and os.environ[PAGES_ENV] == "private"
     with opening.native_env():  # None: as this process has them
         assert os.environ[PAGES_ENV] == "private"
+
+
+def test_a_command_holds_no_absolute_path_of_this_machine(tmp_path):
+    """An absolute path among a command's arguments is written relative to the repository where it lies inside it,
+    else by its name alone; other arguments as given."""
+    inside = record.ROOT / "bundles" / "smollm2-q41"
+    got = record.command_line(str(record.ROOT / "benchmarks" / "tree_ab.py"),
+                              [str(inside), str(tmp_path / "old"), "bundles/x", "--rounds", "6"])
+    assert got == "python benchmarks/tree_ab.py bundles/smollm2-q41 old bundles/x --rounds 6"
