@@ -58,7 +58,7 @@ class Isa(StrEnum):
 
 ISAS = tuple(Isa)
 ISA_FLAGS = {Isa.AVX2: (), Isa.AVX512: AVX512_FLAGS, Isa.AVX512_VBMI: VBMI_FLAGS}  # beyond FLAGS
-ISA_CPU = {Isa.AVX2: REQUIRED_FLAGS, Isa.AVX512: AVX512_CPU, Isa.AVX512_VBMI: VBMI_CPU}  # what each needs
+ISA_CPU = {Isa.AVX512: AVX512_CPU, Isa.AVX512_VBMI: VBMI_CPU}  # what each wider set needs beyond REQUIRED_FLAGS
 NO_NATIVE = "use backend='onnxruntime'"
 LIBRARY_NAME = "libspecdec_native.so"
 
@@ -102,7 +102,7 @@ def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> Isa:
         raise BackendError(f"{ISA_ENV}={os.environ[ISA_ENV]!r} is not one of {', '.join(ISAS)}",
                            f"unset it (auto picks the widest this CPU runs), or {NO_NATIVE}") from None
     if wanted is not Isa.AUTO:
-        lacking = missing_cpu_flags(cpuinfo, ISA_CPU[wanted]) if wanted is not Isa.AVX2 else []
+        lacking = missing_cpu_flags(cpuinfo, ISA_CPU.get(wanted, ()))
         if lacking:
             raise BackendError(f"{ISA_ENV}={wanted}, but this CPU lacks {', '.join(lacking)}",
                                f"unset {ISA_ENV} (auto picks the widest this CPU runs) or set it to avx2")

@@ -2,11 +2,16 @@
 exits 0 and writes its table and a run record. Never timings (benchmarks are not tests)."""
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
+from specdec.blocks import FORMAT_VERSION
 from specdec.native import build
-from tests.bench.test_entry_points import read_record, run_script
+from tests.bench.test_entry_points import BENCH, read_record, run_script
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
@@ -35,13 +40,6 @@ def test_native_ab_against_a_folder_of_sources(q41_bundle, tmp_path):
 def test_native_ab_refuses_sources_of_another_weights_format(q41_bundle, tmp_path):
     """Sources that read another format would take the bundle's blocks for other weights: refused, pointing at
     tree_ab.py."""
-    import shutil
-    import subprocess
-    import sys
-
-    from specdec.blocks import FORMAT_VERSION
-    from tests.bench.test_entry_points import BENCH
-
     old = tmp_path / "old"
     shutil.copytree(build.HERE, old, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     header = old / "specdec_native.h"
@@ -57,11 +55,6 @@ def test_native_ab_refuses_sources_of_another_weights_format(q41_bundle, tmp_pat
 def test_tree_ab_times_two_checkouts_in_turn(q41_bundle, tmp_path):
     """Each side a process of its own checkout on its own bundle (here this tree on both sides), named in the table;
     a checkout that cannot decode its bundle is named with its error, no traceback."""
-    import subprocess
-    import sys
-
-    from tests.bench.test_entry_points import BENCH
-
     root = build.HERE.parents[1]
     out = tmp_path / "tree"
     run_script("tree_ab.py", q41_bundle, root, q41_bundle, "--rounds", "2", "--steps", "3", "--out", out)
