@@ -24,6 +24,7 @@ from specdec.manifest import LOWERING_NAMES, MODELOPT_METHODS, ModelDims, Tensor
 
 KV_NUMPY = {"float32": np.float32, "float16": np.float16}  # the one KV dtype map (no bfloat16 on the CPU)
 PAD_ID = 0
+FEATURES = "features"  # the optional output [B, T, F, H]: every fed token's hidden state after each of F layers
 
 
 def kv_numpy_dtype(kv_dtype: str):
@@ -63,6 +64,7 @@ class PlainDriver:
         self.session = session
         self.geometry = geometry
         self.keys = self.values = None
+        self.features = _has_features(session)
 
     def reset(self, batch: int) -> None:
         g = self.geometry
@@ -92,18 +94,23 @@ class PlainDriver:
         self.keys[:, slot, :, start:stop] = source.keys[:layers, slot, :, start:stop]
         self.values[:, slot, :, start:stop] = source.values[:layers, slot, :, start:stop]
 
-    def run(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False, slots=None) -> np.ndarray:
-        # input_ids: [B, T]; cache_len: [B] -> logits [B, T, V] ([B, 1, V] if last_only)
+    def run(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False, slots=None,
+            features: bool = False) -> np.ndarray | tuple:
+        # input_ids: [B, T]; cache_len: [B] -> logits [B, T, V] ([B, 1, V] if last_only); with features (the graph
+        # has them): (logits, features [B, T, F, H])
         slots = _slots(slots, len(input_ids))
         ids, lens = self._whole(input_ids, cache_len, slots)
         feeds = {"input_ids": ids, "cache_len": lens, "past_keys": self.keys, "past_values": self.values}
-        logits, new_keys, new_values = self.session.run(None, feeds)  # new_*: [L, batch, Hkv, T, D]
+        names = ["logits", "new_keys", "new_values"] + ([FEATURES] if features else [])
+        outputs = self.session.run(names, feeds)  # new_*: [L, batch, Hkv, T, D]
+        logits, new_keys, new_values = outputs[:3]
         steps = ids.shape[1]
         for slot, start in zip(slots.tolist(), cache_len.tolist()):
             self.keys[:, slot, :, start : start + steps] = new_keys[:, slot]
             self.values[:, slot, :, start : start + steps] = new_values[:, slot]
         logits = logits[:, -1:] if last_only else logits
-        return logits if _is_identity(slots, len(ids)) else logits[slots]
+        chosen = (lambda out: out) if _is_identity(slots, len(ids)) else (lambda out: out[slots])  # noqa: E731
+        return (chosen(logits), chosen(outputs[3])) if features else chosen(logits)
 
 
 class GqaDriver:
@@ -119,6 +126,7 @@ class GqaDriver:
         self.buffers = []  # 2L arrays [batch, Hkv, S, D]: keys of layers 0..L-1, then values
         self.bindings = {}  # ("row", slot) or ("rows", n) -> IO binding with the KV bound
         self.written = np.zeros(0, dtype=np.int64)  # [batch] high-water mark of written positions per slot
+        self.features = _has_features(session)  # the graph's features output, or None
 
     def reset(self, batch: int) -> None:
         g = self.geometry
@@ -146,16 +154,21 @@ class GqaDriver:
             self.bindings[key] = binding
         return binding
 
-    def _run(self, binding, ids: np.ndarray, cache_len: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        # The logits go straight into a new array bound as the output: no OrtValue wrappers for the 2L KV outputs
-        # (get_outputs() builds one per output: about 0.3 ms a call at L = 30), and no copy.
+    def _run(self, binding, ids: np.ndarray, cache_len: np.ndarray, positions: np.ndarray) -> tuple:
+        # -> (logits [n, N, V], features [n, T, F, H] or None). The logits go straight into a new array bound as the
+        # output: no OrtValue wrappers for the 2L KV outputs (get_outputs() builds one per output: about 0.3 ms a call
+        # at L = 30), and no copy. A graph's features are always bound anew: a binding outlives the arrays it held.
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("cache_len", cache_len)
         binding.bind_cpu_input("logit_positions", positions)
         logits = np.empty((len(ids), len(positions), self.geometry.dims.vocab_size), np.float32)
         binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        features = None
+        if self.features is not None:
+            features = np.empty((*ids.shape, *self.features), np.float32)
+            binding.bind_output(FEATURES, "cpu", 0, np.float32, list(features.shape), features.ctypes.data)
         self.session.run_with_iobinding(binding)
-        return logits
+        return logits, features
 
     def feeds(self, input_ids: np.ndarray, cache_len: np.ndarray) -> dict:
         """The inputs of a one-row call on slot 0, with copies of its KV (calibration keeps them)."""
@@ -172,25 +185,31 @@ class GqaDriver:
             self.buffers[layers + i][slot, :, start:stop] = source.buffers[theirs + i][slot, :, start:stop]
         self.written[slot] = max(int(self.written[slot]), stop)
 
-    def run(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False, slots=None) -> np.ndarray:
-        # input_ids: [B, T]; cache_len: [B] -> logits [B, T, V] ([B, 1, V] if last_only)
+    def run(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False, slots=None,
+            features: bool = False) -> np.ndarray | tuple:
+        # input_ids: [B, T]; cache_len: [B] -> logits [B, T, V] ([B, 1, V] if last_only); with features (the graph
+        # has them): (logits, features [B, T, F, H])
         rows, steps = input_ids.shape
         slots = _slots(slots, rows)
         positions = np.array([steps - 1] if last_only else np.arange(steps), dtype=np.int64)
         np.maximum.at(self.written, slots, cache_len + steps)
         if steps == 1 and rows > 1:
-            return self._run_batched(input_ids, cache_len, slots, positions)
-        out = [self._run(self._binding(("row", int(s)), slice(s, s + 1)), input_ids[b : b + 1], cache_len[b : b + 1],
-                         positions) for b, s in enumerate(slots.tolist())]
-        return out[0] if len(out) == 1 else np.concatenate(out)
+            out = [self._run_batched(input_ids, cache_len, slots, positions)]
+        else:
+            out = [self._run(self._binding(("row", int(s)), slice(s, s + 1)), input_ids[b : b + 1],
+                             cache_len[b : b + 1], positions) for b, s in enumerate(slots.tolist())]
+        logits = out[0][0] if len(out) == 1 else np.concatenate([o[0] for o in out])
+        if not features:
+            return logits
+        return logits, out[0][1] if len(out) == 1 else np.concatenate([o[1] for o in out])
 
-    def _run_batched(self, input_ids, cache_len, slots, positions) -> np.ndarray:
+    def _run_batched(self, input_ids, cache_len, slots, positions) -> tuple:
         count = int(slots.max()) + 1
         ids = np.full((count, 1), PAD_ID, dtype=np.int64)
         lens = np.minimum(self.written[:count], self.geometry.max_seq_len - 1)  # holes: past any committed KV
         ids[slots], lens[slots] = input_ids, cache_len
-        logits = self._run(self._binding(("rows", count), slice(0, count)), ids, lens, positions)  # [n, 1, V]
-        return logits[slots]
+        logits, features = self._run(self._binding(("rows", count), slice(0, count)), ids, lens, positions)
+        return logits[slots], None if features is None else features[slots]  # [n, 1, V], [n, 1, F, H]
 
 
 ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)", "float16": "tensor(float16)",
@@ -211,6 +230,14 @@ def _mismatch(role: str, kind: str, spec: TensorSpec, arg) -> str | None:
     return None
 
 
+def _has_features(session) -> tuple | None:
+    """(F, H) of a graph's features output, or None where it has none."""
+    for output in session.get_outputs():
+        if output.name == FEATURES:
+            return tuple(output.shape[2:])
+    return None
+
+
 class Lowering:
     """One lowering of the contract; see the module docstring."""
 
@@ -219,19 +246,29 @@ class Lowering:
     contrib_ops = False  # the graph uses onnxruntime com.microsoft ops
     driver_class = PlainDriver
 
-    def io_names(self, num_layers: int) -> tuple[list, list]:
+    def io_names(self, num_layers: int, features: bool = False) -> tuple[list, list]:
+        """Input and output names; with `features`, the outputs end in FEATURES."""
         raise NotImplementedError
 
-    def io_specs(self, dims: ModelDims, max_seq_len: int, kv_dtype: str) -> tuple[list, list]:
+    def io_specs(self, dims: ModelDims, max_seq_len: int, kv_dtype: str, feature_layers=()) -> tuple[list, list]:
+        """The named inputs and outputs with their dtypes and shapes; a `features` output [B, T, F, H] where the
+        graph returns the hidden states of F layers."""
+        inputs, outputs = self._specs(dims, max_seq_len, kv_dtype)
+        if feature_layers:
+            outputs.append(TensorSpec(FEATURES, "float32", ["B", "T", len(feature_layers), dims.hidden_size]))
+        return inputs, outputs
+
+    def _specs(self, dims: ModelDims, max_seq_len: int, kv_dtype: str) -> tuple[list, list]:
         raise NotImplementedError
 
     def driver(self, session, dims: ModelDims, max_seq_len: int, kv_dtype: str):
         return self.driver_class(session, Geometry(dims, max_seq_len, kv_dtype))
 
-    def check_session(self, session, dims: ModelDims, max_seq_len: int, kv_dtype: str, role: str) -> None:
+    def check_session(self, session, dims: ModelDims, max_seq_len: int, kv_dtype: str, role: str,
+                      feature_layers=()) -> None:
         """The graph's inputs and outputs must be the ones the manifest describes: names, element types (the KV
-        dtype) and static dims (S, heads, head size, the vocabulary of the logits)."""
-        specs_in, specs_out = self.io_specs(dims, max_seq_len, kv_dtype)
+        dtype) and static dims (S, heads, head size, the vocabulary of the logits, the features' layers)."""
+        specs_in, specs_out = self.io_specs(dims, max_seq_len, kv_dtype, feature_layers)
         graph_in = {i.name: i for i in session.get_inputs()}
         graph_out = {o.name: o for o in session.get_outputs()}
         extra = sorted(set(graph_in) - {spec.name for spec in specs_in})
@@ -268,10 +305,11 @@ class PlainLowering(Lowering):
     name = "plain"
     tensorrt = True
 
-    def io_names(self, num_layers: int) -> tuple[list, list]:
-        return ["input_ids", "cache_len", "past_keys", "past_values"], ["logits", "new_keys", "new_values"]
+    def io_names(self, num_layers: int, features: bool = False) -> tuple[list, list]:
+        outputs = ["logits", "new_keys", "new_values"] + ([FEATURES] if features else [])
+        return ["input_ids", "cache_len", "past_keys", "past_values"], outputs
 
-    def io_specs(self, dims: ModelDims, max_seq_len: int, kv_dtype: str) -> tuple[list, list]:
+    def _specs(self, dims: ModelDims, max_seq_len: int, kv_dtype: str) -> tuple[list, list]:
         past = [dims.num_layers, "B", dims.num_kv_heads, max_seq_len, dims.head_dim]
         new = [dims.num_layers, "B", dims.num_kv_heads, "T", dims.head_dim]
         inputs = [TensorSpec("input_ids", "int64", ["B", "T"]), TensorSpec("cache_len", "int64", ["B"]),
@@ -286,15 +324,15 @@ class GqaLowering(Lowering):
     contrib_ops = True
     driver_class = GqaDriver
 
-    def io_names(self, num_layers: int) -> tuple[list, list]:
+    def io_names(self, num_layers: int, features: bool = False) -> tuple[list, list]:
         layers = range(num_layers)
         inputs = ["input_ids", "cache_len", "logit_positions"]
         inputs += [f"past_key.{i}" for i in layers] + [f"past_value.{i}" for i in layers]
         outputs = ["logits"] + [f"present_key.{i}" for i in layers] + [f"present_value.{i}" for i in layers]
-        return inputs, outputs
+        return inputs, outputs + ([FEATURES] if features else [])
 
-    def io_specs(self, dims: ModelDims, max_seq_len: int, kv_dtype: str) -> tuple[list, list]:
-        names_in, names_out = self.io_names(dims.num_layers)
+    def _specs(self, dims: ModelDims, max_seq_len: int, kv_dtype: str) -> tuple[list, list]:
+        names_in, names_out = self.io_names(dims.num_layers)  # [B, Hkv, S, D] each
         cache = ["B", dims.num_kv_heads, max_seq_len, dims.head_dim]
         inputs = [TensorSpec("input_ids", "int64", ["B", "T"]), TensorSpec("cache_len", "int64", ["B"]),
                   TensorSpec("logit_positions", "int64", ["N"])] + [TensorSpec(n, kv_dtype, cache) for n in names_in[3:]]

@@ -213,6 +213,8 @@ class ModelEntry:
     calibration: CalibrationRecord = field(default_factory=CalibrationRecord)
     native: NativeRecord | None = None  # the native engine's weights, where export could write them
     native_note: str = ""  # why export wrote none for this model (its graph outside the native layout), or ""
+    feature_layers: list = field(default_factory=list)  # the layers whose hidden states the graph's `features`
+    # output holds, in its order (none: the graph returns logits and KV only)
 
 
 @dataclass(frozen=True)

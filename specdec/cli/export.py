@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from enum import StrEnum
 from pathlib import Path
 
 from specdec.calibration.quantize import METHODS as QUANTIZE_METHODS, ROLES as QUANTIZE_ROLES
@@ -43,6 +44,10 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
                              "default), plain = portable ops, the TensorRT input (the default with --engine)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out bundle (only a directory "
                         "holding a specdec manifest.json is ever replaced)")
+    parser.add_argument("--feature-layers", type=_layers, default=(), metavar="LAYERS",
+                        help="the target graph also returns the hidden states of these layers (e.g. 1,14,26), for a "
+                             "trained draft head on onnxruntime; 'head': the three an EAGLE-3 head reads (default: none; "
+                             "the native and cuda engines return any layer's without it)")
     parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
     _add_quantize_args(parser)
     engines = parser.add_argument_group("engines (on the GPU that will run them)")
@@ -66,6 +71,24 @@ def _add_quantize_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--calibration-field", metavar="NAME", help="text field of JSONL / parquet rows (default text)")
     group.add_argument("--calibration-samples", type=int, metavar="N", help="windows to use (default 16)")
     group.add_argument("--calibration-seq-len", type=int, metavar="T", help="tokens per window (default 64)")
+
+
+class FeatureChoice(StrEnum):
+    """--feature-layers' words (or comma-separated layer numbers)."""
+
+    HEAD = "head"  # the three layers an EAGLE-3 head reads (ExportConfig.feature_layers None)
+    NONE = "none"  # no features output
+
+
+def _layers(text: str) -> tuple | None:
+    """--feature-layers: 'head' (None: the head's three), 'none' (()), or comma-separated layer numbers."""
+    word = text.strip() or FeatureChoice.NONE
+    if word in tuple(FeatureChoice):
+        return None if FeatureChoice(word) is FeatureChoice.HEAD else ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not 'head', 'none' or layer numbers such as 1,14,26") from None
 
 
 def _quantize_config(args):
@@ -94,6 +117,7 @@ def _export_config(args, quantize) -> ExportConfig:
         max_prefill_chunk=args.max_prefill_chunk, dtype=args.dtype, weights=args.weights, overwrite=args.overwrite,
         lowering=args.lowering or ("plain" if args.engine else "gqa"),
         check_parity=not args.skip_parity, progress=sys.stderr.isatty() or args.verbose,
+        feature_layers=args.feature_layers,
     )
 
 

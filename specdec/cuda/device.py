@@ -111,6 +111,15 @@ class CupyKernels:
         with self.device, self.stream:
             return src.copy()
 
+    def copy_rows(self, dst, src) -> None:
+        """dst [R, W] (rows at any pitch) <- src [R, W], float32, one 2D copy on the stream (a graph captures it)."""
+        runtime = self.cp.cuda.runtime
+        rows, width = src.shape
+        with self.device:
+            runtime.memcpy2DAsync(dst.data.ptr, dst.strides[0], src.data.ptr, src.strides[0], width * src.itemsize,
+                                  rows, runtime.memcpyDeviceToDevice, self.stream.ptr)
+        self.launches += 1
+
     def synchronize(self) -> None:
         self.stream.synchronize()
 

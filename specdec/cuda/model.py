@@ -20,6 +20,7 @@ from specdec.native.model import check_rows
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
 
 F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
+FEATURES = 4  # hidden states one call may return (a trained head reads three)
 
 
 @dataclass
@@ -53,11 +54,12 @@ class Workspace:
         self.out = k.pinned(2 * logit_rows, I32)
         self.flat_att = self.att.reshape(rows, QD)
         self.chain, self.chain_host = k.empty(rows, I32), k.pinned(rows, I32)  # a draft chain's tokens [steps, B]
+        self.features = k.empty((rows, FEATURES, dims.hidden_size), F32)  # hidden states after chosen layers
 
     @staticmethod
     def nbytes(dims: ModelDims, mlp: int, vocab: int, rows: int, slots: int, logit_rows: int) -> int:
         H, QKV = dims.hidden_size, (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
-        per_row = 2 * H + QKV + 2 * dims.num_heads * dims.head_dim + 3 * mlp + 2
+        per_row = (2 + FEATURES) * H + QKV + 2 * dims.num_heads * dims.head_dim + 3 * mlp + 2
         return 4 * (rows * per_row + 2 * slots + logit_rows * (vocab + 2))
 
     def write(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray) -> None:
@@ -193,21 +195,27 @@ class CudaModel:
         return owner.keys, owner.values, owner.kv_version
 
     # ---- the forward pass ----
-    def forward(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool) -> DeviceLogits:
+    def forward(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool,
+                layers: tuple = ()) -> DeviceLogits | tuple:
         """tokens [B, T] at positions pos[b].. of slots[b] -> logits [B, T or 1, V] (on the device). Checks its
         positions and slots (check_rows); CudaBackend, whose forward has checked them, calls compute."""
         batch, steps = tokens.shape
         keys = self.kv()[0]
         if batch and steps:
             pos, slots = check_rows(batch, steps, pos, slots, keys.shape[1], self.max_seq_len)
-        return self.compute(tokens, pos, slots, last_only)
+        return self.compute(tokens, pos, slots, last_only, layers)
 
-    def compute(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool) -> DeviceLogits:
-        """forward without check_rows: positions and slots already checked."""
+    def compute(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool,
+                layers: tuple = ()) -> DeviceLogits | tuple:
+        """forward without check_rows: positions and slots already checked. With `layers` (at most FEATURES of
+        0..L-1) -> (logits, features [B, T, len(layers), H] on the host: each fed token's hidden state after each)."""
         batch, steps = tokens.shape
         if batch == 0 or steps == 0:
             raise BackendError(f"a cuda forward of token ids shaped {list(tokens.shape)}", "pass [B, T] token ids with "
                                "B, T >= 1")
+        if len(layers) > FEATURES:
+            raise BackendError(f"a cuda forward asked for the hidden states of {len(layers)} layers; a call returns at "
+                               f"most {FEATURES}", "ask for fewer layers a call")
         keys, values, version = self.kv()
         for result in list(self._live):  # an earlier call's logits someone still holds: copied aside first
             result.detach()
@@ -215,13 +223,17 @@ class CudaModel:
         rows = batch * steps
         ws = self.small if rows <= self.graph_rows else self._large(rows, batch if last_only else rows)
         ws.write(tokens, pos, slots)
-        body = lambda: self._pass(ws, batch, steps, last_only, keys, values)  # noqa: E731
+        body = lambda: self._pass(ws, batch, steps, last_only, keys, values, layers)  # noqa: E731
         if ws is self.small and self.use_graphs:
-            self._run_graph((batch, steps, last_only), body, version)
+            self._run_graph((batch, steps, last_only) + ((layers,) if layers else ()), body, version)
         else:
             body()
         self.kernels.synchronize()
-        return self._result(ws, batch, steps, last_only)
+        logits = self._result(ws, batch, steps, last_only)
+        if not layers:
+            return logits
+        features = self.kernels.fetch(ws.features[:rows, : len(layers)])  # [B T, F, H]
+        return logits, features.reshape(batch, steps, len(layers), self.dims.hidden_size)
 
     def _run_graph(self, key: tuple, body, version: int) -> None:
         cache = self.graphs
@@ -291,13 +303,15 @@ class CudaModel:
                                         grown[1])
         return ws
 
-    def _pass(self, ws: Workspace, batch: int, steps: int, last_only: bool, keys, values) -> None:
+    def _pass(self, ws: Workspace, batch: int, steps: int, last_only: bool, keys, values, layers: tuple) -> None:
         self.kernels.to_device(ws.inputs, ws.host)
-        self._compute(ws, batch, steps, last_only, keys, values)
+        self._compute(ws, batch, steps, last_only, keys, values, layers)
         self.kernels.to_host(ws.out, ws.result)
 
-    def _compute(self, ws: Workspace, batch: int, steps: int, last_only: bool, keys, values) -> None:
-        """The forward of the inputs on the device: logits, argmax ids and their logits in the workspace."""
+    def _compute(self, ws: Workspace, batch: int, steps: int, last_only: bool, keys, values,
+                 layers: tuple = ()) -> None:
+        """The forward of the inputs on the device: logits, argmax ids and their logits in the workspace, and the
+        hidden states after `layers` in ws.features."""
         k, d, w = self.kernels, self.dims, self.weights
         rows = batch * steps
         pos, slots = ws.views(batch)
@@ -316,6 +330,8 @@ class CudaModel:
             else:
                 k.silu_mul(gu, act)
                 k.linear(act, layer.down, x, accumulate=True)
+            for f in (f for f, wanted in enumerate(layers) if wanted == l):
+                k.copy_rows(ws.features[:rows, f], x)
         count = batch if last_only else rows
         k.rmsnorm(x, final_norm, w.epsilon, ws.xn[:count], steps if last_only else 1, steps - 1 if last_only else 0)
         k.linear(ws.xn[:count], self.head, ws.logits[:count])

@@ -108,6 +108,10 @@ class ReferenceKernels:
         """A device array of its own holding src, in stream order."""
         return np.array(src, copy=True)
 
+    def copy_rows(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """dst [R, W] (rows at any pitch) <- src [R, W], on the device, in stream order (a graph captures it)."""
+        self._run(np.copyto, dst, src)
+
     def synchronize(self) -> None:
         """Wait for the queued work (here it ran already)."""
 

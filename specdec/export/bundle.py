@@ -129,11 +129,12 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
     """Export (or quantize to `precision` int4) one model into root/role/, check parity, and return its ModelEntry."""
     path = root / role / "model.onnx"
     quantized = precision == Precision.INT4
+    features = config.target_features(arch.dims.num_layers) if role == Role.TARGET else ()
     with steps.step(f"export {role}"):
         if quantized:
             int4_from_onnx(root / "target" / "model.onnx", path)
         else:
-            onnx_from_hf(arch, config.max_seq_len, config.max_batch, config.dtype, path, config.lowering)
+            onnx_from_hf(arch, config.max_seq_len, config.max_batch, config.dtype, path, config.lowering, features)
     parity, note = [], "skipped (--skip-parity)"
     if config.check_parity:
         with steps.step(f"check {role}"):
@@ -146,7 +147,8 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
             del session
             enforce_parity(role, parity)
             note = "checked" if enforced else "informational: quantized graph"
-    inputs, outputs = lowering_for(config.lowering).io_specs(arch.dims, config.max_seq_len, KV_DTYPE_NAMES[config.dtype])
+    inputs, outputs = lowering_for(config.lowering).io_specs(arch.dims, config.max_seq_len, KV_DTYPE_NAMES[config.dtype],
+                                                             features)
     native, native_note = _native_weights(root, role, arch.dims, config, source) if role == Role.TARGET else (None, "")
     files = _files_of(root, role)
     return ModelEntry(
@@ -169,6 +171,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
         size_bytes=sum((root / rel).stat().st_size for rel in files),
         native=native,
         native_note=native_note,
+        feature_layers=list(features),
     )
 
 

@@ -20,8 +20,20 @@ class DraftKind(StrEnum):
 
 # The choices as plain strings: argparse and messages print them
 DTYPES = (Precision.FP32.value, Precision.FP16.value, Precision.BF16.value)
+MAX_FEATURES = 16  # specdec_native.h's SPECDEC_MAX_FEATURES: layers a forward returns the hidden states of
 WEIGHTS = (Precision.BF16.value, Precision.FP16.value)  # --weights: what an fp32 export's weights are rounded to first
 DRAFT_DERIVATIONS = (DraftKind.INT4.value,)
+
+
+def _feature_layers(layers) -> tuple:
+    """A tuple of distinct layer indices >= 0 in the order given; ConfigError otherwise."""
+    if isinstance(layers, (str, bytes)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+        raise ConfigError(f"--feature-layers {layers!r} is not a list of layer numbers", "pass e.g. 1,14,26, or head")
+    chosen = tuple(layers)
+    if any(layer < 0 for layer in chosen) or len(set(chosen)) != len(chosen) or len(chosen) > MAX_FEATURES:
+        raise ConfigError(f"--feature-layers {list(chosen)} must be distinct layers >= 0, at most {MAX_FEATURES}",
+                          "pass e.g. 1,14,26, or head")
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,8 @@ class ExportConfig:
     overwrite: bool = False
     check_parity: bool = True
     progress: bool = True
+    feature_layers: tuple | None = ()  # the target graph's features output: (), none; None, the three layers a
+    # trained head reads (specdec.runtime.forward.head_feature_layers); else these layers
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))
@@ -68,6 +82,8 @@ class ExportConfig:
                 f"conflicting draft options: {', '.join(chosen)}",
                 "pick one of --draft, --draft-from-target, --draft-layers, --no-draft",
             )
+        if self.feature_layers is not None:
+            object.__setattr__(self, "feature_layers", _feature_layers(self.feature_layers))
         if not 1 <= self.gamma <= self.gamma_max:
             raise ConfigError(f"--gamma {self.gamma} is outside 1..--gamma-max ({self.gamma_max})", "lower --gamma")
         if self.gamma_max + 1 > self.max_seq_len:
@@ -75,6 +91,16 @@ class ExportConfig:
                 f"--gamma-max {self.gamma_max} needs {self.gamma_max + 1} slots, more than --max-seq-len {self.max_seq_len}",
                 "raise --max-seq-len or lower --gamma-max",
             )
+
+    def target_features(self, num_layers: int) -> tuple:
+        """The layers the target graph returns the hidden states of, for a target of `num_layers` layers."""
+        from specdec.runtime.forward import head_feature_layers
+
+        layers = head_feature_layers(num_layers) if self.feature_layers is None else self.feature_layers
+        if any(layer >= num_layers for layer in layers):
+            raise ConfigError(f"--feature-layers {','.join(map(str, layers))} names layers past the target's "
+                              f"{num_layers} (0..{num_layers - 1})", "name layers of the target, or pass 'head'")
+        return layers
 
     def _check_positive(self):
         for name in ("max_seq_len", "max_batch", "gamma", "gamma_max", "max_prefill_chunk"):

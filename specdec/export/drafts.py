@@ -6,6 +6,7 @@ from pathlib import Path
 
 from specdec.errors import ExportError, missing_dependency
 from specdec.export.architectures import Architecture
+from specdec.lowering import FEATURES
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ def int4_from_onnx(source: Path, dest: Path) -> Path:
         raise missing_dependency("onnxruntime", "cpu") from exc
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     model = onnx.load(str(source))
+    kept = [output for output in model.graph.output if output.name != FEATURES]  # a draft returns logits and KV
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
     quantizer = MatMulNBitsQuantizer(
         model, bits=4, block_size=INT4_BLOCK_SIZE, is_symmetric=False, accuracy_level=INT4_ACCURACY_LEVEL
     )

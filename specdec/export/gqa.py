@@ -231,8 +231,8 @@ class GqaDecoder(StaticKVDecoder):
     """The decoder with GroupQueryAttention, fused norms, packed projections and per-layer, shared-buffer KV
     inputs/outputs."""
 
-    def __init__(self, arch, max_seq_len: int):
-        super().__init__(arch, max_seq_len)
+    def __init__(self, arch, max_seq_len: int, feature_layers: tuple = ()):
+        super().__init__(arch, max_seq_len, feature_layers)
         self.fused_rotary = False
         positions = torch.arange(max_seq_len)[None]
         rotary = arch.rotary(torch.zeros(1, max_seq_len, arch.dims.hidden_size), positions)
@@ -326,7 +326,7 @@ class GqaDecoder(StaticKVDecoder):
         total_len = (cache_len.max() + steps).to(torch.int32)  # scalar
         layers = list(self.arch.layers())
         normed = self.norm(self.arch.attn_norm(layers[0]), hidden)
-        presents_k, presents_v = [], []
+        presents_k, presents_v, outputs = [], [], []
         for index, layer in enumerate(layers):
             attn_out, present_k, present_v = self.attention_gqa(
                 index, layer, normed, cos, sin, past_keys[index], past_values[index], seqlens_k, total_len)
@@ -337,5 +337,6 @@ class GqaDecoder(StaticKVDecoder):
                                            self.arch.final_norm() if last else self.arch.attn_norm(layers[index + 1]))
             presents_k.append(present_k)
             presents_v.append(present_v)
+            outputs.append(hidden)
         logits = self.lm_logits(torch.index_select(normed, 1, logit_positions))  # [B, N, V]
-        return (logits, *presents_k, *presents_v)
+        return (logits, *presents_k, *presents_v, *self.features(outputs))

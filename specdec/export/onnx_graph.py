@@ -33,23 +33,23 @@ def example_inputs(arch: Architecture, max_seq_len: int, dtype: torch.dtype, bat
     )
 
 
-def _plain_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: torch.dtype):
+def _plain_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: torch.dtype, features: tuple):
     args = example_inputs(arch, max_seq_len, dtype)
     shapes = {"input_ids": {0: batch, 1: tokens}, "cache_len": {0: batch}, "past_keys": {1: batch},
               "past_values": {1: batch}}
-    inputs, outputs = lowering_for("plain").io_names(arch.dims.num_layers)
-    return StaticKVDecoder(arch, max_seq_len).eval(), args, shapes, inputs, outputs, None
+    inputs, outputs = lowering_for("plain").io_names(arch.dims.num_layers, bool(features))
+    return StaticKVDecoder(arch, max_seq_len, features).eval(), args, shapes, inputs, outputs, None
 
 
-def _gqa_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: torch.dtype):
+def _gqa_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: torch.dtype, features: tuple):
     ids, cache_len, keys, values = example_inputs(arch, max_seq_len, dtype)
     layers = arch.dims.num_layers
     args = (ids, cache_len, torch.arange(ids.shape[1]), list(keys), list(values))
     shapes = {"input_ids": {0: batch, 1: tokens}, "cache_len": {0: batch},
               "logit_positions": {0: torch.export.Dim("logits", min=1, max=max_seq_len)},
               "past_keys": [{0: batch}] * layers, "past_values": [{0: batch}] * layers}
-    inputs, outputs = lowering_for("gqa").io_names(layers)
-    return GqaDecoder(arch, max_seq_len).eval(), args, shapes, inputs, outputs, gqa_translation()
+    inputs, outputs = lowering_for("gqa").io_names(layers, bool(features))
+    return GqaDecoder(arch, max_seq_len, features).eval(), args, shapes, inputs, outputs, gqa_translation()
 
 
 PROGRAMS = {"plain": _plain_program, "gqa": _gqa_program}  # lowering name -> traced module and its I/O
@@ -72,11 +72,13 @@ def _quiet(name: str):
 
 
 def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: str, path: Path,
-                 lowering: str = "plain") -> Path:
-    """Write `path` (+ `path.data` external weights) for `arch`'s model; returns the path."""
+                 lowering: str = "plain", feature_layers: tuple = ()) -> Path:
+    """Write `path` (+ `path.data` external weights) for `arch`'s model, with a features output of `feature_layers`
+    where given; returns the path."""
     batch = torch.export.Dim("batch", min=1, max=max(2, max_batch))
     tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
-    module, args, shapes, inputs, outputs, table = PROGRAMS[lowering](arch, max_seq_len, batch, tokens, TORCH_DTYPES[dtype])
+    module, args, shapes, inputs, outputs, table = PROGRAMS[lowering](arch, max_seq_len, batch, tokens,
+                                                                      TORCH_DTYPES[dtype], tuple(feature_layers))
     try:
         with warnings.catch_warnings(), torch.no_grad(), _quiet(REGISTRY_LOGGER):
             warnings.simplefilter("ignore")

@@ -1,7 +1,8 @@
 """A torch module that implements the ONNX contract of docs/export.md on top of an HF model's weights.
 
 forward(input_ids[B,T], cache_len[B], past_keys[L,B,Hkv,S,D], past_values[L,B,Hkv,S,D])
-    -> logits[B,T,V], new_keys[L,B,Hkv,T,D], new_values[L,B,Hkv,T,D]
+    -> logits[B,T,V], new_keys[L,B,Hkv,T,D], new_values[L,B,Hkv,T,D] (, features[B,T,F,H]: where feature_layers
+       names F layers, every token's hidden state after each of them)
 
 Positions are cache_len + arange(T); key slot s < cache_len[b] is visible; new token t' is visible to t iff
 t' <= t. The past buffers are read only: the backend writes new_* at [cache_len, cache_len + T).
@@ -42,11 +43,18 @@ def visibility_mask(cache_len: torch.Tensor, positions: torch.Tensor, max_seq_le
 class StaticKVDecoder(nn.Module):
     """The exported graph: one forward serves prefill chunks, decode steps and verify passes."""
 
-    def __init__(self, arch: Architecture, max_seq_len: int):
+    def __init__(self, arch: Architecture, max_seq_len: int, feature_layers: tuple = ()):
         super().__init__()
         self.arch = arch
         self.model = arch.model  # registers the HF weights as submodule parameters
         self.max_seq_len = max_seq_len
+        self.feature_layers = tuple(feature_layers)
+
+    def features(self, hidden_states: list) -> tuple:
+        # hidden_states: L x [B, T, H], each layer's output -> (features [B, T, F, H],) or () without feature layers
+        if not self.feature_layers:
+            return ()
+        return (torch.stack([hidden_states[layer] for layer in self.feature_layers], dim=2),)
 
     def norm(self, module, x):
         # x: [B, T, H]; the HF norm module as it is (the gqa lowering fuses RMSNorm)
@@ -104,7 +112,7 @@ class StaticKVDecoder(nn.Module):
         # input_ids: [B, T] int64; cache_len: [B] int64; past_*: [L, B, Hkv, S, D]
         hidden, positions, (cos, sin) = self.embed(input_ids, cache_len)
         visible = visibility_mask(cache_len, positions, self.max_seq_len, self.arch.sliding_window())
-        new_keys, new_values = [], []
+        new_keys, new_values, outputs = [], [], []
         for index, layer in enumerate(self.arch.layers()):
             attn_out, k, v = self.attention(
                 layer, self.norm(self.arch.attn_norm(layer), hidden), cos, sin, past_keys[index], past_values[index],
@@ -114,5 +122,6 @@ class StaticKVDecoder(nn.Module):
             hidden = hidden + self.arch.mlp(layer, self.norm(self.arch.mlp_norm(layer), hidden))
             new_keys.append(k)
             new_values.append(v)
+            outputs.append(hidden)
         # new_keys: [L, B, Hkv, T, D]
-        return self.head(hidden), torch.stack(new_keys), torch.stack(new_values)
+        return (self.head(hidden), torch.stack(new_keys), torch.stack(new_values), *self.features(outputs))

@@ -67,13 +67,14 @@ SIGNATURES = {  # the exports of specdec_native.h: argument types, result type
     "specdec_abi_version": ([], _I),
     "specdec_layout_size": ([_I], _L),
     "specdec_scratch_bytes": ([_P, _I, _I, _I, _I], _L),
-    "specdec_forward": ([_P, _P, _S, _P, _I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _P], _I),
+    "specdec_forward": ([_P, _P, _S, _P, _I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _P, _P], _I),
     "specdec_matmul_scratch_bytes": ([_I, _I, _I, _I], _L),
     "specdec_matmul": ([_P, _I, _I, _P, _I, _I, _I, _P, _I, _P, _S, _I], _I),
     "specdec_attention_scratch_bytes": ([_I, _I, _I, _I, _I, _I], _L),
     "specdec_attention": ([_P, _I, _I, _I, _I, _P, _P, _I, _I, _F, _P, _P, _S, _I], _I),
 }
-LAYOUT_SIZES = {0: SIZES["blk4"], 1: SIZES["blk8"], 2: SIZES["blk4p"], 3: 72, 4: 144, 6: SIZES["blk6"], 7: SIZES["blk5"]}  # + 5: model_t, by model.py
+# the blocks' sizes, checked at load (5: model_t and 8: features_t are checked by tests/native/test_c_safety.py)
+LAYOUT_SIZES = {0: SIZES["blk4"], 1: SIZES["blk8"], 2: SIZES["blk4p"], 3: 72, 4: 144, 6: SIZES["blk6"], 7: SIZES["blk5"]}
 
 
 def cache_dir() -> Path:

@@ -15,7 +15,7 @@ int specdec_abi_version(void) { return SPECDEC_ABI_VERSION; }
 
 long specdec_layout_size(int which) {
     const long sizes[] = {sizeof(blk4), sizeof(blk8), sizeof(blk4p), sizeof(blkq), sizeof(blkqp), sizeof(model_t),
-                          sizeof(blk6), sizeof(blk5)};
+                          sizeof(blk6), sizeof(blk5), sizeof(features_t)};
     return which >= 0 && which < (int)(sizeof(sizes) / sizeof(sizes[0])) ? sizes[which] : -1;
 }
 
@@ -336,13 +336,33 @@ static int check_rows(const model_t *m, const int64_t *tokens, int B, int T, con
     return SPECDEC_OK;
 }
 
+static int check_features(const model_t *m, const features_t *f) {
+    if (!f) return SPECDEC_OK;
+    if (!f->layers || !f->out) return SPECDEC_E_NULL;
+    if (out_of(f->n, 1, SPECDEC_MAX_FEATURES)) return SPECDEC_E_SHAPE;
+    for (int i = 0; i < f->n; i++)
+        if (out_of(f->layers[i], 0, m->L - 1)) return SPECDEC_E_SHAPE;
+    return SPECDEC_OK;
+}
+
+// every fed row's hidden state after layer l into each of the features that name l
+static void keep_features(const pass_t *p, const features_t *f, int l) {
+    const size_t H = (size_t)p->m->H, rows = (size_t)p->B * p->T;
+    for (int i = 0; f && i < f->n; i++) {
+        if (f->layers[i] != l) continue;
+        for (size_t r = 0; r < rows; r++)
+            memcpy(f->out + (r * f->n + i) * H, BUF(p, x) + r * H, sizeof(float) * H);
+    }
+}
+
 int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
                     const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
-                    int last_only, int quant, int threads, float *logits) {
+                    int last_only, int quant, int threads, float *logits, const features_t *features) {
     int status = check_model(m, quant != 0);
     if (status) return status;
     if (!scratch || !tokens || !pos || !keys || !values || !logits) return SPECDEC_E_NULL;
     if ((status = check_call(m, B, T, S, threads))) return status;
+    if ((status = check_features(m, features))) return status;
     if ((status = check_rows(m, tokens, B, T, pos, keys, values, layer_stride, S))) return status;
     const layout_t at = layout_of(m, B, T, S, threads);
     if (scratch_bytes < at.end) return SPECDEC_E_SCRATCH;
@@ -350,7 +370,10 @@ int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const
     const pass_t p = {m, (char *)ALIGNED((uintptr_t)scratch), at, B, T, S, threads, kernel, quant != 0, pos, keys,
                       values, layer_stride};
     embed(&p, tokens);
-    for (int l = 0; l < m->L; l++) layer(&p, l);
+    for (int l = 0; l < m->L; l++) {
+        layer(&p, l);
+        keep_features(&p, features, l);
+    }
     score(&p, last_only, logits);
     return SPECDEC_OK;
 }

@@ -34,6 +34,11 @@ class ModelStruct(ctypes.Structure):
                 ("head_kind", _I), ("window", _I), ("mlp", _I), ("in_norm_bias", _P), ("post_norm_bias", _P),
                 ("final_norm_bias", _P), ("o_bias", _P), ("gate_up_bias", _P), ("down_bias", _P),
                 ("position_table", _P)]
+class FeaturesStruct(ctypes.Structure):
+    """specdec_native.h's features_t."""
+    _fields_ = [("layers", _P), ("n", _I), ("out", _P)]
+
+
 MLPS = {Activation.SILU_GATED: 0, Activation.GELU_TANH: 1, Activation.GELU: 2}  # specdec_native.h's SPECDEC_MLP_*
 BIASES = ("input_norm_bias", "post_norm_bias", "o_bias", "gate_up_bias", "down_bias")  # model_t's [L] tables of them
 
@@ -197,8 +202,9 @@ class NativeModel:
         return self.compute(tokens, pos, slots, last_only, threads)
 
     def compute(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool = False,
-                threads: int = 1) -> np.ndarray:
-        """forward without check_rows: positions and slots already checked."""
+                threads: int = 1, layers: tuple = ()) -> np.ndarray | tuple:
+        """forward without check_rows: positions and slots already checked. With `layers` (indices 0..L-1) ->
+        (logits, features [B, T, len(layers), H]: every fed token's hidden state after each of those layers)."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
         rows, steps = tokens.shape if tokens.ndim == 2 else (0, 0)
         keys, values = self.keys, self.values
@@ -208,15 +214,26 @@ class NativeModel:
         pos32 = np.ascontiguousarray(pos, dtype=np.int32)
         key_rows, value_rows = _pointers([keys[0, s] for s in slots]), _pointers([values[0, s] for s in slots])
         out = np.empty((rows, 1 if last_only else steps, len(self.head)), np.float32)
+        features, chosen, wanted = self._features(rows, steps, layers)  # chosen: alive through the call
         with self._lock:
             need = self.kernels.specdec_scratch_bytes(ctypes.byref(self.struct), rows, steps, self.max_seq_len, threads)
             address, size = self.scratch.at_least(need)
             raise_for(self.kernels.specdec_forward(
                 ctypes.byref(self.struct), address, size, tokens.ctypes.data, rows, steps, pos32.ctypes.data,
                 key_rows.ctypes.data, value_rows.ctypes.data, keys.strides[0] // 4, self.max_seq_len, last_only,
-                self.quant, threads, out.ctypes.data), f"a forward of {rows} x {steps} tokens at {pos32.tolist()}")
-        if self.draft is None or self.draft.head_rows is None:
-            return out
-        logits = np.full(out.shape[:2] + (self.dims.vocab_size,), self.draft.fill, np.float32)
-        logits[..., self.draft.head_rows] = out
-        return logits
+                self.quant, threads, out.ctypes.data, None if wanted is None else ctypes.byref(wanted)),
+                f"a forward of {rows} x {steps} tokens at {pos32.tolist()}")
+        logits = out
+        if self.draft is not None and self.draft.head_rows is not None:
+            logits = np.full(out.shape[:2] + (self.dims.vocab_size,), self.draft.fill, np.float32)
+            logits[..., self.draft.head_rows] = out
+        return (logits, features) if layers else logits
+
+    def _features(self, rows: int, steps: int, layers: tuple) -> tuple:
+        """(features [rows, steps, F, H], the layers int32 [F], features_t over both) of the requested layers, or
+        three None."""
+        if not layers:
+            return None, None, None
+        chosen = np.ascontiguousarray(layers, dtype=np.int32)
+        features = np.empty((rows, steps, len(chosen), self.dims.hidden_size), np.float32)
+        return features, chosen, FeaturesStruct(chosen.ctypes.data, len(chosen), features.ctypes.data)

@@ -9,10 +9,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SPECDEC_ABI_VERSION 6
+#define SPECDEC_ABI_VERSION 7
 #define SPECDEC_FORMAT_VERSION 3
 #define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
+#define SPECDEC_MAX_FEATURES 16 // layers one forward may return the hidden states of
 
 // Q4_1: w = d * q + m; qs[j] holds q[j] in its low nibble and q[j + 16] in its high one
 typedef struct { float d, m; uint8_t qs[SPECDEC_BLOCK / 2]; } blk4;
@@ -121,6 +122,14 @@ typedef struct {
                                   // sin are NULL (no rotary: GPT-2's); or NULL
 } model_t;
 
+// The hidden states a forward also returns (a trained draft head's input): for each of n layers, every fed row's
+// residual stream after that layer (its attention and MLP added), fp32
+typedef struct {
+    const int32_t *layers;  // [n], each in 0..L-1
+    int32_t n;              // 1..SPECDEC_MAX_FEATURES
+    float *out;             // [B][T][n][H]: row b's token t, layers[f]'s hidden state at [b][t][f]
+} features_t;
+
 // Status codes: 0, or what was wrong with the arguments. Nothing is written where a call fails its checks.
 enum {
     SPECDEC_OK = 0,
@@ -133,7 +142,8 @@ enum {
 };
 
 int specdec_abi_version(void);
-// sizeof of 0: blk4, 1: blk8, 2: blk4p, 3: blkq, 4: blkqp, 5: model_t, 6: blk6, 7: blk5; -1 for any other
+// sizeof of 0: blk4, 1: blk8, 2: blk4p, 3: blkq, 4: blkqp, 5: model_t, 6: blk6, 7: blk5, 8: features_t; -1 for any
+// other
 long specdec_layout_size(int which);
 
 // Bytes of scratch a forward of B rows of T tokens with the given threads needs (quant: the draft's int8 path),
@@ -141,10 +151,11 @@ long specdec_layout_size(int which);
 long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads);
 
 // B rows of T tokens each; row b at positions pos[b].. of its own KV (keys[b], values[b]: [L][Hkv, S, D], layer l at
-// + l * layer_stride floats) -> logits [B][T or 1 (last_only)][V]. K/V land at [pos[b], pos[b] + T).
+// + l * layer_stride floats) -> logits [B][T or 1 (last_only)][V], and where features is not NULL, the hidden states
+// it names (every fed token's, last_only or not). K/V land at [pos[b], pos[b] + T).
 int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
                     const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
-                    int last_only, int quant, int threads, float *logits);
+                    int last_only, int quant, int threads, float *logits, const features_t *features);
 
 // The products alone, for tests and benchmarks: x [M, K] fp32 -> y [M, N] through blocks [N, wblocks] of kind 0:
 // Q4_1, 1: Q8_0, 2: paired Q4_1 (int8 activations only), 6: Q8 with a scale per 16, 7: 5-bit, or rows [N, K] of kind 3: bf16,

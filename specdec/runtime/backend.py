@@ -1,6 +1,8 @@
 """The Backend contract every engine implements (docs/backends.md), and the onnxruntime session options.
 
-forward(input_ids[B,T], cache_len[B], last_only=False, slots=None) -> logits[B,T,V] ([B,1,V] if last_only).
+run(ForwardRequest) -> ForwardResult (specdec.runtime.forward): logits [B,T,V] ([B,1,V] if last_only), and the hidden
+states of the layers the request names where the backend's `capabilities` declare them. forward(input_ids[B,T],
+cache_len[B], last_only=False, slots=None) -> logits is its shorthand.
 A backend owns static KV buffers for `batch` slots (set by reset); row b of a call uses slot slots[b]
 (default b) and its new K/V land at [cache_len[b], cache_len[b] + T) of that slot. The KV of slots a call does
 not list stays valid below their committed length. Rollback is the caller passing a smaller cache_len.
@@ -16,6 +18,7 @@ import numpy as np
 from specdec.errors import BackendError, CapacityError
 from specdec.manifest import ModelEntry
 from specdec.runtime.config import Device
+from specdec.runtime.forward import LOGITS_ONLY, Capabilities, ForwardRequest, ForwardResult, feature_order
 
 
 def bounds(values: np.ndarray) -> tuple[int, int]:
@@ -46,6 +49,7 @@ class Backend:
     # pieces, alone or batched, by a prompt or a verify pass): then a slot's K/V of an earlier request's tokens may
     # stand in for a prefill of the same tokens, invisibly (specdec serve reuses a shared prompt prefix so)
     exact_prefix_kv = False
+    capabilities: Capabilities = LOGITS_ONLY  # what its calls return beyond logits (an open backend may say more)
 
     def __init__(self, root: Path, entry: ModelEntry):
         self.root = Path(root)
@@ -99,11 +103,17 @@ class Backend:
         """Write positions [start, stop) of `slot` from `source`'s KV (only where takes_kv_from(source))."""
         raise BackendError(f"the {self.name} backend does not copy KV between models", "draft without copying")
 
+    def run(self, request: ForwardRequest) -> ForwardResult:
+        """One forward call (specdec.runtime.forward): checked here, computed by _run."""
+        slots = self.check_call(request.input_ids, request.cache_len, request.slots)
+        layers = feature_order(request.feature_layers, self.entry.dims.num_layers)
+        self.capabilities.check(request, self.entry.role, self.name)
+        return self._run(request, slots, layers)
+
     def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False,
                 slots: np.ndarray | None = None) -> np.ndarray:
         """input_ids: [B, T] int64; cache_len: [B] int64; slots: [B] distinct slots -> logits [B, T or 1, V]."""
-        slots = self.check_call(input_ids, cache_len, slots)
-        return self._forward(input_ids, cache_len, last_only, slots)
+        return self.run(ForwardRequest(input_ids, cache_len, last_only, slots)).logits
 
     def check_call(self, input_ids: np.ndarray, cache_len: np.ndarray, slots) -> np.ndarray:
         rows, steps = input_ids.shape
@@ -122,6 +132,10 @@ class Backend:
 
     def _reset(self, batch: int) -> None:
         raise NotImplementedError
+
+    def _run(self, request: ForwardRequest, slots: np.ndarray, layers: tuple) -> ForwardResult:
+        """A checked call; a backend that returns logits alone implements _forward instead."""
+        return ForwardResult(self._forward(request.input_ids, request.cache_len, request.last_only, slots))
 
     def _forward(self, input_ids, cache_len, last_only: bool, slots: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -158,7 +172,7 @@ class SharedKvDraft:
 
 
 def unwrapped(backend):
-    """The backend inside its wrappers (Timed, Metered)."""
+    """The backend inside its wrappers (Observed)."""
     while hasattr(backend, "backend"):
         backend = backend.backend
     return backend

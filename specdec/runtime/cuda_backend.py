@@ -25,6 +25,7 @@ from specdec.errors import BackendError, CapacityError
 from specdec.manifest import ModelEntry, Role
 from specdec.runtime.backend import Backend, SharedKvDraft, bounds, check_capacity, check_tokens
 from specdec.runtime.config import BackendName, Device
+from specdec.runtime.forward import Capabilities, ForwardRequest, ForwardResult, Output
 from specdec.native.weights import LINEARS, drafts_natively
 
 MAX_HEAD_DIM = 256  # kernels.cu's attention holds D / 32 values a lane in 8 registers
@@ -55,6 +56,7 @@ class CudaBackend(SharedKvDraft, Backend):
     name = BackendName.CUDA
     devices = (Device.CUDA,)
     exact_prefix_kv = False  # a prefill chunk's products run on cuBLAS, a verify pass's on kernels.cu
+    capabilities = Capabilities(frozenset({Output.LOGITS, Output.FEATURES, Output.GREEDY_CHAIN}), feature_layers=None)
 
     def __init__(self, root: Path, entry: ModelEntry, options: CudaOptions = CudaOptions(),
                  target: "CudaBackend | None" = None):
@@ -169,11 +171,12 @@ class CudaBackend(SharedKvDraft, Backend):
         return None  # KV lives on the device
 
 
-    def _forward(self, input_ids, cache_len, last_only: bool, slots: np.ndarray):
-        # input_ids: [B, T] -> logits [B, T or 1, V] (DeviceLogits)
-        check_tokens(input_ids, self.vocab_size)
-        self._check_positions(cache_len, input_ids.shape[1])
-        return self.model.compute(input_ids, cache_len, slots, last_only)  # checked by forward
+    def _run(self, request: ForwardRequest, slots: np.ndarray, layers: tuple) -> ForwardResult:
+        # input_ids: [B, T] -> logits [B, T or 1, V] (DeviceLogits), features [B, T, F, H] of `layers` (host)
+        check_tokens(request.input_ids, self.vocab_size)
+        self._check_positions(request.cache_len, request.input_ids.shape[1])
+        out = self.model.compute(request.input_ids, request.cache_len, slots, request.last_only, layers)  # checked
+        return ForwardResult(*out) if layers else ForwardResult(out)
 
     def propose_greedy(self, tokens: np.ndarray, cache_len: np.ndarray, slots: np.ndarray, steps: int) -> np.ndarray:
         """`steps` greedy draft tokens for each row, in one graph (each step's argmax feeds the next on the device):

@@ -12,6 +12,7 @@ import numpy as np
 from specdec.runtime.adaptive_gamma import cumulative_from_conditional
 from specdec.runtime.backend import unwrapped
 from specdec.runtime.config import DrafterName
+from specdec.runtime.forward import Output
 from specdec.runtime.sampling import gumbel_choice, sample, warp
 from specdec.runtime.state import DraftSource, Row, feed_chunks, forward_rows
 
@@ -145,7 +146,7 @@ class ModelDrafter:
         backend = unwrapped(self.backend)
         fed = [b for b, f in enumerate(feeding) if f]
         steps = max(limits[b] for b in fed) - 1
-        if not hasattr(backend, "propose_greedy") or not all(rows[b].config.greedy for b in fed) \
+        if Output.GREEDY_CHAIN not in backend.capabilities or not all(rows[b].config.greedy for b in fed) \
                 or not backend.chains(len(fed), steps) \
                 or any(rows[b].draft_len + steps > backend.max_seq_len for b in fed):
             return False

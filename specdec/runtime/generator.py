@@ -26,10 +26,11 @@ from specdec.manifest import Manifest, check_bundle_files, read_manifest
 from specdec.runtime.backend import cpu_count
 from specdec.runtime.config import AUTO_BACKEND, GenerationConfig
 from specdec.runtime.drafters import ModelGate
+from specdec.runtime.forward import Observed
 from specdec.runtime.loop import SpeculativeLoop
 from specdec.runtime.registry import open_backends
 from specdec.runtime.requests import RequestLayer
-from specdec.runtime.state import Row, Stats, Timed
+from specdec.runtime.state import Row, Stats
 from specdec.runtime.text import StopStrings, TextCodec
 
 THREADS_CAP = 1024  # no forward pass gains from more; a pool of a million threads hangs the process
@@ -121,8 +122,8 @@ class Generator:
     def __init__(self, manifest: Manifest, codec: TextCodec, target, draft=None):
         self.manifest = manifest
         self.codec = codec
-        self.target = Timed(target)
-        self.draft = Timed(draft) if draft is not None else None
+        self.target = Observed(target)
+        self.draft = Observed(draft) if draft is not None else None
         self.gate = ModelGate()  # measured α and c of this bundle's draft on this machine (greedy requests)
         self.requests = RequestLayer(manifest, codec, self.gate, has_draft=draft is not None)
         self.last_stats: Stats | None = None  # of the latest request

@@ -21,7 +21,7 @@ from specdec.runtime.text import StopStrings
 
 class SpeculativeLoop:
     def __init__(self, target, drafters: dict, policy, chunk: int, eos_ids, stops: StopStrings | None = None):
-        self.target = target  # a Timed backend
+        self.target = target  # an Observed backend (specdec.runtime.forward)
         self.drafters = drafters  # DrafterKind -> drafter (kinds that draft nothing have none)
         self.policy = policy  # γ for the next round (specdec.runtime.adaptive_gamma)
         self.chunk = chunk

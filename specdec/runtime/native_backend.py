@@ -25,6 +25,7 @@ from specdec.manifest import Dtype, ModelEntry, Role
 from specdec.native.weights import NATIVE_DRAFT, drafts_natively
 from specdec.runtime.backend import Backend, SharedKvDraft, check_tokens, default_threads
 from specdec.runtime.config import BackendName, Device
+from specdec.runtime.forward import Capabilities, ForwardRequest, ForwardResult, Output
 
 HINT = "use backend='onnxruntime'"
 PAGES_ENV = "SPECDEC_NATIVE_PAGES"  # "private" (default) or "shared": how the weights are held (specdec.blocks)
@@ -44,6 +45,7 @@ def pages() -> str:
 class NativeBackend(SharedKvDraft, Backend):
     name = BackendName.NATIVE
     devices = (Device.CPU,)
+    capabilities = Capabilities(frozenset({Output.LOGITS, Output.FEATURES}), feature_layers=None)  # any layer
 
     def __init__(self, root: Path, entry: ModelEntry, threads: int | None = None,
                  target: "NativeBackend | None" = None):
@@ -100,11 +102,12 @@ class NativeBackend(SharedKvDraft, Backend):
     exact_prefix_kv = True  # a position's result depends only on its position (docs/backends.md; tested)
 
 
-    def _forward(self, input_ids, cache_len, last_only: bool, slots: np.ndarray) -> np.ndarray:
-        # input_ids: [B, T] -> logits [B, T or 1, V]
-        vocab = self.model.weights.vocab
-        check_tokens(input_ids, vocab, "the weights' vocabulary")
-        return self.model.compute(input_ids, cache_len, slots, last_only, self.workers)  # checked by forward
+    def _run(self, request: ForwardRequest, slots: np.ndarray, layers: tuple) -> ForwardResult:
+        # input_ids: [B, T] -> logits [B, T or 1, V], features [B, T, F, H] of `layers`
+        check_tokens(request.input_ids, self.model.weights.vocab, "the weights' vocabulary")
+        out = self.model.compute(request.input_ids, request.cache_len, slots, request.last_only, self.workers,
+                                 layers)  # checked by run
+        return ForwardResult(*out) if layers else ForwardResult(out)
 
     def close(self) -> None:
         self.model = self.driver = None

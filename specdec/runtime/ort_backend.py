@@ -10,6 +10,7 @@ from specdec.lowering import kv_numpy_dtype, lowering_for
 from specdec.manifest import ModelEntry, Role
 from specdec.runtime.backend import Backend, session_options, steady_malloc, unwrapped
 from specdec.runtime.config import BackendName
+from specdec.runtime.forward import LOGITS_ONLY, Capabilities, ForwardRequest, ForwardResult, Output
 
 
 class OrtBackend(Backend):
@@ -32,6 +33,12 @@ class OrtBackend(Backend):
     def kv_layout(self) -> str | None:
         return self.entry.lowering
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """Logits, and the hidden states of the layers the graph's features output holds (the manifest says which)."""
+        layers = tuple(self.entry.feature_layers)
+        return Capabilities(frozenset({Output.LOGITS, Output.FEATURES}), layers) if layers else LOGITS_ONLY
+
     def open(self) -> "OrtBackend":
         try:
             import onnxruntime as ort
@@ -49,7 +56,8 @@ class OrtBackend(Backend):
         except Exception as exc:  # onnxruntime raises its own exception types from C++
             raise BackendError(f"onnxruntime cannot load {path}: {exc}", "re-export the bundle") from exc
         lowering = lowering_for(self.entry.lowering)
-        lowering.check_session(self.session, self.entry.dims, self.max_seq_len, self.entry.kv_dtype, self.entry.role)
+        lowering.check_session(self.session, self.entry.dims, self.max_seq_len, self.entry.kv_dtype, self.entry.role,
+                               self.entry.feature_layers)
         self.driver = lowering.driver(self.session, self.entry.dims, self.max_seq_len, self.entry.kv_dtype)
         return self
 
@@ -79,8 +87,12 @@ class OrtBackend(Backend):
             raise BackendError(f"the {self.entry.role} backend is closed", "open it again (specdec.load)")
         self.driver.reset(batch)
 
-    def _forward(self, input_ids, cache_len, last_only: bool, slots: np.ndarray) -> np.ndarray:
-        return self.driver.run(input_ids, cache_len, last_only, slots)
+    def _run(self, request: ForwardRequest, slots: np.ndarray, layers: tuple) -> ForwardResult:
+        if not layers:
+            return ForwardResult(self.driver.run(request.input_ids, request.cache_len, request.last_only, slots))
+        logits, features = self.driver.run(request.input_ids, request.cache_len, request.last_only, slots, True)
+        order = [list(self.entry.feature_layers).index(layer) for layer in layers]  # the request's, of the graph's
+        return ForwardResult(logits, features[:, :, order])
 
     def close(self) -> None:
         self.session = self.driver = None

@@ -1,7 +1,6 @@
 """Per-row sequence state, the per-round record, timed backends, slot-addressed forwards and request statistics."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -111,33 +110,6 @@ class Round:
         """(proposed, accepted) over the rows whose drafts came from the model."""
         model = [r for r in self.rows if r is not None and r.from_model]
         return sum(r.proposed for r in model), sum(r.accepted for r in model)
-
-
-class Timed:
-    """Wraps a backend and adds up the wall time and count of its forward calls."""
-
-    def __init__(self, backend):
-        self.backend = backend
-        self.seconds = 0.0
-        self.calls = 0
-
-    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False, slots=None) -> np.ndarray:
-        started = time.perf_counter()
-        logits = self.backend.forward(input_ids, cache_len, last_only, slots)
-        self.seconds += time.perf_counter() - started
-        self.calls += 1
-        return logits
-
-    def propose_greedy(self, *args) -> np.ndarray:
-        """A device backend's chained greedy draft steps (CudaBackend.propose_greedy), timed as one forward."""
-        started = time.perf_counter()
-        chosen = self.backend.propose_greedy(*args)
-        self.seconds += time.perf_counter() - started
-        self.calls += 1
-        return chosen
-
-    def __getattr__(self, name):
-        return getattr(self.backend, name)
 
 
 def common_prefix(first: list, second: list) -> int:

@@ -14,6 +14,7 @@ random stream row_rng(seed, 0), and forward calls of its own (ServingLoop.alone)
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -24,11 +25,12 @@ from enum import StrEnum
 from specdec.errors import SpecDecError
 from specdec.manifest import Role
 from specdec.runtime.config import GenerationConfig
+from specdec.runtime.forward import Observed
 from specdec.runtime.generator import Generator, load
 from specdec.runtime.state import Finish, Row
 from specdec.runtime.text import StopStrings
 from specdec.serving.batching import ServingLoop
-from specdec.serving.goodput import GoodputGamma, Metered, measure_costs
+from specdec.serving.goodput import GoodputGamma, measure_costs
 from specdec.serving.metrics import Metrics
 from specdec.serving.options import ServeOptions
 
@@ -156,8 +158,9 @@ class Engine:
                                        requests.gamma(self.options.gamma), (record.alphas if record else None) or 0.7,
                                        gen.draft is not None,
                                        gen.draft is not None and gen.draft.takes_kv_from(gen.target))
-        draft = Metered(gen.draft, Role.DRAFT, self.controller.observe_call) if gen.draft is not None else None
-        self.loop = ServingLoop(Metered(gen.target, Role.TARGET, self.controller.observe_call),
+        observe = self.controller.observe_call
+        draft = Observed(gen.draft, functools.partial(observe, Role.DRAFT)) if gen.draft is not None else None
+        self.loop = ServingLoop(Observed(gen.target, functools.partial(observe, Role.TARGET)),
                                 requests.drafters(draft, gen.target), self.controller, defaults.max_prefill_chunk,
                                 gen.manifest.tokenizer.eos_token_ids, StopStrings(gen.codec),
                                 reuse_prefix=self.options.reuse_prefix)

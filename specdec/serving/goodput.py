@@ -9,7 +9,7 @@ A round over n rows, m of them drafting with the model at γ, costs on the onnxr
             has two (all its drafts were accepted): C(m) = P·m·D2 + (1 − P)·D1(m), P = 1 − (1 − A_γ)^m
 plus n·h of host time (sampling, acceptance, bookkeeping), and emits n − m + m·(1 + A_1 + … + A_γ) tokens, with
 A_j the running per-position acceptance. T1, D1, D2 and V are measured at start (`measure_costs`) and learnt from
-every forward call (`Metered`; moving averages whose first observations weigh most).
+every forward call (`Observed` with an observer; moving averages whose first observations weigh most).
 
 The model picks the γ > 0 to speculate with; whether to speculate at all is decided by **measured** goodput: tokens
 per second of whole engine rounds (host work and text delivery included), kept per (rows the round had, plain or
@@ -116,29 +116,6 @@ def measure_costs(target, draft, batch: int, gamma_max: int, length: int = 64, r
     if draft is not None:
         draft_pass[1], draft_pass[2] = draft_step[1], _median_time(verify(2, draft), repeats)
     return Costs(target_step, draft_step, draft_pass, verify_s)
-
-
-class Metered:
-    """A backend (or Timed backend) that tells `observe(role, width, steps, seconds)` about every forward call.
-    width: the rows the call costs, as the gqa driver runs them (a T = 1 call of several rows is one batched run
-    over slots 0..max(slot); a T > 1 call is one run per row)."""
-
-    def __init__(self, backend, role: Role, observe):
-        self.backend = backend
-        self.role = role
-        self.observe = observe
-
-    def forward(self, input_ids: np.ndarray, cache_len: np.ndarray, last_only: bool = False, slots=None):
-        # input_ids: [B, T] -> logits [B, T or 1, V]
-        started = time.perf_counter()
-        logits = self.backend.forward(input_ids, cache_len, last_only, slots)
-        rows, steps = input_ids.shape
-        width = rows if rows == 1 or steps > 1 or slots is None else int(np.max(slots)) + 1
-        self.observe(self.role, width, steps, time.perf_counter() - started)
-        return logits
-
-    def __getattr__(self, name):
-        return getattr(self.backend, name)
 
 
 class GoodputGamma(GammaPolicy):
@@ -286,7 +263,7 @@ class GoodputGamma(GammaPolicy):
         self.counted[key] = self.counted.get(key, 0) + 1
 
     def observe_call(self, role: Role, width: int, steps: int, seconds: float) -> None:
-        """The cost of one forward call (Metered): T = 1 steps of either model by width, target passes of T > 1
+        """The cost of one forward call (metered: Observed): T = 1 steps of either model by width, target passes of T > 1
         per row."""
         c = self.costs
         if steps == 1:

@@ -15,7 +15,7 @@ from specdec.blocks import ABI_VERSION, BLOCK4, BLOCK5, BLOCK6, FORMAT_VERSION, 
 from specdec.errors import BackendError, SpecDecError
 from specdec.manifest import read_manifest
 from specdec.native import build
-from specdec.native.model import ModelStruct
+from specdec.native.model import FeaturesStruct, ModelStruct
 from specdec.runtime.native_backend import NativeBackend
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
@@ -40,7 +40,8 @@ def test_the_library_reports_the_header_and_the_python_layouts():
     assert [BLOCK4.itemsize, lib.specdec_layout_size(5), lib.specdec_layout_size(6)] == \
         [24, ctypes.sizeof(ModelStruct), SIZES["blk6"]]
     assert [BLOCK6.itemsize, BLOCK5.itemsize, lib.specdec_layout_size(7), lib.specdec_layout_size(8),
-            lib.specdec_layout_size(-1)] == [SIZES["blk6"], SIZES["blk5"], SIZES["blk5"], -1, -1]
+            lib.specdec_layout_size(9), lib.specdec_layout_size(-1)] == \
+        [SIZES["blk6"], SIZES["blk5"], SIZES["blk5"], ctypes.sizeof(FeaturesStruct), -1, -1]
     order = re.search(r"#define SPECDEC_Q5_ORDER \{([^}]*)\}", header).group(1)  # blk5's slots, as blocks.py packs them
     assert [int(v) for v in order.replace("\\", " ").split(",")] == Q5_ORDER.tolist()
     assert sorted(Q5_ORDER.tolist()) == list(range(32))
@@ -99,11 +100,18 @@ def test_raw_exports_return_status_codes(target):
     stride = model.keys.strides[0] // 4
 
     def forward(m=struct, size=scratch.size, B=1, T=1, S=model.max_seq_len, threads=2, keys=rows.ctypes.data,
-                pos=pos, ids=ids):
+                pos=pos, ids=ids, features=None):
         return lib.specdec_forward(m, scratch.ctypes.data, size, ids.ctypes.data, B, T, pos.ctypes.data, keys,
-                                   rows.ctypes.data, stride, S, 0, 0, threads, y.ctypes.data)
+                                   rows.ctypes.data, stride, S, 0, 0, threads, y.ctypes.data, features)
 
     assert forward() == 0
+    out, L = np.empty((1, 1, 2, model.dims.hidden_size), np.float32), model.dims.num_layers
+    for layers, status in (([0, L - 1], 0), ([0, L], E_SHAPE), ([-1, 0], E_SHAPE)):
+        chosen = np.array(layers, np.int32)
+        assert forward(features=ctypes.byref(FeaturesStruct(chosen.ctypes.data, 2, out.ctypes.data))) == status
+    assert forward(features=ctypes.byref(FeaturesStruct(chosen.ctypes.data, 0, out.ctypes.data))) == E_SHAPE
+    assert forward(features=ctypes.byref(FeaturesStruct(None, 1, out.ctypes.data))) == E_NULL
+    assert forward(features=ctypes.byref(FeaturesStruct(chosen.ctypes.data, 1, None))) == E_NULL
     assert forward(m=None) == E_NULL and forward(keys=None) == E_NULL
     assert forward(size=16) == E_SCRATCH
     assert forward(B=0) == E_SHAPE and forward(T=0) == E_SHAPE and forward(S=0) == E_SHAPE

@@ -183,15 +183,15 @@ def test_served_seeded_requests_reproduce_generate_and_run_their_calls_alone(bac
 
 def _spy(backend, role: str, engine, shared: list) -> None:
     """Record every forward call of `backend` whose slots hold a seeded row (ServingLoop.alone) with another."""
-    original = backend.forward
+    original = backend.run
 
-    def forward(input_ids, cache_len, last_only=False, slots=None):
-        listed = [] if slots is None else [int(s) for s in slots]
+    def run(request):
+        listed = [] if request.slots is None else [int(s) for s in request.slots]
         if len(listed) > 1 and set(listed) & set(engine.loop.alone):
             shared.append((role, listed))
-        return original(input_ids, cache_len, last_only, slots)
+        return original(request)
 
-    backend.forward = forward
+    backend.run = run
 
 
 # --- each option checked once, by the request layer; serving uses public API only -------------------------------

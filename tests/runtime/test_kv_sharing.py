@@ -69,13 +69,13 @@ def test_the_draft_no_longer_prefills_the_prompt_and_output_stays_exact(int4_gen
     reference = int4_gen.generate(prompt, GenerationConfig(max_new_tokens=12, drafter="none")).token_ids
     fed = []
     inner = int4_gen.draft.backend
-    original = inner.forward
+    original = inner.run
 
-    def counting(input_ids, cache_len, last_only=False, slots=None):
-        fed.append(int(input_ids.shape[1]))
-        return original(input_ids, cache_len, last_only, slots)
+    def counting(request):
+        fed.append(int(request.input_ids.shape[1]))
+        return original(request)
 
-    monkeypatch.setattr(inner, "forward", counting)
+    monkeypatch.setattr(inner, "run", counting)
     result = int4_gen.generate(prompt, config)
     assert result.token_ids == reference and len(reference) == 12
     assert fed and max(fed) <= 2 and sum(fed) < len(prompt)  # one-token steps (two after all drafts were accepted)

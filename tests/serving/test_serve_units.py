@@ -1,6 +1,7 @@
 """The goodput γ controller, the serving loop's per-row γ and verify grouping, options, and `specdec serve`."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -13,8 +14,9 @@ import numpy as np
 import pytest
 
 from specdec.errors import ConfigError
+from specdec.runtime.forward import Capabilities, ForwardResult, Observed, Output
 from specdec.runtime.state import Round, RowRound
-from specdec.serving.goodput import Costs, GoodputGamma, Metered
+from specdec.serving.goodput import Costs, GoodputGamma
 from specdec.serving.options import API_KEY_ENV, ServeOptions
 
 GAMMA_MAX = 6
@@ -183,20 +185,23 @@ def test_controller_modes_and_learning_from_rounds_and_calls():
     assert controller.plan(rows=1, drafting=1) == 0  # a rejected, slow draft no longer pays
 
 
-def test_metered_backend_reports_the_width_a_call_costs():
+def test_observed_backend_reports_the_width_a_call_costs_and_keeps_its_capabilities():
     calls = []
 
     class Echo:
         max_seq_len = 9
+        capabilities = Capabilities(frozenset({Output.LOGITS, Output.FEATURES}), None)
 
-        def forward(self, ids, lens, last_only=False, slots=None):
-            return ids
+        def run(self, request):
+            return ForwardResult(request.input_ids)
 
-    metered = Metered(Echo(), "target", lambda *call: calls.append(call[:3]))
+    metered = Observed(Echo(), functools.partial(lambda *call: calls.append(call[:3]), "target"))
     metered.forward(np.zeros((2, 1)), np.zeros(2), True, np.array([0, 5]))  # batched T=1 over slots 0..5
     metered.forward(np.zeros((3, 4)), np.zeros(3), False, np.array([0, 1, 2]))  # T=4: one run per row
     metered.forward(np.zeros((1, 1)), np.zeros(1), True, np.array([7]))  # one row on its own binding
     assert calls == [("target", 6, 1), ("target", 3, 4), ("target", 1, 1)] and metered.max_seq_len == 9
+    assert metered.calls == 3 and metered.seconds > 0
+    assert Observed(metered).capabilities is Echo.capabilities  # wrappers keep what the backend declares
 
 
 def test_serve_options_are_checked():
