@@ -130,6 +130,7 @@ def kernel_parity(device, reference, shape: dict) -> dict:
     compare("rmsnorm last-only", lambda k: _rmsnorm_case(k, xs[:6], gamma, 2, 3, 2))
     gu = rng.normal(0, 2, (5, 2 * I)).astype(np.float32)
     compare("silu_mul", lambda k: _silu_case(k, gu))
+    compare("copy_rows", lambda k: _copy_rows_case(k, xs))
     table = rows_of(rng.normal(0, 1, (50, H)).astype(np.float32), "bf16")
     compare("embed bf16", lambda k: _embed_case(k, table, np.array([3, 49, 0, 7], np.int32), H))
     compare("embed q80", lambda k: _embed_case(k, q8_blocks(w[:50])[0], np.array([3, 49, 0, 7], np.int32), H))
@@ -161,6 +162,12 @@ def _silu_linear_case(k, array, gu):
 def _rmsnorm_case(k, x, gamma, rows, step=1, offset=0):
     xd, g, out = k.upload(x), k.upload(gamma), k.empty((rows, x.shape[1]), np.float32)
     return (lambda: k.rmsnorm(xd, g, 1e-5, out, step, offset)), out
+
+
+def _copy_rows_case(k, x):
+    # x [R, H] into column 1 of features [R, 3, H] (a forward's hidden states of one layer)
+    xd, out = k.upload(x), k.empty((len(x), 3, x.shape[1]), np.float32)
+    return (lambda: k.copy_rows(out[:, 1], xd)), out
 
 
 def _silu_case(k, gu):
@@ -247,8 +254,22 @@ def bundle_parity(bundle: Path, options, positions: int) -> dict:
     manifest = read_manifest(bundle)
     with CudaBackend(bundle, manifest.target, options) as cuda, NativeBackend(bundle, manifest.target) as native:
         ids = np.random.default_rng(2).integers(3, cuda.vocab_size, (len(PROMPTS), positions))
-        return _teacher_forced(lambda t, p: cuda.forward(t, p), lambda t, p: native.forward(t, p),
-                               (cuda.reset, native.reset), ids)
+        found = _teacher_forced(lambda t, p: cuda.forward(t, p), lambda t, p: native.forward(t, p),
+                                (cuda.reset, native.reset), ids)
+        return {**found, "features_max_rel_diff": _features_parity(cuda, native, ids[0])}
+
+
+def _features_parity(cuda, native, row) -> float:
+    """max |cuda − native| / max |native| of the hidden states a trained head reads, every position of one row."""
+    from specdec.runtime.forward import ForwardRequest, head_feature_layers
+
+    layers = head_feature_layers(native.entry.dims.num_layers)
+    request = ForwardRequest(row[None], np.zeros(1, np.int64), last_only=True, feature_layers=layers)
+    found = []
+    for backend in (cuda, native):
+        backend.reset(1)
+        found.append(backend.run(request).features)
+    return float(np.abs(found[0] - found[1]).max() / np.abs(found[1]).max())
 
 
 def _teacher_forced(first, second, resets, ids) -> dict:
@@ -494,7 +515,8 @@ def verdicts(results: dict) -> list:
     for name, report in (results.get("parity") or {}).items():
         if isinstance(report, dict) and "max_rel_diff" in report and (
                 report["max_rel_diff"] > PARITY_TOLERANCE or report["argmax_agree"] < 0.99
-                or report["disagreements"] != report["disagreements_within_tolerance"]):
+                or report["disagreements"] != report["disagreements_within_tolerance"]
+                or report.get("features_max_rel_diff", 0.0) > PARITY_TOLERANCE):
             bad.append(f"parity: {name}")
     for name, report in (results.get("distribution") or {}).items():
         if isinstance(report, dict) and report.get("p_value", 1.0) <= 1e-3:
