@@ -19,6 +19,7 @@ replica asks Ray for `cpus_per_replica` CPUs, so Ray places replicas where cores
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -27,7 +28,10 @@ import time
 
 from specdec.errors import ConfigError, missing_dependency
 from specdec.serving.options import ServeOptions
+from specdec.serving.ray_local import (LOOPBACK, can_list, listeners, local_ray_env, refuse_exposed,
+                                      replica_grpc_on_loopback)
 
+logger = logging.getLogger(__name__)
 APP_NAME = "specdec"
 STOP_MARGIN_S = 20  # past the drain: Ray's own teardown (proxy, controller, raylet, agents) on a busy machine
 
@@ -52,6 +56,7 @@ def _deployment_class(serve):
         def __serve_build_asgi_app__(self):
             from specdec.serving.app import build_app as build_server_app
 
+            replica_grpc_on_loopback()  # before Serve starts the replica's gRPC server, once this returns
             replica = serve.get_replica_context().replica_id.unique_id
             self.server_app = build_server_app(self.options, replica=replica)
             return self.server_app
@@ -89,8 +94,17 @@ def build_app(options: ServeOptions, replicas: int = 2, cpus_per_replica: float 
 
 def run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, address: str | None) -> int:
     """`specdec serve --ray`: deploy the replicas, serve until SIGINT or SIGTERM, then stop within the drain and
-    Ray's teardown (STOP_MARGIN_S). A Ray instance this process started (no `address`) is shut down with every
-    process it started, Ray's agents included; a cluster it joined is left running, without the app."""
+    Ray's teardown (STOP_MARGIN_S). A Ray instance this process starts (no `address`) keeps its control plane on
+    loopback behind a token of its own (specdec.serving.ray_local), is refused (ExposureError) where a process of it
+    listens elsewhere but on the API's port, and is shut down with every process it started, Ray's agents included;
+    a cluster it joined is left running, without the app."""
+    if address is not None:
+        return _run_ray(options, replicas, cpus_per_replica, address)
+    with local_ray_env():  # before the first `import ray`: Ray reads it then
+        return _run_ray(options, replicas, cpus_per_replica, None)
+
+
+def _run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, address: str | None) -> int:
     serve = _serve()
     import ray
 
@@ -99,8 +113,8 @@ def run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, addre
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     own = address is None
     try:
-        if own:  # a local instance: keep Ray's own traffic on loopback
-            ray.init(_node_ip_address="127.0.0.1", include_dashboard=False)
+        if own:  # "local": always a new instance, never one RAY_ADDRESS names or `ray start` left running
+            ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False, dashboard_host=LOOPBACK)
         else:
             ray.init(address=address)
         for sig in previous:  # ray.init may install handlers of its own
@@ -108,8 +122,9 @@ def run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, addre
         if not stop.is_set():
             serve.start(http_options={"host": options.host, "port": options.port})
             serve.run(application, name=APP_NAME, route_prefix="/")
-            print(f"specdec: {replicas} Ray Serve replicas on http://{options.host}:{options.port}/v1 "
-                  "(Ctrl-C or SIGTERM stops)", file=sys.stderr)
+            checked = _check_loopback(ray, options) if own else ""
+            print(f"specdec: {replicas} Ray Serve replicas on http://{options.host}:{options.port}/v1{checked}; "
+                  "Ctrl-C or SIGTERM stops", file=sys.stderr)
         stop.wait()
     finally:
         print("specdec: stopping the Ray Serve replicas", file=sys.stderr)
@@ -117,6 +132,17 @@ def run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, addre
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _check_loopback(ray, options: ServeOptions) -> str:
+    """Refuse the local instance (ExposureError) where its node or a listening socket of one of its processes is
+    off loopback, the API's own port aside where --host is not loopback; -> a note for the start-up line."""
+    if not can_list():
+        logger.warning("cannot list listening sockets here (no /proc/net/tcp): the Ray instance is not checked")
+        return ""
+    found = listeners([os.getpid(), *_descendants(os.getpid())])
+    refuse_exposed(ray.util.get_node_ip_address(), found, None if options.loopback else options.port)
+    return f"; Ray's control plane on loopback ({len(found)} listening sockets checked)"
 
 
 def _stop(serve, ray, own: bool, budget_s: float) -> None:
