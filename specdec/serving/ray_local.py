@@ -181,7 +181,9 @@ def _listening(table: str) -> list:
 def _address_from_hex(text: str) -> str:
     """An address of /proc/net/tcp{,6}: 32-bit words in host byte order, 1 of them for IPv4, 4 for IPv6."""
     raw = b"".join(int(text[i:i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(text), 8))
-    return str(ipaddress.ip_address(raw))
+    ip = ipaddress.ip_address(raw)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return f"::ffff:{mapped}" if mapped is not None else str(ip)  # as `ss` prints it, not ::ffff:7f00:1
 
 
 def _process_name(pid: int) -> str:

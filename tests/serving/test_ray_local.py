@@ -34,15 +34,16 @@ def test_a_loopback_socket_of_a_process_is_found_and_passes():
 
 
 @needs_proc
-def test_an_ipv6_loopback_socket_is_read_from_tcp6():
+@pytest.mark.parametrize("host", ["::1", "::ffff:127.0.0.1"])  # the second as Ray's gRPC servers bind loopback
+def test_an_ipv6_loopback_socket_is_read_from_tcp6(host):
     try:
-        sock = _listening(socket.AF_INET6, "::1")
+        sock = _listening(socket.AF_INET6, host)
     except OSError:
         pytest.skip("no IPv6 loopback here")
     with sock:
         port = sock.getsockname()[1]
         found = [listener for listener in listeners([os.getpid()]) if listener.port == port]
-        assert [listener.address for listener in found] == ["::1"]
+        assert [listener.address for listener in found] == [host]
         refuse_exposed("127.0.0.1", found)
 
 
