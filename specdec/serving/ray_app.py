@@ -4,14 +4,18 @@ A thin deployment wrapper: each replica is one process that builds the very app 
 engine, backends and metrics), with `x-specdec-replica` naming the replica that answered. Ray routes requests
 over the replicas and restarts a replica whose process dies; the requests that replica held fail with a 5xx.
 
-    import ray
-    from ray import serve
     from specdec.serving.options import ServeOptions
     from specdec.serving.ray_app import build_app
+    from specdec.serving.ray_local import local_ray_env
 
-    ray.init()                                     # or ray.init(address="auto") on a cluster node
-    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
-    serve.run(build_app(ServeOptions(bundle="bundles/smollm2-q41"), replicas=2), name="specdec", route_prefix="/")
+    with local_ray_env():                          # before ray is imported: loopback and a token (ray_local)
+        import ray
+        from ray import serve
+
+        ray.init(address="local", include_dashboard=False)   # or ray.init(address="auto") on a cluster node
+        serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+        serve.run(build_app(ServeOptions(bundle="bundles/smollm2-q41"), replicas=2), name="specdec",
+                  route_prefix="/")
 
 On a multi-node cluster every node needs the bundle at the same path (or a shared file system), and each
 replica asks Ray for `cpus_per_replica` CPUs, so Ray places replicas where cores are free (README, Serve).
