@@ -39,6 +39,10 @@ class BackendError(SpecDecError):
     """A runtime backend cannot run as asked (device, provider, engine)."""
 
 
+class ExposureError(SpecDecError):
+    """A service would be reachable beyond what it was asked for (a local Ray instance's ports off loopback)."""
+
+
 def missing_dependency(module: str, extra: str) -> MissingDependencyError:
     """Build the error for an optional module that failed to import."""
     return MissingDependencyError(

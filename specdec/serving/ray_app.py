@@ -4,14 +4,18 @@ A thin deployment wrapper: each replica is one process that builds the very app 
 engine, backends and metrics), with `x-specdec-replica` naming the replica that answered. Ray routes requests
 over the replicas and restarts a replica whose process dies; the requests that replica held fail with a 5xx.
 
-    import ray
-    from ray import serve
     from specdec.serving.options import ServeOptions
     from specdec.serving.ray_app import build_app
+    from specdec.serving.ray_local import local_ray_env
 
-    ray.init()                                     # or ray.init(address="auto") on a cluster node
-    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
-    serve.run(build_app(ServeOptions(bundle="bundles/smollm2-q41"), replicas=2), name="specdec", route_prefix="/")
+    with local_ray_env():                          # before ray is imported: loopback and a token (ray_local)
+        import ray
+        from ray import serve
+
+        ray.init(address="local", include_dashboard=False)   # or ray.init(address="auto") on a cluster node
+        serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+        serve.run(build_app(ServeOptions(bundle="bundles/smollm2-q41"), replicas=2), name="specdec",
+                  route_prefix="/")
 
 On a multi-node cluster every node needs the bundle at the same path (or a shared file system), and each
 replica asks Ray for `cpus_per_replica` CPUs, so Ray places replicas where cores are free (README, Serve).
@@ -19,6 +23,7 @@ replica asks Ray for `cpus_per_replica` CPUs, so Ray places replicas where cores
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -27,7 +32,10 @@ import time
 
 from specdec.errors import ConfigError, missing_dependency
 from specdec.serving.options import ServeOptions
+from specdec.serving.ray_local import (LOOPBACK, can_list, listeners, local_ray_env, refuse_exposed,
+                                      replica_grpc_on_loopback)
 
+logger = logging.getLogger(__name__)
 APP_NAME = "specdec"
 STOP_MARGIN_S = 20  # past the drain: Ray's own teardown (proxy, controller, raylet, agents) on a busy machine
 
@@ -52,6 +60,7 @@ def _deployment_class(serve):
         def __serve_build_asgi_app__(self):
             from specdec.serving.app import build_app as build_server_app
 
+            replica_grpc_on_loopback()  # before Serve starts the replica's gRPC server, once this returns
             replica = serve.get_replica_context().replica_id.unique_id
             self.server_app = build_server_app(self.options, replica=replica)
             return self.server_app
@@ -89,8 +98,17 @@ def build_app(options: ServeOptions, replicas: int = 2, cpus_per_replica: float 
 
 def run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, address: str | None) -> int:
     """`specdec serve --ray`: deploy the replicas, serve until SIGINT or SIGTERM, then stop within the drain and
-    Ray's teardown (STOP_MARGIN_S). A Ray instance this process started (no `address`) is shut down with every
-    process it started, Ray's agents included; a cluster it joined is left running, without the app."""
+    Ray's teardown (STOP_MARGIN_S). A Ray instance this process starts (no `address`) keeps its control plane on
+    loopback behind a token of its own (specdec.serving.ray_local), is refused (ExposureError) where a process of it
+    listens elsewhere but on the API's port, and is shut down with every process it started, Ray's agents included;
+    a cluster it joined is left running, without the app."""
+    if address is not None:
+        return _run_ray(options, replicas, cpus_per_replica, address)
+    with local_ray_env():  # before the first `import ray`: Ray reads it then
+        return _run_ray(options, replicas, cpus_per_replica, None)
+
+
+def _run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, address: str | None) -> int:
     serve = _serve()
     import ray
 
@@ -99,8 +117,8 @@ def run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, addre
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     own = address is None
     try:
-        if own:  # a local instance: keep Ray's own traffic on loopback
-            ray.init(_node_ip_address="127.0.0.1", include_dashboard=False)
+        if own:  # "local": always a new instance, never one RAY_ADDRESS names or `ray start` left running
+            ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False, dashboard_host=LOOPBACK)
         else:
             ray.init(address=address)
         for sig in previous:  # ray.init may install handlers of its own
@@ -108,8 +126,9 @@ def run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, addre
         if not stop.is_set():
             serve.start(http_options={"host": options.host, "port": options.port})
             serve.run(application, name=APP_NAME, route_prefix="/")
-            print(f"specdec: {replicas} Ray Serve replicas on http://{options.host}:{options.port}/v1 "
-                  "(Ctrl-C or SIGTERM stops)", file=sys.stderr)
+            checked = _check_loopback(ray, options) if own else ""
+            print(f"specdec: {replicas} Ray Serve replicas on http://{options.host}:{options.port}/v1{checked}; "
+                  "Ctrl-C or SIGTERM stops", file=sys.stderr)
         stop.wait()
     finally:
         print("specdec: stopping the Ray Serve replicas", file=sys.stderr)
@@ -117,6 +136,17 @@ def run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, addre
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _check_loopback(ray, options: ServeOptions) -> str:
+    """Refuse the local instance (ExposureError) where its node or a listening socket of one of its processes is
+    off loopback, the API's own port aside where --host is not loopback; -> a note for the start-up line."""
+    if not can_list():
+        logger.warning("cannot list listening sockets here (no /proc/net/tcp): the Ray instance is not checked")
+        return ""
+    found = listeners([os.getpid(), *_descendants(os.getpid())])
+    refuse_exposed(ray.util.get_node_ip_address(), found, None if options.loopback else options.port)
+    return f"; Ray's control plane on loopback ({len(found)} listening sockets checked)"
 
 
 def _stop(serve, ray, own: bool, budget_s: float) -> None:
