@@ -39,7 +39,6 @@ ALLOWED = {  # file -> the literals it may compare with, and why none of them is
     "specdec/cli/export.py": {"--draft-layers"},  # a flag
     "specdec/runtime/text.py": {"BPE", "Sequence", "ByteLevel", "Removed"},  # tokenizer.json's model, normalizer and
                                                                                # pre-tokenizer types, a Split behaviour
-    "specdec/serving/prompts.py": {"__main__"},
     "specdec/serving/ray_app.py": {"Z"},  # /proc/PID/stat's state of a zombie
 }
 

@@ -61,11 +61,15 @@ def _add_connection_args(parser) -> None:
     prompts = parser.add_argument_group("prompt workers (processes that render chat templates and tokenize long "
                                         "prompts, each prompt on a budget)")
     prompts.add_argument("--prompt-workers", type=int, default=2, help="worker processes (default 2)")
-    prompts.add_argument("--prompt-timeout", type=float, default=2.0,
-                         help="seconds one prompt may take to render and tokenize; past it the request gets a 500 "
-                              "and the worker is replaced (default 2)")
-    prompts.add_argument("--prompt-worker-memory", type=int, default=1024, metavar="MB",
-                         help="data memory of one worker, its tokenizer included (default 1024)")
+    add_prompt_budget_args(prompts, "past it the request gets a 500 and the worker is replaced")
+
+
+def add_prompt_budget_args(group, past: str) -> None:
+    """--prompt-timeout and --prompt-worker-memory: the budget of one chat prompt's rendering (serve, generate)."""
+    group.add_argument("--prompt-timeout", type=float, default=2.0,
+                       help=f"seconds one prompt may take to render and tokenize; {past} (default 2)")
+    group.add_argument("--prompt-worker-memory", type=int, default=1024, metavar="MB",
+                       help="data memory of a prompt worker, its tokenizer included (default 1024)")
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:

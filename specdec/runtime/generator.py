@@ -27,6 +27,7 @@ from specdec.runtime.backend import cpu_count
 from specdec.runtime.config import AUTO_BACKEND, GenerationConfig
 from specdec.runtime.drafters import ModelGate
 from specdec.runtime.loop import SpeculativeLoop
+from specdec.runtime.prompt_worker import PromptBudget, PromptWorker
 from specdec.runtime.registry import open_backends
 from specdec.runtime.requests import RequestLayer
 from specdec.runtime.state import Row, Stats, Timed
@@ -63,20 +64,22 @@ class GenerationResult:
 
 
 def load(bundle: str | Path, backend: str = AUTO_BACKEND, device: str | None = None, verify: bool = True,
-         threads: int | None = None) -> "Generator":
+         threads: int | None = None, prompt_budget: PromptBudget | None = None) -> "Generator":
     """Open a bundle for generation. `verify` checks the sha256 of every file the opened backends and the tokenizer
     read against the manifest (before each is opened).
     backend: "auto" (the default) opens the cuda backend on a GPU, else the native backend where the bundle and this
     machine allow it (native weights in the bundle, an AVX2 CPU, a C compiler), else onnxruntime; the Generator's `backend` names the one opened and
     `backend_note` says why native was not (specdec.runtime.registry).
     device: "cpu" for onnxruntime and native, "cuda:N" for cuda and tensorrt (their default cuda:0); unset with
-    backend="auto": a GPU where CuPy sees one (the cuda backend), else the CPU."""
+    backend="auto": a GPU where CuPy sees one (the cuda backend), else the CPU.
+    prompt_budget: what rendering one chat prompt may cost (time, memory) in the Generator's prompt worker."""
     threads = check_threads(threads)
     return generator_of(bundle, verify, lambda root, manifest: open_backends(root, manifest, backend, device,
-                                                                            threads, verify))
+                                                                            threads, verify), prompt_budget)
 
 
-def generator_of(bundle: str | Path, verify: bool, open_models) -> "Generator":
+def generator_of(bundle: str | Path, verify: bool, open_models,
+                 prompt_budget: PromptBudget | None = None) -> "Generator":
     """A Generator of the bundle's models as `open_models(root, manifest)` opens them -> (target, draft, backend's
     name, note); the tokenizer's files hashed first where `verify`."""
     root = Path(bundle)
@@ -85,7 +88,7 @@ def generator_of(bundle: str | Path, verify: bool, open_models) -> "Generator":
         check_bundle_files(root, manifest, TextCodec.files_read(root))
     codec = TextCodec(root).open()
     target, draft, backend, note = open_models(root, manifest)
-    generator = Generator(manifest, codec, target, draft)
+    generator = Generator(manifest, codec, target, draft, prompt_budget)
     generator.backend, generator.backend_note = backend, note
     return generator
 
@@ -118,13 +121,16 @@ class Request:
 
 
 class Generator:
-    def __init__(self, manifest: Manifest, codec: TextCodec, target, draft=None):
+    def __init__(self, manifest: Manifest, codec: TextCodec, target, draft=None,
+                 prompt_budget: PromptBudget | None = None):
         self.manifest = manifest
         self.codec = codec
         self.target = Timed(target)
         self.draft = Timed(draft) if draft is not None else None
         self.gate = ModelGate()  # measured α and c of this bundle's draft on this machine (greedy requests)
-        self.requests = RequestLayer(manifest, codec, self.gate, has_draft=draft is not None)
+        self.prompt_worker = PromptWorker(codec.root, prompt_budget)  # renders chat prompts (started at the first)
+        self.requests = RequestLayer(manifest, codec, self.gate, has_draft=draft is not None,
+                                     prompts=self.prompt_worker)
         self.last_stats: Stats | None = None  # of the latest request
         self._lock = threading.RLock()
         self._owner = None  # the Request whose KV the backends hold
@@ -224,6 +230,7 @@ class Generator:
                 return
             self._closed = True
             self._owner = None
+            self.prompt_worker.close()
             self.target.backend.close()
             if self.draft is not None:
                 self.draft.backend.close()

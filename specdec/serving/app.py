@@ -163,7 +163,7 @@ async def _chat_ids(request: Request, engine: Engine, messages: list) -> list:
     """Token ids of a conversation, rendered by the chat template and tokenized by a prompt worker, on its budget."""
     layer, pool = engine.gen.requests, request.app.state.prompts
     with _refusals():
-        if pool is None:  # an app whose lifespan did not run: rendered here, without the workers' budget
+        if pool is None:  # an app whose lifespan did not run: the generator's own prompt worker, on its budget
             return await asyncio.to_thread(layer.chat_ids, messages)
         layer.check_messages(messages)
         try:
