@@ -26,9 +26,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from specdec.errors import BackendError, ConfigError, ManifestError, SpecDecError
+from specdec.runtime.limits import MAX_TIMEOUT_S, PER_CORE, bounded_int, bounded_seconds, cpu_count, memory_bytes
 
 START_TIMEOUT_S = 60.0  # a worker that has not opened the tokenizer by then failed to start
 STOP_TIMEOUT_S = 2.0  # a worker asked to stop that has not ended by then is killed
+MAX_WAITING = 1 << 16  # requests waiting for a worker (the server's --max-queue has the same bound)
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding this specdec: the worker imports the same
 # A worker's program: `-c`, not `-m` (the runtime package imports this module before -m could run it as __main__), and
 # its replies pickle this module's enums, which the caller unpickles as its own
@@ -67,12 +69,28 @@ BUDGET_HINT = "`specdec generate|serve --prompt-timeout/--prompt-worker-memory`,
 
 @dataclass(frozen=True)
 class PromptBudget:
-    """What one prompt may cost in a worker, and (the server's pool) how many workers and waiting requests there are."""
+    """What one prompt may cost in a worker, and (the server's pool) how many workers and waiting requests there are.
+    Checked against this machine: its cores and its memory (specdec.runtime.limits)."""
 
     workers: int = 2  # processes (the server's pool; a Generator has one)
     timeout_s: float = 2.0  # wall time of one rendering plus tokenization
     memory_mb: int = 1024  # data memory of one worker (its tokenizer included, ~100 MB for a 50k vocabulary)
     max_waiting: int = 64  # requests waiting for a worker; one more is refused
+
+    def __post_init__(self):
+        cores, memory_mb = cpu_count(), memory_bytes() >> 20
+        bounded_int("prompt workers", self.workers, 1, PER_CORE * cores, f"{PER_CORE} per core of the {cores} cores "
+                    "this process may use", "pass --prompt-workers 2 (the default), or fewer")
+        bounded_seconds("prompt timeout_s", self.timeout_s, MAX_TIMEOUT_S, "pass --prompt-timeout 2 (seconds), the "
+                        "default, or PromptBudget(timeout_s=2)")
+        bounded_int("prompt worker memory_mb", self.memory_mb, 256, memory_mb, "this machine's memory",
+                    "pass --prompt-worker-memory 1024 (MB), the default, or PromptBudget(memory_mb=1024)")
+        if self.workers * self.memory_mb > memory_mb:
+            raise ConfigError(f"{self.workers} prompt workers of {self.memory_mb} MB could take "
+                              f"{self.workers * self.memory_mb} MB, more than this machine's {memory_mb} MB",
+                              "pass fewer --prompt-workers or a smaller --prompt-worker-memory")
+        bounded_int("prompt max_waiting", self.max_waiting, 1, MAX_WAITING, "requests that wait for a worker",
+                    "pass --max-queue 64, the default, or fewer")
 
 
 def work(conn, root: str, memory_bytes: int) -> None:

@@ -194,6 +194,15 @@ class RequestLayer:
         target, draft = self.manifest.target, self.manifest.draft
         return min(target.max_batch, draft.max_batch) if draft is not None else target.max_batch
 
+    def batch(self, max_batch: int | None) -> int:
+        """Rows of `serve --max-batch` (None: every row the bundle holds): the one check against the bundle's."""
+        rows = self.max_rows
+        if max_batch is not None and max_batch > rows:
+            raise ConfigError(f"max_batch={max_batch} exceeds this bundle's max_batch of {rows} rows",
+                              f"pass --max-batch {rows} or less (the default: {rows}), or re-export the bundle with a "
+                              "larger --max-batch")
+        return rows if max_batch is None else max_batch
+
     def rows(self, prompts: list, config: GenerationConfig) -> list:
         """The rows of a request of one or more prompts, on slots 0..n-1."""
         self.check(config)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from specdec.errors import SpecDecError
@@ -21,6 +22,7 @@ from specdec.runtime.prompt_worker import (  # noqa: F401 - PromptBudget and Pro
 )
 
 INLINE_CHARS = 8192  # text prompts up to this many characters are tokenized in the server (a few ms at most)
+START_THREADS = 8  # workers started at once (each start is a process that imports the runtime and opens a tokenizer)
 
 
 class PromptWorkersBusy(SpecDecError):
@@ -29,8 +31,8 @@ class PromptWorkersBusy(SpecDecError):
 
 class PromptPool:
     """The prompt workers of one server: `await chat_ids(...)` / `await text_ids(...)`, each under the budget.
-    Created and used on the server's event loop; `await start()` returns once every worker has opened the tokenizer,
-    and a worker killed past its budget is replaced in the background."""
+    Used on the server's event loop; `await start()` (or `open()`, before the loop runs) returns once every worker
+    has opened the tokenizer, and a worker killed past its budget is replaced in the background."""
 
     def __init__(self, root: Path, budget: PromptBudget | None = None):
         self.root, self.budget = Path(root), budget or PromptBudget()
@@ -42,18 +44,25 @@ class PromptPool:
         self._all: set = set()
 
     async def start(self) -> "PromptPool":
-        """Start the workers and wait until each has opened the tokenizer (a server answers once they have)."""
-        self._idle = asyncio.Queue()
-        started = await asyncio.gather(*(asyncio.to_thread(self._spawn) for _ in range(self.budget.workers)),
-                                       return_exceptions=True)
-        failed = [error for error in started if isinstance(error, BaseException)]
-        for worker in started:
-            if not isinstance(worker, BaseException):
+        """open() on a thread, for a caller on an event loop (the app's lifespan)."""
+        return await asyncio.to_thread(self.open)
+
+    def open(self) -> "PromptPool":
+        """Start the workers and wait until each has opened the tokenizer (a server answers once they have). The
+        calling thread waits, so where it is the main thread a SIGTERM (Terminated) or Ctrl-C ends the wait at once;
+        then, as on any failure, the workers started so far are killed and the others are not started."""
+        self._idle = asyncio.Queue()  # bound to the event loop that first waits on it, not to this thread
+        starter = ThreadPoolExecutor(min(START_THREADS, self.budget.workers), thread_name_prefix="specdec-prompt-start")
+        try:
+            for started in [starter.submit(self._spawn) for _ in range(self.budget.workers)]:
+                worker = started.result()
                 self._alive += 1
                 self._idle.put_nowait(worker)
-        if failed:
+        except BaseException:
             self.close()
-            raise failed[0]
+            raise
+        finally:
+            starter.shutdown(wait=False, cancel_futures=True)
         return self
 
     def _spawn(self) -> WorkerProcess:

@@ -120,3 +120,11 @@ def test_generate_chat_under_a_4_gb_address_space_is_a_message(greedy_bundle):
     assert "more than the prompt workers' 1024 MB" in done.stderr and "Hint:" in done.stderr
     assert "Traceback" not in done.stderr and "MemoryError" not in done.stderr, done.stderr
 
+
+def test_generate_refuses_a_budget_this_machine_cannot_give(greedy_bundle, capsys):
+    for flag, value, message in (("--prompt-timeout", "0", "prompt timeout_s must be a number of seconds in (0, 3600"),
+                                 ("--prompt-timeout", "nan", "got nan"),
+                                 ("--prompt-worker-memory", str(1 << 40), "prompt worker memory_mb must be an integer")):
+        assert main(["generate", str(greedy_bundle), "--prompt", "hi", "--chat", flag, value]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Hint:" in err and "Traceback" not in err, err
