@@ -32,6 +32,7 @@ ALLOWED = {  # file -> the literals it may compare with, and why none of them is
                                    "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"},  # glibc's variables
     "specdec/runtime/trt_backend.py": {":"},  # in a device="cuda:N"
     "specdec/runtime/limits.py": {"memory"},  # /proc/self/cgroup's name of a cgroup controller
+    "specdec/runtime/generator.py": {"\0"},  # the NUL character, which no path may hold
     "specdec/serving/app.py": {"http.disconnect"},  # an ASGI message type
     "specdec/serving/web.py": {"http", "http.disconnect",  # ASGI scope and message types
                                "POST", "bearer", "]",  # an HTTP method, an Authorization scheme, a Host's [IPv6]

@@ -3,7 +3,7 @@
 Each option a request brings is checked here once, with one message and one hint (GenerationConfig has checked
 each option's own range already):
 - the prompt: text (valid Unicode; through the chat template when asked, rendered by a prompt worker on its budget:
-  specdec.runtime.prompt_worker), UTF-8 bytes, or token ids; at least one
+  specdec.runtime.prompt_worker), UTF-8 bytes, or token ids (integers, not bools or floats); at least one
   token; every id inside the target's vocabulary, the ids a text prompt's tokenizer gives included (a tokenizer.json
   that does not belong to the models gives ids they do not have); at most S tokens;
 - γ: the request's own, else the bundle's, at most the bundle's γ_max (`serve --gamma` goes through the same check);
@@ -17,10 +17,12 @@ Refusals are OptionError / RequestCapacityError, whose `public` text a server se
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from specdec.chat_template import RenderLimitError
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, shown
 from specdec.manifest import Manifest
 from specdec.runtime import drafters as drafter_classes
 from specdec.runtime.adaptive_gamma import GammaStart
@@ -264,12 +266,16 @@ def _check_text(text: str, what: str, option: str) -> int:
 
 
 def _token_ids(prompt) -> list:
+    """Token ids as Python ints: integers (numpy's too), never bools, floats or numeric strings."""
     try:
-        return [int(t) for t in prompt]
-    except (TypeError, ValueError) as exc:
-        raise OptionError(f"the prompt is neither text nor token ids ({type(prompt).__name__})",
-                          "pass a string, a list of token ids, or a list of either (a batch)",
-                          "the prompt is neither text nor token ids", "prompt") from exc
+        ids = list(prompt)
+    except TypeError:
+        ids = None
+    if ids is None or any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in ids):
+        raise OptionError(f"the prompt is neither text nor token ids ({type(prompt).__name__}: {shown(prompt)})",
+                          "pass a string, a list of integer token ids, or a list of either (a batch)",
+                          "the prompt is neither text nor token ids", "prompt")
+    return [int(t) for t in ids]
 
 
 def _noise_key(config: GenerationConfig, row: int) -> tuple | None:
