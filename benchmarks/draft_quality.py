@@ -38,12 +38,13 @@ THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 
 def prompt_ids(generator, folder: Path, per_class: int) -> list:
     from specdec.bench.prompts import read_prompts
+    from specdec.bench.run import chat_ids
 
     every, seen, out = read_prompts(folder), {}, []
     for prompt in every:
         seen[prompt.cls] = seen.get(prompt.cls, 0) + 1
         if not per_class or seen[prompt.cls] <= per_class:
-            out.append(generator.codec.chat(prompt.text) if prompt.chat else generator.codec.encode(prompt.text))
+            out.append(chat_ids(generator, prompt.text) if prompt.chat else generator.codec.encode(prompt.text))
     return out
 
 

@@ -16,7 +16,7 @@ from specdec.errors import ConfigError, ManifestError, MissingDependencyError
 
 SAFE_JINJA = (3, 1, 6)  # older releases have known sandbox escapes
 SAMPLE_CONVERSATION = [{"role": "user", "content": "Hello!"}]
-RENDER_MAX_CHARS = 8 << 20  # a rendering stops past this many characters where the caller states no bound
+RENDER_MAX_BYTES = 8 << 20  # a rendering stops past this many bytes of UTF-8 where the caller states no bound
 _UNSAFE_HINT = ("the template is not a plain chat template; re-export from a model whose chat template renders in "
                 "jinja2's sandbox (as transformers renders it)")
 
@@ -91,10 +91,10 @@ def compile_chat_template(text: str):
 
 
 class RenderLimitError(ConfigError):
-    """A rendering grew past its bound of characters (the template's output, not its input, is what is bounded)."""
+    """A rendering grew past its bound of bytes (the template's output, not its input, is what is bounded)."""
 
     def __init__(self, limit: int):
-        super().__init__(f"the chat template's output grew past {limit} characters",
+        super().__init__(f"the chat template's output grew past {limit} bytes of UTF-8",
                          "shorten the conversation; if it is short, the bundle's chat template writes too much")
         self.limit = limit
 
@@ -104,18 +104,21 @@ class TemplateRefusal(ConfigError):
 
 
 def render_chat(template, messages: list, special: dict, add_generation_prompt: bool = True,
-                max_chars: int = RENDER_MAX_CHARS) -> str:
-    """The text of `messages` as the template writes it, stopped with RenderLimitError once it passes `max_chars`
-    (a template that writes without end never holds the whole of it). ManifestError if the template attempts
-    something the sandbox refuses; ConfigError if it refuses the conversation (raise_exception) or fails on it.
-    Time and memory are not bounded here: a server renders in worker processes that are (specdec.serving.prompts)."""
+                max_bytes: int = RENDER_MAX_BYTES) -> str:
+    """The text of `messages` as the template writes it, stopped with RenderLimitError once its UTF-8 passes
+    `max_bytes` (the one check of a rendering's size; a template that writes without end never holds the whole of it).
+    ManifestError if the template attempts something the sandbox refuses; ConfigError if it refuses the conversation
+    (raise_exception) or fails on it. Time and memory are not bounded here: the library and the server render in
+    worker processes that are (specdec.runtime.prompt_worker)."""
     jinja2 = _jinja()
     try:
         parts, size = [], 0
         for part in template.generate(messages=messages, add_generation_prompt=add_generation_prompt, **special):
-            size += len(part)
-            if size > max_chars:
-                raise RenderLimitError(max_chars)
+            if size + len(part) > max_bytes:  # a character is a byte or more: no need to encode a part this long
+                raise RenderLimitError(max_bytes)
+            size += len(part.encode("utf-8", "surrogatepass"))
+            if size > max_bytes:
+                raise RenderLimitError(max_bytes)
             parts.append(part)
         return "".join(parts)
     except RenderLimitError:

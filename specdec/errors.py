@@ -1,6 +1,13 @@
 """The one error hierarchy of specdec. Every message says what failed, the value seen, and a `Hint:`."""
 from __future__ import annotations
 
+import reprlib
+
+SHOWN_CHARS = 40  # the most characters of a value someone else sent that a message repeats
+_REPR = reprlib.Repr()  # reprlib cuts a container or a string before it writes it whole
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxlong, _REPR.maxother = 2, SHOWN_CHARS, SHOWN_CHARS, SHOWN_CHARS
+_REPR.maxtuple = _REPR.maxlist = _REPR.maxarray = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 3
+
 
 class SpecDecError(Exception):
     """Base of every error specdec raises on purpose."""
@@ -53,3 +60,23 @@ def missing_dependency(module: str, extra: str) -> MissingDependencyError:
 
 class Terminated(KeyboardInterrupt):
     """The process was asked to stop (SIGTERM); raised like Ctrl-C so that every `finally` and cleanup runs."""
+
+
+def shown(value, limit: int = SHOWN_CHARS) -> str:
+    """A short escaped prefix of a value a caller or a client sent, for a message: its repr cut to `limit` characters
+    (a 900 KB string costs no more than a short one), escaped as `escaped` does, so neither a huge value nor markup
+    comes back whole."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # noqa: BLE001 - a repr that fails (an int past Python's digit limit, a broken __repr__)
+        text = f"(a {type(value).__name__} too long to show)"
+    return escaped(text, limit)
+
+
+def escaped(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, its non-ASCII characters and HTML's <, > and & written as backslash escapes
+    (a message that reaches a web page carries no markup)."""
+    text = text[: limit * 10].encode("ascii", "backslashreplace").decode("ascii")
+    for char in "<>&":
+        text = text.replace(char, f"\\x{ord(char):02x}")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -31,6 +31,8 @@ ALLOWED = {  # file -> the literals it may compare with, and why none of them is
     "specdec/runtime/backend.py": {"0", "", "cpu", "max",  # /proc/self/cgroup's fields, a cgroup controller, cpu.max
                                    "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"},  # glibc's variables
     "specdec/runtime/trt_backend.py": {":"},  # in a device="cuda:N"
+    "specdec/runtime/limits.py": {"memory"},  # /proc/self/cgroup's name of a cgroup controller
+    "specdec/runtime/generator.py": {"\0"},  # the NUL character, which no path may hold
     "specdec/serving/app.py": {"http.disconnect"},  # an ASGI message type
     "specdec/serving/web.py": {"http", "http.disconnect",  # ASGI scope and message types
                                "POST", "bearer", "]",  # an HTTP method, an Authorization scheme, a Host's [IPv6]
@@ -39,7 +41,6 @@ ALLOWED = {  # file -> the literals it may compare with, and why none of them is
     "specdec/cli/export.py": {"--draft-layers"},  # a flag
     "specdec/runtime/text.py": {"BPE", "Sequence", "ByteLevel", "Removed"},  # tokenizer.json's model, normalizer and
                                                                                # pre-tokenizer types, a Split behaviour
-    "specdec/serving/prompts.py": {"__main__"},
     "specdec/serving/ray_app.py": {"Z"},  # /proc/PID/stat's state of a zombie
 }
 

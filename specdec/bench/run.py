@@ -82,8 +82,14 @@ def prompt_ids(generator, prompts: list, keep_last: int | None = None) -> dict:
     chat = codec.has_chat_template
     if not chat and any(p.chat for p in prompts):
         log.warning("the bundle has no chat template: chat prompts are benchmarked as raw text")
-    ids = {p.id: codec.chat(p.text) if p.chat and chat else codec.encode(p.text) for p in prompts}
+    ids = {p.id: chat_ids(generator, p.text) if p.chat and chat else codec.encode(p.text) for p in prompts}
     return ids if keep_last is None else {k: v[-keep_last:] for k, v in ids.items()}
+
+
+def chat_ids(generator, text: str) -> list:
+    """Token ids of `text` as one user turn through the bundle's chat template, rendered by the generator's prompt
+    worker on its budget (not cut to S: prompt_ids keeps the last tokens where asked)."""
+    return generator.prompt_worker.chat_ids([{"role": "user", "content": text}])
 
 
 def run_bench(config: BenchConfig, command: str = "") -> dict:

@@ -33,19 +33,26 @@ def add_generate_parser(commands) -> None:
     parser.add_argument("--device", default=None,
                         help="cpu or cuda:N (default: cuda:0 for --backend cuda; with auto, a GPU where CuPy sees one)")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
+    from specdec.cli.serve import add_prompt_budget_args
+
+    budget = parser.add_argument_group("the chat prompt's budget (--chat renders the template in a worker process)")
+    add_prompt_budget_args(budget, "past it the command fails")
     parser.set_defaults(run=run_generate)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from specdec.runtime import load
     from specdec.runtime.config import GenerationConfig
+    from specdec.runtime.prompt_worker import PromptBudget
 
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, gamma=args.gamma, gamma_policy=args.gamma_policy, drafter=args.drafter, stop=tuple(args.stop), chat=args.chat,
-        coupling=args.coupling,
+        seed=args.seed, gamma=args.gamma, gamma_policy=args.gamma_policy, drafter=args.drafter, stop=tuple(args.stop),
+        chat=args.chat, coupling=args.coupling,
     )
-    with load(args.bundle, backend=args.backend, device=args.device, verify=not args.no_verify) as generator:
+    budget = PromptBudget(workers=1, timeout_s=args.prompt_timeout, memory_mb=args.prompt_worker_memory)
+    with load(args.bundle, backend=args.backend, device=args.device, verify=not args.no_verify,
+              prompt_budget=budget) as generator:
         for piece in generator.stream(args.prompt, config):
             sys.stdout.write(piece)
             sys.stdout.flush()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Callable
 
-from specdec.errors import CapacityError, ConfigError
+from specdec.errors import CapacityError, ConfigError, shown
 from specdec.runtime.adaptive_gamma import GAMMA_POLICY_KINDS
 
 
@@ -100,7 +101,7 @@ class RequestCapacityError(RequestRefusal, CapacityError):
 def checked_int(name: str, value, minimum: int, hint: str) -> int:
     """`value` as a Python int >= minimum; numpy integers are integers, bools are not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise OptionError(f"{name} must be an integer >= {minimum}, got {value!r}", hint,
+        raise OptionError(f"{name} must be an integer >= {minimum}, got {shown(value)}", hint,
                           f"{name} must be an integer >= {minimum}", name)
     return int(value)
 
@@ -108,13 +109,13 @@ def checked_int(name: str, value, minimum: int, hint: str) -> int:
 def _real(name: str, value, rule: str, hint: str) -> float:
     """`value` as a finite Python float; numpy floats and integers are numbers, bools are not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise OptionError(f"{name} must be {rule}, got {value!r}", hint, f"{name} must be {rule}", name)
+        raise OptionError(f"{name} must be {rule}, got {shown(value)}", hint, f"{name} must be {rule}", name)
     return float(value)
 
 
 def _choice(name: str, value, choices) -> None:
     if not isinstance(value, str) or value not in choices:
-        raise OptionError(f"{name} {value!r} is unknown", f"choose one of {', '.join(choices)}",
+        raise OptionError(f"{name} {shown(value)} is unknown", f"choose one of {', '.join(choices)}",
                           f"{name} is unknown", name)
 
 
@@ -168,7 +169,7 @@ class GenerationConfig:
                 "use lookup_min_ngram=2, lookup_ngram=3", "need 1 <= lookup_min_ngram <= lookup_ngram", "lookup_ngram")
         self._check_eos()
         if not isinstance(self.chat, bool):
-            raise OptionError(f"chat must be True or False, got {self.chat!r}",
+            raise OptionError(f"chat must be True or False, got {shown(self.chat)}",
                               "pass chat=True to use the chat template", "chat must be true or false", "chat")
 
     def _set(self, name: str, value) -> None:
@@ -178,9 +179,11 @@ class GenerationConfig:
         if self.eos_token_ids is None:
             return
         try:
+            if isinstance(self.eos_token_ids, (str, bytes, Mapping)):
+                raise TypeError(type(self.eos_token_ids).__name__)
             tokens = tuple(self.eos_token_ids)
         except TypeError:
-            raise OptionError(f"eos_token_ids must be a list of token ids, got {self.eos_token_ids!r}",
+            raise OptionError(f"eos_token_ids must be a list of token ids, got {shown(self.eos_token_ids)}",
                               "pass token ids of the bundle's vocabulary", "eos_token_ids must be a list of token ids",
                               "eos_token_ids") from None
         hint = "pass token ids of the bundle's vocabulary"
@@ -214,17 +217,19 @@ def _stops(stop) -> tuple:
     """A tuple of non-empty stop strings; a lone string is one stop string (not one per character)."""
     stops = (stop,) if isinstance(stop, str) else stop
     try:
+        if isinstance(stop, (bytes, bytearray, Mapping)):
+            raise TypeError(type(stop).__name__)
         stops = tuple(stops)
     except TypeError:
-        raise OptionError(f"stop must be a string or a list of strings, got {stop!r}", "pass stop=['###']",
+        raise OptionError(f"stop must be a string or a list of strings, got {shown(stop)}", "pass stop=['###']",
                           "stop must be a string or a list of strings", "stop") from None
     for item in stops:
         if not isinstance(item, str) or not item:
-            raise OptionError(f"stop strings must be non-empty strings, got {item!r}", "drop empty stop strings",
+            raise OptionError(f"stop strings must be non-empty strings, got {shown(item)}", "drop empty stop strings",
                               "stop strings must be non-empty strings", "stop")
         try:
             item.encode("utf-8")
         except UnicodeEncodeError:
-            raise OptionError(f"stop string {item!r} is not valid Unicode text", "pass valid UTF-8 text",
+            raise OptionError(f"stop string {shown(item)} is not valid Unicode text", "pass valid UTF-8 text",
                               "a stop string is not valid Unicode text (a lone surrogate)", "stop") from None
     return stops

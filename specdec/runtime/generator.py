@@ -13,6 +13,7 @@ through specdec.serving.
 from __future__ import annotations
 
 import numbers
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,13 +22,14 @@ from typing import Iterator
 
 import numpy as np
 
-from specdec.errors import BackendError, ConfigError
+from specdec.errors import BackendError, ConfigError, shown
 from specdec.manifest import Manifest, check_bundle_files, read_manifest
 from specdec.runtime.backend import cpu_count
 from specdec.runtime.config import AUTO_BACKEND, GenerationConfig
 from specdec.runtime.drafters import ModelGate
 from specdec.runtime.forward import Observed
 from specdec.runtime.loop import SpeculativeLoop
+from specdec.runtime.prompt_worker import PromptBudget, PromptWorker
 from specdec.runtime.registry import open_backends
 from specdec.runtime.requests import RequestLayer
 from specdec.runtime.state import Row, Stats
@@ -54,6 +56,17 @@ def check_threads(threads) -> int | None:
     return int(threads)
 
 
+def checked_config(config) -> GenerationConfig:
+    """A request's GenerationConfig (None: the defaults); anything else, a dict of options included, is refused."""
+    if config is None:
+        return GenerationConfig()
+    if not isinstance(config, GenerationConfig):
+        raise ConfigError(f"config must be a GenerationConfig or None, not {type(config).__name__}: "
+                          f"{shown(config)}", "pass GenerationConfig(...): for a dict of options, "
+                          "specdec.GenerationConfig(**options)")
+    return config
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -63,30 +76,62 @@ class GenerationResult:
     stats: Stats = field(repr=False)
 
 
-def load(bundle: str | Path, backend: str = AUTO_BACKEND, device: str | None = None, verify: bool = True,
-         threads: int | None = None) -> "Generator":
+def load(bundle: str | os.PathLike, backend: str = AUTO_BACKEND, device: str | None = None, verify: bool = True,
+         threads: int | None = None, prompt_budget: PromptBudget | None = None) -> "Generator":
     """Open a bundle for generation. `verify` checks the sha256 of every file the opened backends and the tokenizer
     read against the manifest (before each is opened).
     backend: "auto" (the default) opens the cuda backend on a GPU, else the native backend where the bundle and this
     machine allow it (native weights in the bundle, an AVX2 CPU, a C compiler), else onnxruntime; the Generator's `backend` names the one opened and
     `backend_note` says why native was not (specdec.runtime.registry).
     device: "cpu" for onnxruntime and native, "cuda:N" for cuda and tensorrt (their default cuda:0); unset with
-    backend="auto": a GPU where CuPy sees one (the cuda backend), else the CPU."""
+    backend="auto": a GPU where CuPy sees one (the cuda backend), else the CPU.
+    prompt_budget: what rendering one chat prompt may cost (time, memory) in the Generator's prompt worker."""
     threads = check_threads(threads)
+    _check_type("backend", backend, str, "pass backend='auto' (the default), 'onnxruntime', 'native', 'cuda' or "
+                                         "'tensorrt'")
+    _check_type("device", device, (str, type(None)), "pass device='cpu' or 'cuda:N', or leave it unset")
+    _check_type("verify", verify, bool, "pass verify=True (the default) or False")
     return generator_of(bundle, verify, lambda root, manifest: open_backends(root, manifest, backend, device,
-                                                                            threads, verify))
+                                                                            threads, verify), prompt_budget)
 
 
-def generator_of(bundle: str | Path, verify: bool, open_models) -> "Generator":
+def _check_type(name: str, value, kinds, hint: str) -> None:
+    if not isinstance(value, kinds):
+        expected = "a str or None" if isinstance(kinds, tuple) else f"a {kinds.__name__}"
+        raise ConfigError(f"{name} must be {expected}, not {type(value).__name__}: {shown(value)}", hint)
+
+
+def bundle_path(bundle) -> Path:
+    """The bundle's directory from a str or os.PathLike; bytes (a path in no known encoding) and anything else are
+    refused with a hint."""
+    hint = "pass the bundle's directory as a str or pathlib.Path, e.g. specdec.load('bundles/smollm2-q41')"
+    try:
+        path = os.fspath(bundle)
+    except TypeError:
+        raise ConfigError(f"the bundle must be a path (str or os.PathLike), not {type(bundle).__name__}: "
+                          f"{shown(bundle)}", hint) from None
+    if isinstance(path, bytes):
+        raise ConfigError(f"the bundle path must be text, not bytes: {shown(path)}",
+                          "decode it first: specdec.load(os.fsdecode(path))")
+    if not path or "\0" in path:
+        raise ConfigError(f"the bundle path {shown(path)} is empty or holds a NUL character", hint)
+    return Path(path)
+
+
+def generator_of(bundle: str | os.PathLike, verify: bool, open_models,
+                 prompt_budget: PromptBudget | None = None) -> "Generator":
     """A Generator of the bundle's models as `open_models(root, manifest)` opens them -> (target, draft, backend's
     name, note); the tokenizer's files hashed first where `verify`."""
-    root = Path(bundle)
+    root = bundle_path(bundle)
+    if prompt_budget is not None and not isinstance(prompt_budget, PromptBudget):
+        raise ConfigError(f"prompt_budget must be a PromptBudget or None, not {type(prompt_budget).__name__}",
+                          "pass specdec.runtime.prompt_worker.PromptBudget(timeout_s=..., memory_mb=...)")
     manifest = read_manifest(root)
     if verify:
         check_bundle_files(root, manifest, TextCodec.files_read(root))
     codec = TextCodec(root).open()
     target, draft, backend, note = open_models(root, manifest)
-    generator = Generator(manifest, codec, target, draft)
+    generator = Generator(manifest, codec, target, draft, prompt_budget)
     generator.backend, generator.backend_note = backend, note
     return generator
 
@@ -119,13 +164,16 @@ class Request:
 
 
 class Generator:
-    def __init__(self, manifest: Manifest, codec: TextCodec, target, draft=None):
+    def __init__(self, manifest: Manifest, codec: TextCodec, target, draft=None,
+                 prompt_budget: PromptBudget | None = None):
         self.manifest = manifest
         self.codec = codec
         self.target = Observed(target)
         self.draft = Observed(draft) if draft is not None else None
         self.gate = ModelGate()  # measured α and c of this bundle's draft on this machine (greedy requests)
-        self.requests = RequestLayer(manifest, codec, self.gate, has_draft=draft is not None)
+        self.prompt_worker = PromptWorker(codec.root, prompt_budget)  # renders chat prompts (started at the first)
+        self.requests = RequestLayer(manifest, codec, self.gate, has_draft=draft is not None,
+                                     prompts=self.prompt_worker)
         self.last_stats: Stats | None = None  # of the latest request
         self._lock = threading.RLock()
         self._owner = None  # the Request whose KV the backends hold
@@ -140,7 +188,10 @@ class Generator:
 
     def request(self, prompts: list, config: GenerationConfig | None = None, policy=None) -> Request:
         """A Request for `prompts` (texts or token-id lists); `policy` overrides the config's γ policy."""
-        config = config or GenerationConfig()
+        config = checked_config(config)
+        if not isinstance(prompts, (list, tuple)):
+            raise ConfigError(f"prompts must be a list of prompts, not {type(prompts).__name__}: {shown(prompts)}",
+                              "pass a list: generator.run(['Hello', 'Hi'])")
         rows = self.requests.rows(list(prompts), config)
         policy = policy or self.requests.policy(config)
         loop = SpeculativeLoop(self.target, self.requests.drafters(self.draft, self.target), policy,
@@ -208,7 +259,10 @@ class Generator:
     def stream(self, prompt, config: GenerationConfig | None = None) -> Iterator[str]:
         """Yield text pieces of one prompt as tokens are committed; `last_stats` holds the stats afterwards.
         Text that could still become a stop string, or an incomplete UTF-8 sequence, is held back until settled,
-        so the pieces add up to generate().text."""
+        so the pieces add up to generate().text. A config of the wrong type is refused here, not at the first piece."""
+        return self._stream(prompt, checked_config(config))
+
+    def _stream(self, prompt, config: GenerationConfig) -> Iterator[str]:
         with self._lock:
             self._check_open()
             request = self.request([prompt], config)
@@ -225,6 +279,7 @@ class Generator:
                 return
             self._closed = True
             self._owner = None
+            self.prompt_worker.close()
             self.target.backend.close()
             if self.draft is not None:
                 self.draft.backend.close()

@@ -2,7 +2,8 @@
 
 Each option a request brings is checked here once, with one message and one hint (GenerationConfig has checked
 each option's own range already):
-- the prompt: text (valid Unicode; through the chat template when asked), UTF-8 bytes, or token ids; at least one
+- the prompt: text (valid Unicode; through the chat template when asked, rendered by a prompt worker on its budget:
+  specdec.runtime.prompt_worker), UTF-8 bytes, or token ids (integers, not bools or floats); at least one
   token; every id inside the target's vocabulary, the ids a text prompt's tokenizer gives included (a tokenizer.json
   that does not belong to the models gives ids they do not have); at most S tokens;
 - γ: the request's own, else the bundle's, at most the bundle's γ_max (`serve --gamma` goes through the same check);
@@ -16,10 +17,12 @@ Refusals are OptionError / RequestCapacityError, whose `public` text a server se
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from specdec.chat_template import RenderLimitError
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, shown
 from specdec.manifest import Manifest
 from specdec.runtime import drafters as drafter_classes
 from specdec.runtime.adaptive_gamma import GammaStart
@@ -36,11 +39,12 @@ class RequestLayer:
     """The request preparation of one generator: its bundle's manifest and tokenizer, whether it has a draft model,
     and its measured gate (which greedy requests share: their tokens do not depend on it)."""
 
-    def __init__(self, manifest: Manifest, codec: TextCodec, gate: ModelGate, has_draft: bool):
+    def __init__(self, manifest: Manifest, codec: TextCodec, gate: ModelGate, has_draft: bool, *, prompts):
         self.manifest = manifest
         self.codec = codec
         self.gate = gate
         self.has_draft = has_draft
+        self.prompts = prompts  # the PromptWorker that renders conversations on a budget
 
     # --- the prompt ------------------------------------------------------------------------------------------
     def prompt_ids(self, prompt, chat: bool = False) -> list:
@@ -66,9 +70,15 @@ class RequestLayer:
 
     def chat_ids(self, messages: list) -> list:
         """Checked token ids of a conversation ({"role", "content"} dicts) through the chat template, with the
-        assistant's turn opened."""
+        assistant's turn opened: rendered and tokenized by the prompt worker, on its budget (PromptBudgetError past
+        it), at most the bytes S tokens can hold. An unsafe template raises ManifestError: the bundle's fault, not
+        the request's."""
         self.check_messages(messages)
-        return self.text_ids(self.codec.encode(self.render(self.codec.render_chat, messages), special=False))
+        try:
+            ids = self.prompts.chat_ids(messages, self.max_text_bytes)
+        except ConfigError as exc:
+            raise self.render_refusal(exc) from None
+        return self.text_ids(ids)
 
     def check_messages(self, messages: list) -> None:
         """What a conversation needs before it is rendered: a chat template, valid Unicode in every message."""
@@ -79,24 +89,11 @@ class RequestLayer:
         for message in messages:
             _check_text(message["content"], "a message", "messages")
 
-    def render(self, render, messages: list) -> str:
-        """The conversation rendered by `render(messages, max_chars)` (the codec's, or a worker's), bounded by the
-        bytes S tokens can hold; its refusals as the request's. An unsafe template raises ManifestError: the
-        bundle's fault, not the request's."""
-        bound = self.max_text_bytes
-        try:
-            rendered = render(messages, max_chars=bound)
-        except ConfigError as exc:
-            raise self.render_refusal(exc) from None
-        if bound is not None:
-            self._check_bytes(len(rendered.encode("utf-8", "surrogatepass")), "the rendered conversation")
-        return rendered
-
     def render_refusal(self, exc: ConfigError) -> Exception:
         """A rendering's ConfigError as the request's refusal: too long for S, or the template refused (or failed
         on) this conversation."""
         if isinstance(exc, RenderLimitError):
-            return self._too_long(f"the chat template's rendering of the messages grew past {exc.limit} characters")
+            return self._too_long(f"the chat template's rendering of the messages grew past {exc.limit} bytes")
         if isinstance(exc, OptionError):
             return exc
         return OptionError(f"the chat template refused these messages ({exc.message})",
@@ -199,6 +196,15 @@ class RequestLayer:
         target, draft = self.manifest.target, self.manifest.draft
         return min(target.max_batch, draft.max_batch) if draft is not None else target.max_batch
 
+    def batch(self, max_batch: int | None) -> int:
+        """Rows of `serve --max-batch` (None: every row the bundle holds): the one check against the bundle's."""
+        rows = self.max_rows
+        if max_batch is not None and max_batch > rows:
+            raise ConfigError(f"max_batch={max_batch} exceeds this bundle's max_batch of {rows} rows",
+                              f"pass --max-batch {rows} or less (the default: {rows}), or re-export the bundle with a "
+                              "larger --max-batch")
+        return rows if max_batch is None else max_batch
+
     def rows(self, prompts: list, config: GenerationConfig) -> list:
         """The rows of a request of one or more prompts, on slots 0..n-1."""
         self.check(config)
@@ -260,12 +266,16 @@ def _check_text(text: str, what: str, option: str) -> int:
 
 
 def _token_ids(prompt) -> list:
+    """Token ids as Python ints: integers (numpy's too), never bools, floats or numeric strings."""
     try:
-        return [int(t) for t in prompt]
-    except (TypeError, ValueError) as exc:
-        raise OptionError(f"the prompt is neither text nor token ids ({type(prompt).__name__})",
-                          "pass a string, a list of token ids, or a list of either (a batch)",
-                          "the prompt is neither text nor token ids", "prompt") from exc
+        ids = list(prompt)
+    except TypeError:
+        ids = None
+    if ids is None or any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in ids):
+        raise OptionError(f"the prompt is neither text nor token ids ({type(prompt).__name__}: {shown(prompt)})",
+                          "pass a string, a list of integer token ids, or a list of either (a batch)",
+                          "the prompt is neither text nor token ids", "prompt")
+    return [int(t) for t in ids]
 
 
 def _noise_key(config: GenerationConfig, row: int) -> tuple | None:

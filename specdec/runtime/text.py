@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdec.errors import ConfigError, ManifestError, missing_dependency
+from specdec.errors import ManifestError, missing_dependency
 from specdec.runtime.state import Finish
 
 
@@ -61,19 +61,13 @@ class TextCodec:
     def has_chat_template(self) -> bool:
         return self.template is not None
 
-    def chat(self, text: str) -> list:
-        """Token ids of `text` as one user turn, with the assistant's turn opened."""
-        if self.template is None:
-            raise ConfigError("this bundle's tokenizer has no chat template, so a prompt cannot be wrapped as a chat turn",
-                              "pass the prompt as raw text (chat=False; drop --chat)")
-        return self.encode(self.render_chat([{"role": "user", "content": text}]), special=False)
+    def render_chat(self, messages: list, max_bytes: int | None = None) -> str:
+        """The text of `messages` with the assistant's turn opened, rendered in the sandbox, at most `max_bytes` of
+        UTF-8 (see specdec.chat_template.render_chat for the errors). Unbounded in time and memory: callers render
+        in a prompt worker (specdec.runtime.prompt_worker), which calls this."""
+        from specdec.chat_template import RENDER_MAX_BYTES, render_chat
 
-    def render_chat(self, messages: list, max_chars: int | None = None) -> str:
-        """The text of `messages` with the assistant's turn opened, rendered in the sandbox, at most `max_chars`
-        characters (see specdec.chat_template.render_chat for the errors)."""
-        from specdec.chat_template import RENDER_MAX_CHARS, render_chat
-
-        return render_chat(self.template, messages, self.special, max_chars=max_chars or RENDER_MAX_CHARS)
+        return render_chat(self.template, messages, self.special, max_bytes=max_bytes or RENDER_MAX_BYTES)
 
 
 class StopStrings:

@@ -29,9 +29,12 @@ from specdec.serving.web import (
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the room left in S
 
 
-def build_app(options: ServeOptions, engine: Engine | None = None, replica: str | None = None) -> FastAPI:
+def build_app(options: ServeOptions, engine: Engine | None = None, replica: str | None = None,
+              prompts: PromptPool | None = None) -> FastAPI:
     """The app. Without `engine` it loads the bundle at startup and closes it at shutdown (the lifespan);
-    with one, the caller starts and closes it. `replica` is sent back in an `x-specdec-replica` header."""
+    with one, the caller starts and closes it. Without `prompts` it starts the prompt workers at startup; with an
+    open pool (`specdec serve` opens it before the server starts, where a SIGTERM can end the wait) it uses that one.
+    Either way the lifespan's end kills the workers. `replica` is sent back in an `x-specdec-replica` header."""
     metrics = engine.metrics if engine is not None else Metrics()
     owned = engine is None
 
@@ -40,7 +43,8 @@ def build_app(options: ServeOptions, engine: Engine | None = None, replica: str 
         if owned:
             app.state.engine = await asyncio.to_thread(lambda: Engine.from_options(options, metrics).start())
         try:
-            app.state.prompts = await PromptPool(app.state.engine.gen.codec.root, options.prompt_budget).start()
+            if app.state.prompts is None:
+                app.state.prompts = await PromptPool(app.state.engine.gen.codec.root, options.prompt_budget).start()
             yield
         finally:
             if app.state.prompts is not None:
@@ -50,7 +54,7 @@ def build_app(options: ServeOptions, engine: Engine | None = None, replica: str 
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.options, app.state.metrics = engine, options, metrics
-    app.state.prompts = None
+    app.state.prompts = prompts
     app.state.model_name = options.model_name or Path(options.bundle).resolve().name
     install_error_handlers(app)
     app.include_router(_api_router(options))
@@ -163,7 +167,7 @@ async def _chat_ids(request: Request, engine: Engine, messages: list) -> list:
     """Token ids of a conversation, rendered by the chat template and tokenized by a prompt worker, on its budget."""
     layer, pool = engine.gen.requests, request.app.state.prompts
     with _refusals():
-        if pool is None:  # an app whose lifespan did not run: rendered here, without the workers' budget
+        if pool is None:  # an app whose lifespan did not run: the generator's own prompt worker, on its budget
             return await asyncio.to_thread(layer.chat_ids, messages)
         layer.check_messages(messages)
         try:

@@ -137,6 +137,7 @@ class Engine:
                          threads=options.threads)
         try:
             generator.requests.gamma(options.gamma)  # serve --gamma against the bundle's γ_max, before any work
+            generator.requests.batch(options.max_batch)  # and --max-batch against its max_batch
         except SpecDecError:
             generator.close()
             raise
@@ -147,7 +148,7 @@ class Engine:
         """Reset both backends to `max_batch` slots, measure the costs γ is chosen from, start the loop thread."""
         gen, requests = self.gen, self.gen.requests
         defaults = gen.manifest.defaults
-        self.batch = min(self.options.max_batch or requests.max_rows, requests.max_rows)
+        self.batch = requests.batch(self.options.max_batch)
         gen.target.reset(self.batch)
         if gen.draft is not None:
             gen.draft.reset(self.batch)

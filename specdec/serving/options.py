@@ -1,14 +1,21 @@
-"""ServeOptions: what `specdec serve` and `build_app` accept, checked once (γ against the bundle's γ_max when the
-engine opens the bundle: RequestLayer.gamma)."""
+"""ServeOptions: what `specdec serve` and `build_app` accept, checked once, each against this machine where it takes
+its resources (cores, memory, open files: specdec.runtime.limits); γ and max_batch against the bundle's when the engine
+opens it (RequestLayer.gamma, Engine.from_options)."""
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from dataclasses import dataclass
 from enum import StrEnum
 
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, shown
 from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES, checked_int
 from specdec.runtime.generator import check_threads
+from specdec.runtime.limits import (
+    MAX_TIMEOUT_S, bounded_int, bounded_seconds, cpu_count, memory_bytes, open_files_max,
+)
+from specdec.runtime.prompt_worker import MAX_WAITING, PromptBudget
 
 
 class Speculation(StrEnum):
@@ -22,6 +29,25 @@ class Speculation(StrEnum):
 SPECULATION = tuple(mode.value for mode in Speculation)  # plain strings: argparse prints them
 API_KEY_ENV = "SPECDEC_API_KEY"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+MAX_ROWS = 1 << 12  # rows decoded together: far more than a CPU or GPU step gains from
+MAX_REPLICAS = 1 << 10  # Ray Serve replicas (and CPUs one asks for) on a cluster, whose cores we cannot count
+
+
+def check_replicas(replicas, cpus_per_replica, local: bool) -> None:
+    """`--replicas` and `--cpus-per-replica`: on a Ray instance this process starts (`local`), within the cores this
+    process may use (Ray would leave a replica it has no CPU for waiting for ever); on a cluster, at most
+    MAX_REPLICAS of each."""
+    cores = cpu_count()
+    limit, why = (cores, f"the {cores} cores this process may use") if local else (MAX_REPLICAS, "on a Ray cluster")
+    bounded_int("replicas", replicas, 1, limit, why, "pass --replicas 2 (the default), or fewer")
+    if isinstance(cpus_per_replica, bool) or not isinstance(cpus_per_replica, numbers.Real) \
+            or not math.isfinite(cpus_per_replica) or not 0 < cpus_per_replica <= limit:
+        raise ConfigError(f"cpus_per_replica must be a number of CPUs in (0, {limit}] ({why}), got "
+                          f"{shown(cpus_per_replica)}", "pass --cpus-per-replica 1 (the default)")
+    if local and replicas * cpus_per_replica > cores:
+        raise ConfigError(f"{replicas} replicas of {cpus_per_replica:g} CPUs need {replicas * cpus_per_replica:g} "
+                          f"CPUs; this process may use {cores}", "pass fewer --replicas or a smaller "
+                          "--cpus-per-replica, or join a cluster with --ray-address")
 
 
 def key_from_env() -> str | None:
@@ -62,45 +88,56 @@ class ServeOptions:
     prompt_memory_mb: int = 1024  # one prompt worker's data memory, at most
 
     def __post_init__(self):
-        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ConfigError(f"port {self.port!r} is not a TCP port", "pass --port 0..65535 (0: any free port)")
-        if self.max_batch is not None and (not isinstance(self.max_batch, int) or self.max_batch < 1):
-            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch!r}", "pass --max-batch 1 or more")
-        if not isinstance(self.max_queue, int) or self.max_queue < 0:
-            raise ConfigError(f"max_queue must be >= 0, got {self.max_queue!r}", "pass --max-queue 0 or more")
+        bounded_int("port", self.port, 0, 65535, "a TCP port", "pass --port 0..65535 (0: any free port)")
         if self.speculation not in SPECULATION:
-            raise ConfigError(f"speculation {self.speculation!r} is unknown", f"choose one of {', '.join(SPECULATION)}")
+            raise ConfigError(f"speculation {shown(self.speculation)} is unknown",
+                              f"choose one of {', '.join(SPECULATION)}")
         if self.gamma is not None:
             checked_int("gamma", self.gamma, 1, "pass --gamma 1 or more")
-        if self.max_body_bytes < 1024:
-            raise ConfigError(f"max_body_bytes {self.max_body_bytes} is too small for any request",
-                              "pass at least 1024")
         if self.backend not in BACKEND_CHOICES:
-            raise ConfigError(f"backend {self.backend!r} is unknown", f"choose one of {', '.join(BACKEND_CHOICES)}")
-        if self.api_key is not None and not self.api_key.strip():
-            raise ConfigError("the API key is empty", f"pass a non-empty --api-key or set {API_KEY_ENV}")
+            raise ConfigError(f"backend {shown(self.backend)} is unknown",
+                              f"choose one of {', '.join(BACKEND_CHOICES)}")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
+            raise ConfigError("the API key is empty or not text", f"pass a non-empty --api-key or set {API_KEY_ENV}")
         if self.api_key is None:
             key_from_env()
         check_threads(self.threads)
         if not isinstance(self.reuse_prefix, bool):
-            raise ConfigError(f"reuse_prefix must be True or False, got {self.reuse_prefix!r}",
+            raise ConfigError(f"reuse_prefix must be True or False, got {shown(self.reuse_prefix)}",
                               "pass --no-prefix-reuse to turn it off")
+        self._check_sizes()
         self._check_connection_limits()
-        checked_int("prompt_workers", self.prompt_workers, 1, "pass --prompt-workers 1 or more")
-        checked_int("prompt_memory_mb", self.prompt_memory_mb, 256, "pass --prompt-worker-memory 256 (MB) or more")
-        if isinstance(self.prompt_timeout_s, bool) or not isinstance(self.prompt_timeout_s, (int, float)) \
-                or not 0 < self.prompt_timeout_s < 3600:
-            raise ConfigError(f"prompt_timeout_s must be a number of seconds in (0, 3600), got {self.prompt_timeout_s!r}",
-                              "pass --prompt-timeout 2 (seconds), the default")
+        self.prompt_budget  # noqa: B018 - built to be checked: the prompt workers against this machine
+
+    def _check_sizes(self) -> None:
+        """Rows, waiting requests and request bodies, against what this process may hold."""
+        memory = memory_bytes()
+        if self.max_batch is not None:  # and at most the bundle's max_batch, once the engine opens it
+            bounded_int("max_batch", self.max_batch, 1, MAX_ROWS, "the most rows a server decodes together",
+                        "pass --max-batch 1 or more, at most the bundle's max_batch (the default)")
+        bounded_int("max_queue", self.max_queue, 0, MAX_WAITING, "requests waiting for a row",
+                    "pass --max-queue 64 (the default)")
+        bounded_int("max_body_bytes", self.max_body_bytes, 1024, memory, "this machine's memory",
+                    "pass --max-body-bytes 1048576 (1 MiB, the default)")
+        bounded_int("retry_after_s", self.retry_after_s, 0, int(MAX_TIMEOUT_S), "seconds",
+                    "pass retry_after_s=1 (the default)")
+        for name, flag, count in (("max_queue", "--max-queue", self.max_queue),
+                                  ("max_connections", "--max-connections", self.max_connections)):
+            if isinstance(count, int) and count * self.max_body_bytes > memory:
+                raise ConfigError(f"{name}={count} requests of up to max_body_bytes={self.max_body_bytes} could hold "
+                                  f"{count * self.max_body_bytes >> 20} MB, more than this machine's {memory >> 20} MB",
+                                  f"pass a smaller {flag} or --max-body-bytes")
 
     def _check_connection_limits(self) -> None:
         for name, value in (("header_timeout_s", self.header_timeout_s), ("body_timeout_s", self.body_timeout_s),
                             ("drain_s", self.drain_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 86400:
-                raise ConfigError(f"{name} must be a number of seconds in (0, 86400), got {value!r}",
-                                  "pass a few seconds (the defaults: 10 for headers, 30 for a body, 5 for the drain)")
-        checked_int("keep_alive_s", self.keep_alive_s, 1, "pass --keep-alive 1 or more seconds")
-        checked_int("max_connections", self.max_connections, 1, "pass --max-connections 1 or more")
+            bounded_seconds(name, value, MAX_TIMEOUT_S,
+                            "pass a few seconds (the defaults: 10 for headers, 30 for a body, 5 for the drain)")
+        bounded_int("keep_alive_s", self.keep_alive_s, 1, int(MAX_TIMEOUT_S), "seconds",
+                    "pass --keep-alive 5 (seconds), the default")
+        files = open_files_max()
+        bounded_int("max_connections", self.max_connections, 1, files, "the open files a process may have (fs.nr_open)",
+                    "pass --max-connections 1000 (the default)")
 
     @property
     def key(self) -> str | None:
@@ -108,9 +145,7 @@ class ServeOptions:
         return self.api_key or key_from_env()
 
     @property
-    def prompt_budget(self):
-        from specdec.serving.prompts import PromptBudget
-
+    def prompt_budget(self) -> PromptBudget:
         return PromptBudget(workers=self.prompt_workers, timeout_s=self.prompt_timeout_s,
                             memory_mb=self.prompt_memory_mb, max_waiting=max(1, self.max_queue))
 

@@ -30,8 +30,8 @@ import sys
 import threading
 import time
 
-from specdec.errors import ConfigError, missing_dependency
-from specdec.serving.options import ServeOptions
+from specdec.errors import missing_dependency
+from specdec.serving.options import ServeOptions, check_replicas
 from specdec.serving.ray_local import (LOOPBACK, can_list, listeners, local_ray_env, refuse_exposed,
                                       replica_grpc_on_loopback)
 
@@ -80,10 +80,7 @@ def _deployment_class(serve):
 def build_app(options: ServeOptions, replicas: int = 2, cpus_per_replica: float = 1.0):
     """A Ray Serve application of `replicas` copies of the server; run it with `serve.run(..., route_prefix="/")`.
     Each replica runs onnxruntime on `cpus_per_replica` threads unless `options.threads` says otherwise."""
-    if not isinstance(replicas, int) or replicas < 1:
-        raise ConfigError(f"replicas must be >= 1, got {replicas!r}", "pass --replicas 1 or more")
-    if cpus_per_replica <= 0:
-        raise ConfigError(f"cpus_per_replica must be > 0, got {cpus_per_replica}", "pass a positive CPU count")
+    check_replicas(replicas, cpus_per_replica, local=False)  # the CLI checks a local instance against our cores
     serve = _serve()
     threads = options.threads or max(1, int(cpus_per_replica))
     replica_options = dataclasses.replace(options, threads=threads)

@@ -2,7 +2,8 @@
 
 specdec's own options travel in the extension object `specdec` ({"drafter": ..., "gamma": ...}); with the
 `openai` client: `extra_body={"specdec": {"drafter": "model", "gamma": 4}}`. Fields the API defines but specdec
-does not implement are refused with a 400 when set to anything but their no-op value. Options that reach a
+does not implement are refused with a 400 when set to anything but their no-op value (the error names the field,
+never the value sent: specdec.serving.web). Options that reach a
 GenerationConfig or the request layer as they are (temperature, top_p, top_k, γ, stop strings, the prompt) are
 checked there, once, not here.
 """
@@ -75,7 +76,7 @@ class _Sampling(BaseModel):
     @classmethod
     def _unsupported(cls, value, info):
         if not any(value == no_op and type(value) is type(no_op) for no_op in UNSUPPORTED[info.field_name]):
-            raise ValueError(f"{info.field_name}={value!r} is not supported by this server; leave it out")
+            raise ValueError("not supported by this server; leave it out")  # never the value: a client's echo
         return value
 
     @field_validator("n")
@@ -146,6 +147,9 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+
+
+REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ChatMessage, TextPart, SpecdecOptions, StreamOptions)
 
 
 # --- responses ------------------------------------------------------------------------------------------------

@@ -153,14 +153,22 @@ def _server(options: ServeOptions, app):
 
 
 def serve(options: ServeOptions) -> None:
-    """Serve until interrupted. The bundle is loaded first, so a bad bundle fails here with its SpecDecError."""
+    """Serve until interrupted. The bundle is loaded and the prompt workers started first, in the calling thread, so
+    a bad bundle fails here with its SpecDecError, and a SIGTERM (the CLI's Terminated) or Ctrl-C during the start-up
+    ends it at once: what was started is stopped, and uvicorn never starts."""
     from specdec.serving.app import build_app
     from specdec.serving.engine import Engine
+    from specdec.serving.prompts import PromptPool
 
-    engine = Engine.from_options(options).start()
+    engine = Engine.from_options(options)
+    prompts = None
     try:
-        _server(options, build_app(options, engine)).run()
+        engine.start()
+        prompts = PromptPool(engine.gen.codec.root, options.prompt_budget).open()
+        _server(options, build_app(options, engine, prompts=prompts)).run()
     finally:
+        if prompts is not None:
+            prompts.close()
         engine.close()
 
 

@@ -2,7 +2,8 @@
 notices a client going away (so its row is freed at the next round).
 
 Errors never carry a stack trace, a request's own input values, or the key: a validation error names the field
-and the rule it broke; anything unexpected is a plain 500 "internal error".
+(one of the request schemas' names, never a key the client made up) and the rule it broke; anything unexpected is a
+plain 500 "internal error".
 """
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.serving.schemas import ErrorDetail, ErrorResponse
+from specdec.errors import escaped
+from specdec.serving.schemas import REQUEST_MODELS, ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
-TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "literal_error"}
+FIELD_NAMES = frozenset(name for model in REQUEST_MODELS for name in model.model_fields)  # what a message may name
+MAX_RULE_CHARS = 200  # of one broken rule's text
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
@@ -45,13 +48,17 @@ def error_bytes(status: int, message: str, code: str | None = None) -> bytes:
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """The 400's message and param: each failing field (up to three) by the names of the request schemas' fields,
+    with the rule it broke; never the value sent, nor a key the client made up (a location part that is no field name
+    is left out), and each rule's text cut short and escaped (errors.escaped)."""
     messages = {}
     for error in exc.errors():
-        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+        loc = [part for part in error.get("loc", ()) if part != "body"]
         if error.get("type") == "json_invalid" or (not loc and error.get("type") != "missing"):
             return "the request body is not a valid JSON object", None
-        field = ".".join(part for part in loc if part.isidentifier() and part not in TYPE_NAMES) or "body"
-        messages.setdefault(field, f"{field}: {error.get('msg', 'invalid')}")
+        field = ".".join(part for part in loc if isinstance(part, str) and part in FIELD_NAMES) or "body"
+        rule = escaped(str(error.get("msg", "invalid")), MAX_RULE_CHARS)
+        messages.setdefault(field, f"{field}: {rule}")
     fields = list(messages)[:3]
     return "; ".join(messages[f] for f in fields) or "invalid request", (fields[0] if fields else None)
 

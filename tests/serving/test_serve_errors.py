@@ -111,6 +111,48 @@ def test_the_openai_client_sees_the_errors_and_the_server_keeps_serving(served):
     assert [m["id"] for m in models["data"]] == [MODEL]
 
 
+BIG, HTML = "A" * 900_000, "<script>alert(1)</script><img src=x onerror=alert(2)>"
+CHAT_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+ECHOES = {  # (path, body): a value a client sent that a 400 could repeat
+    "suffix": ("/v1/completions", {**GOOD, "suffix": BIG}),
+    "logit_bias html": ("/v1/completions", {**GOOD, "logit_bias": {"5": HTML}}),
+    "logit_bias key": ("/v1/completions", {**GOOD, "logit_bias": {HTML + BIG[:100_000]: 1}}),
+    "echo": ("/v1/completions", {**GOOD, "echo": HTML}),
+    "best_of": ("/v1/completions", {**GOOD, "best_of": int("9" * 4000)}),
+    "tools": ("/v1/chat/completions", {**CHAT_BODY, "tools": [{"type": HTML, "function": BIG}]}),
+    "response_format": ("/v1/chat/completions", {**CHAT_BODY, "response_format": {"type": HTML}}),
+    "unknown specdec key": ("/v1/completions", {**GOOD, "specdec": {"A" * 100_000: 1, HTML: 2}}),
+    "drafter": ("/v1/completions", {**GOOD, "specdec": {"drafter": HTML + BIG}}),
+    "role": ("/v1/chat/completions", {**CHAT_BODY, "messages": [{"role": HTML + BIG, "content": "hi"}]}),
+    "content part": ("/v1/chat/completions", {**CHAT_BODY, "messages": [{"role": "user",
+                                                                         "content": [{"type": HTML, "text": BIG}]}]}),
+    "max_tokens": ("/v1/completions", {**GOOD, "max_tokens": HTML + BIG}),
+    "temperature": ("/v1/completions", {**GOOD, "temperature": HTML}),
+    "stop": ("/v1/completions", {**GOOD, "stop": [HTML] * 5}),
+    "seed": ("/v1/completions", {**GOOD, "seed": BIG}),
+    "prompt": ("/v1/completions", {**GOOD, "prompt": [HTML, BIG]}),
+}
+
+
+@pytest.fixture(scope="module")
+def roomy(gqa_int4_bundle):
+    """A server that takes bodies of 2 MiB: room for a 900 KB value."""
+    with start(gqa_int4_bundle, max_body_bytes=2 << 20) as server:
+        yield server
+
+
+@pytest.mark.parametrize("case", list(ECHOES))
+def test_a_400_never_echoes_a_large_or_html_value(roomy, case):
+    """docs/serving.md promises no echo: a 900 KB suffix got a 900 KB error, HTML in logit_bias came back."""
+    path, body = ECHOES[case]
+    response = httpx.post(roomy.url + path, json=body, timeout=60)
+    error = _check_error(response, 400)
+    assert len(response.content) < 1000, response.text[:300]
+    for sent in ("AAAAAAAA", "<", "script", "onerror", "9999999999"):
+        assert sent not in response.text, (case, response.text)
+    assert error["code"] == "invalid_value" and error["param"].split(".")[0] in {*body, "body"}, error
+
+
 def _open_stream(url: str, max_tokens: int):
     """A streaming request whose first chunk has arrived; -> (client, response, its line iterator). Keep the
     iterator: dropping it closes the connection."""
