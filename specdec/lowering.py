@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.errors import ConfigError, EngineBuildError, ManifestError
-from specdec.manifest import LOWERING_NAMES, MODELOPT_METHODS, ModelDims, TensorSpec
+from specdec.manifest import MODELOPT_METHODS, Dtype, LoweringName, ModelDims, TensorSpec
 
-KV_NUMPY = {"float32": np.float32, "float16": np.float16}  # the one KV dtype map (no bfloat16 on the CPU)
+KV_NUMPY = {Dtype.FLOAT32: np.float32, Dtype.FLOAT16: np.float16}  # the one KV dtype map (no bfloat16 on the CPU)
 PAD_ID = 0
 
 
@@ -133,7 +133,8 @@ class GqaDriver:
         layers = self.geometry.dims.num_layers
         return [f"past_{kind}.{i}" for kind in ("key", "value") for i in range(layers)]
 
-    def _binding(self, key: tuple, rows: slice):
+    def _binding(self, rows: slice):
+        key = (rows.start, rows.stop)
         binding = self.bindings.get(key)
         if binding is None:
             import onnxruntime as ort
@@ -180,7 +181,7 @@ class GqaDriver:
         np.maximum.at(self.written, slots, cache_len + steps)
         if steps == 1 and rows > 1:
             return self._run_batched(input_ids, cache_len, slots, positions)
-        out = [self._run(self._binding(("row", int(s)), slice(s, s + 1)), input_ids[b : b + 1], cache_len[b : b + 1],
+        out = [self._run(self._binding(slice(s, s + 1)), input_ids[b : b + 1], cache_len[b : b + 1],
                          positions) for b, s in enumerate(slots.tolist())]
         return out[0] if len(out) == 1 else np.concatenate(out)
 
@@ -189,12 +190,12 @@ class GqaDriver:
         ids = np.full((count, 1), PAD_ID, dtype=np.int64)
         lens = np.minimum(self.written[:count], self.geometry.max_seq_len - 1)  # holes: past any committed KV
         ids[slots], lens[slots] = input_ids, cache_len
-        logits = self._run(self._binding(("rows", count), slice(0, count)), ids, lens, positions)  # [n, 1, V]
+        logits = self._run(self._binding(slice(0, count)), ids, lens, positions)  # [n, 1, V]
         return logits[slots]
 
 
-ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)", "float16": "tensor(float16)",
-             "bfloat16": "tensor(bfloat16)"}  # manifest dtype -> onnxruntime's NodeArg.type
+ORT_TYPES = {"int64": "tensor(int64)", Dtype.FLOAT32: "tensor(float)", Dtype.FLOAT16: "tensor(float16)",
+             Dtype.BFLOAT16: "tensor(bfloat16)"}  # a TensorSpec's dtype -> onnxruntime's NodeArg.type
 
 
 def _mismatch(role: str, kind: str, spec: TensorSpec, arg) -> str | None:
@@ -265,7 +266,7 @@ class Lowering:
 
 
 class PlainLowering(Lowering):
-    name = "plain"
+    name = LoweringName.PLAIN
     tensorrt = True
 
     def io_names(self, num_layers: int) -> tuple[list, list]:
@@ -282,7 +283,7 @@ class PlainLowering(Lowering):
 
 
 class GqaLowering(Lowering):
-    name = "gqa"
+    name = LoweringName.GQA
     contrib_ops = True
     driver_class = GqaDriver
 
@@ -307,7 +308,7 @@ class GqaLowering(Lowering):
 
 
 LOWERINGS = {lowering.name: lowering for lowering in (PlainLowering(), GqaLowering())}
-assert tuple(LOWERINGS) == LOWERING_NAMES, "specdec.manifest.LOWERING_NAMES lists the lowerings of this module"
+assert tuple(LOWERINGS) == tuple(LoweringName), "specdec.manifest.LoweringName names the lowerings of this module"
 
 
 def lowering_for(name: str) -> Lowering:
