@@ -36,7 +36,7 @@ class TensorKind(StrEnum):
     F16 = "f16"
 
 
-class Layout(StrEnum):
+class LayoutName(StrEnum):
     """How a native weights file holds a model (NativeRecord.layout; WEIGHT_LAYOUTS holds what each is). A layout of
     rows in a checkpoint's precision is named as its rows' TensorKind."""
 
@@ -73,7 +73,7 @@ DTYPES = {TensorKind.BLK4: BLOCK4, TensorKind.BLK8: BLOCK8, TensorKind.BLK4P: BL
 class WeightLayout:
     """How a native weights file holds a model's weights; a NativeRecord's `layout` names one (WEIGHT_LAYOUTS)."""
 
-    name: Layout
+    name: LayoutName
     role: Role  # the model it holds
     kind: int  # specdec_native.h's model_t.kind (-1: a draft's, which runs on its target's model_t)
     per: int  # inputs one stored element of a linear weight holds along K
@@ -91,13 +91,13 @@ class WeightLayout:
 
 
 WEIGHT_LAYOUTS = {layout.name: layout for layout in (
-    WeightLayout(Layout.Q41, Role.TARGET, 0, BLOCK, TensorKind.BLK4),  # Q4_1 blocks [N, K / 32], a Q8_0 head
-    WeightLayout(Layout.Q80, Role.TARGET, 4, BLOCK, TensorKind.BLK8),  # Q8_0 blocks, a Q8_0 head (a Q8_0 GGUF's)
-    WeightLayout(Layout.MIXED, Role.TARGET, 5, BLOCK),  # each linear blk4, blk5, blk8 or blk6 (MIXED_LINEARS), a Q8_0
-    # head
-    WeightLayout(Layout.BF16, Role.TARGET, 1, 1), WeightLayout(Layout.F16, Role.TARGET, 2, 1),
-    WeightLayout(Layout.F32, Role.TARGET, 3, 1),
-    WeightLayout(Layout.Q41_DRAFT, Role.DRAFT, -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
+    WeightLayout(LayoutName.Q41, Role.TARGET, 0, BLOCK, TensorKind.BLK4),  # Q4_1 blocks [N, K / 32], a Q8_0 head
+    WeightLayout(LayoutName.Q80, Role.TARGET, 4, BLOCK, TensorKind.BLK8),  # Q8_0 blocks, a Q8_0 head (a Q8_0 GGUF's)
+    WeightLayout(LayoutName.MIXED, Role.TARGET, 5, BLOCK),  # each linear blk4, blk5, blk8 or blk6 (MIXED_LINEARS),
+    # a Q8_0 head
+    WeightLayout(LayoutName.BF16, Role.TARGET, 1, 1), WeightLayout(LayoutName.F16, Role.TARGET, 2, 1),
+    WeightLayout(LayoutName.F32, Role.TARGET, 3, 1),
+    WeightLayout(LayoutName.Q41_DRAFT, Role.DRAFT, -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
 KINDS = {name: layout.kind for name, layout in WEIGHT_LAYOUTS.items() if layout.kind >= 0}  # model_t.kind by name
 SIZES = {TensorKind.BLK4: 24, TensorKind.BLK8: 36, TensorKind.BLK4P: 40, TensorKind.BLK6: 40,
          TensorKind.BLK5: 28}  # the header's static_asserts, checked against the library at load

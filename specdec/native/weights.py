@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (BLOCK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, Layout, Pages, TensorEntry, check_format,
-                            nonfinite, read_tensors)
+from specdec.blocks import (BLOCK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, LayoutName, Pages, TensorEntry,
+                            check_format, nonfinite, read_tensors)
 from specdec.errors import BackendError
 from specdec.manifest import Activation, Method, ModelDims, ModelEntry, NativeRecord
 
@@ -74,7 +74,7 @@ class NativeWeights:
     sin: np.ndarray | None
     epsilon: float
     scale: float  # attention scores' scale
-    layout: Layout = Layout.Q41  # a key of specdec.blocks.WEIGHT_LAYOUTS
+    layout: LayoutName = LayoutName.Q41  # a key of specdec.blocks.WEIGHT_LAYOUTS
     window: int = 0  # keys a query sees, its own included (a sliding window), or 0: every earlier key
     final_norm_bias: np.ndarray | None = None  # [H]: LayerNorm's bias (GPT-2), or None
     positions: np.ndarray | None = None  # [positions, H]: learned positions added to the embedding (GPT-2), or None
