@@ -49,11 +49,11 @@ class DrafterName(StrEnum):
     NONE = "none"
 
 
+AUTO_BACKEND = BackendName.AUTO  # the default of every backend= option
 # The choices as plain strings: argparse, pydantic and messages print them (a member's repr is not its value)
-AUTO_BACKEND = BackendName.AUTO.value
 NAMED_CPU_BACKENDS = (BackendName.ONNXRUNTIME.value, BackendName.NATIVE.value)
 NAMED_BACKENDS = (*NAMED_CPU_BACKENDS, BackendName.CUDA.value)  # what a benchmark measures (one backend, by name)
-BACKEND_CHOICES = (AUTO_BACKEND, *NAMED_BACKENDS)  # what the CLI and the server offer: tensorrt runs through
+BACKEND_CHOICES = (AUTO_BACKEND.value, *NAMED_BACKENDS)  # what the CLI and the server offer: tensorrt runs through
 # specdec.load(backend="tensorrt", device="cuda:N")
 GAMMA_POLICIES = tuple(name.value for name in GAMMA_POLICY_KINDS)
 COUPLINGS = tuple(coupling.value for coupling in Coupling)
