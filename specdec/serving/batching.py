@@ -1,5 +1,5 @@
 """The speculative loop as the engine runs it over a changing batch: rows with their own γ, and verify passes
-grouped by length so rows without drafts share one batched T = 1 step (issue 12 §3).
+grouped by length so rows without drafts share one batched T = 1 step.
 
 `SpeculativeLoop` pads every row of a verify pass to a common T. On the gqa backend a T > 1 call runs row by row
 (onnxruntime's CPU GroupQueryAttention takes B = 1 when T > 1 with a past), so padding a row that has no drafts to
