@@ -149,7 +149,8 @@ class GqaDriver:
 
     def _run(self, binding, ids: np.ndarray, cache_len: np.ndarray, positions: np.ndarray) -> np.ndarray:
         # The logits go straight into a new array bound as the output: no OrtValue wrappers for the 2L KV outputs
-        # (get_outputs() builds one per output: about 0.3 ms a call at L = 30), and no copy.
+        # (get_outputs() builds one per output, a cost per call that grows with the layers), and no copy
+        # (`python benchmarks/step.py BUNDLE --backends onnxruntime` times the step).
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("cache_len", cache_len)
         binding.bind_cpu_input("logit_positions", positions)

@@ -50,8 +50,8 @@ class QuantTarget:
 
 
 QUANT_TARGETS = {target.name: target for target in (
-    QuantTarget(BackendName.ONNXRUNTIME, (Method.INT4_RTN, Method.INT4_HQQ, Method.INT4_GPTQ, Method.INT4_Q41, Method.INT8_QDQ,
-                                Method.MODELOPT_INT8), True, False),
+    QuantTarget(BackendName.ONNXRUNTIME, (Method.INT4_RTN, Method.INT4_HQQ, Method.INT4_GPTQ, Method.INT4_Q41,
+                                          Method.INT8_QDQ, Method.MODELOPT_INT8), True, False),
     QuantTarget(BackendName.TENSORRT, (Method.INT8_QDQ, Method.MODELOPT_INT8, Method.MODELOPT_FP8), False, True),
 )}
 BACKENDS = {name: target.methods for name, target in QUANT_TARGETS.items()}
@@ -176,7 +176,8 @@ def _int8_static(source: Path, dest: Path, reader, backend: str) -> dict:
     model = onnx.load(str(source))
     kept = mlp_output_matmuls(model)
     # onnxruntime: uint8 asymmetric activations x int8 weights in 7 bits. Full-range int8 weights overflow the
-    # u8s8 int16 accumulation of AVX2 CPUs without VNNI; on SmolLM2 one layer alone then cost 25 % top-1.
+    # u8s8 int16 accumulation of AVX2 CPUs without VNNI: there one such layer alone costs a visible share of top-1
+    # agreement (`specdec calibrate report BUNDLE` measures it).
     # TensorRT: int8 symmetric activations (it supports no zero point), full-range weights.
     trt = not QUANT_TARGETS[backend].zero_points
     quantize_static(  # a ModelProto, not a path: given a path, quantize_static writes model-inferred.onnx beside it

@@ -89,7 +89,7 @@ class NativeBackend(SharedKvDraft, Backend):
             self.model = NativeModel(target.weights, self.entry.dims, kernels, self.max_seq_len, draft=draft,
                                      kv_owner=target)
         self.model.struct  # built and checked now, not on the first call
-        self.workers = self.threads or default_threads()  # once: reading the cgroup quota costs ~0.2 ms a call
+        self.workers = self.threads or default_threads()  # once: it reads the cgroup quota's files
         self.driver = self.model  # what a draft's copy_kv reads (geometry, buffers)
         return self
 
