@@ -83,7 +83,8 @@ def _quantize_config(args):
     from specdec.calibration.quantize import QuantizeConfig
 
     return QuantizeConfig(method=args.quantize, role=args.quantize_role or Role.DRAFT,
-                          backend=BackendName.TENSORRT if args.engine else BackendName.ONNXRUNTIME, data=DataConfig(**data),
+                          backend=BackendName.TENSORRT if args.engine else BackendName.ONNXRUNTIME,
+                          data=DataConfig(**data),
                           verify_len=args.gamma + 1, progress=sys.stderr.isatty() or args.verbose)
 
 

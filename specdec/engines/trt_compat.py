@@ -82,7 +82,8 @@ def apply_builder_options(trt, config, build) -> None:
     level = getattr(trt.HardwareCompatibilityLevel, build.hardware_compatibility.name, None)
     if level is None:
         raise EngineBuildError(
-            f"hardware compatibility {build.hardware_compatibility.value!r} is not offered by TensorRT {trt.__version__}",
+            f"hardware compatibility {build.hardware_compatibility.value!r} is not offered by TensorRT "
+            f"{trt.__version__}",
             "use hardware_compatibility='none' or 'ampere_plus', or upgrade TensorRT",
         )
     config.hardware_compatibility_level = level

@@ -53,7 +53,8 @@ def _gqa_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: tor
     return GqaDecoder(arch, max_seq_len).eval(), args, shapes, inputs, outputs, gqa_translation()
 
 
-PROGRAMS = {LoweringName.PLAIN: _plain_program, LoweringName.GQA: _gqa_program}  # lowering name -> traced module and its I/O
+# lowering -> traced module and its I/O
+PROGRAMS = {LoweringName.PLAIN: _plain_program, LoweringName.GQA: _gqa_program}
 # torch.onnx's op registry warns at WARNING that torchvision is missing (nms, roi_align, ...): ops no causal LM uses,
 # which users read as errors of the export
 REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"

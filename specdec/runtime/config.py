@@ -61,9 +61,10 @@ COUPLINGS = tuple(coupling.value for coupling in Coupling)
 
 @dataclass(frozen=True)
 class DrafterKind:
-    """One `drafter=` choice, the registry entry of its DrafterName. `build(drafters, lookup, model)` makes its drafter from the module
-    specdec.runtime.drafters (handed in: that module imports this one), a generator's prompt-lookup drafter and its
-    model drafter (None without a draft model); it returns None where rows of this kind are never drafted for."""
+    """One `drafter=` choice, the registry entry of its DrafterName. `build(drafters, lookup, model)` makes its drafter
+    from the module specdec.runtime.drafters (handed in: that module imports this one), a generator's prompt-lookup
+    drafter and its model drafter (None without a draft model); it returns None where rows of this kind are never
+    drafted for."""
 
     name: DrafterName
     build: Callable
