@@ -13,8 +13,7 @@ Two ways to add it (`minimum`):
   r is then held to within max|r| / 14 of its column's extra block; the codes and scales of W stay exact. It is the
   default because the draft's step is cheaper, by fewer nodes, at a small cost in top-1 agreement; a bundle of each
   measures it: `python benchmarks/step.py EXACT ROWS --roles draft`, `python benchmarks/draft_quality.py EXACT ROWS`
-  and `python benchmarks/modes.py EXACT ROWS --modes none,model:4,model:8` (the run record:
-  benchmarks/results/q41-rows/2026-12-02-dc9d0ef).
+  and `python benchmarks/modes.py EXACT ROWS --modes none,model:4,model:8` (records in benchmarks/results/q41-rows/).
 - "exact": a small fp32 MatMul blocksum(x) @ r and an Add after MatMulNBits: the weights bit for bit, 2 more
   nodes per weight.
 
@@ -134,7 +133,7 @@ def scatter_back(scored: str, output: str, keep: np.ndarray, vocab: int, base: s
     """Nodes that put a trimmed head's scores [M, N'] (of the sorted token ids `keep`) back to [M, vocab], HEAD_FILL
     for every other token: Pad one fill column, then GatherElements with each token's column (or the fill's), its
     int32 index table expanded to [M, vocab]: faster than Gather along axis 1 (one copy per index) or ScatterElements,
-    as `python benchmarks/head_scatter.py` measures (benchmarks/results/head-scatter/2026-12-02-3478e7f)."""
+    as `python benchmarks/head_scatter.py` measures (records in benchmarks/results/head-scatter/)."""
     rows = np.full(vocab, len(keep), np.int32)
     rows[keep] = np.arange(len(keep))
     add_init(f"{base}_pads", np.array([0, 0, 0, 1], np.int64))

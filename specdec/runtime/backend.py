@@ -249,8 +249,7 @@ def session_options(threads: int | None = None):
     """onnxruntime options for alternating draft/target sessions on few cores (docs/backends.md). Workers spin while a
     Run lasts (a step is hundreds of short kernels: waking sleeping workers for each slows plain decoding) and stop
     spinning when it returns, so an idle session never takes cores from the one running. `python
-    benchmarks/thread_schemes.py BUNDLE --rounds 3` compares the schemes (its record:
-    benchmarks/results/threads/2026-12-01-f2fc4fe)."""
+    benchmarks/thread_schemes.py BUNDLE --rounds 3` compares the schemes (records in benchmarks/results/threads/)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
