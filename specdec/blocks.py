@@ -22,9 +22,37 @@ import numpy as np
 
 from specdec.manifest import Role
 
+class TensorKind(StrEnum):
+    """The element of a tensor of the native weights file (TensorEntry.kind; DTYPES holds its numpy dtype)."""
+
+    BLK4 = "blk4"  # Q4_1
+    BLK8 = "blk8"  # Q8_0
+    BLK4P = "blk4p"  # two Q4_1 blocks of a column
+    BLK6 = "blk6"  # Q8_0 with a scale per 16
+    BLK5 = "blk5"  # 5-bit codes
+    F32 = "f32"
+    I64 = "i64"
+    BF16 = "bf16"
+    F16 = "f16"
+
+
+class LayoutName(StrEnum):
+    """How a native weights file holds a model (NativeRecord.layout; WEIGHT_LAYOUTS holds what each is). A layout of
+    rows in a checkpoint's precision is named as its rows' TensorKind."""
+
+    Q41 = "q41"
+    Q80 = "q80"
+    MIXED = "mixed"
+    BF16 = "bf16"
+    F16 = "f16"
+    F32 = "f32"
+    Q41_DRAFT = "q41-draft"
+
+
 ABI_VERSION = 7  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
 FORMAT_VERSION = 3  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
-CHANGED_SINCE = {2: frozenset({"blk5"})}  # an older format: the kinds whose layout changed since (3: blk5's codes)
+CHANGED_SINCE = {2: frozenset({TensorKind.BLK5})}  # an older format: the kinds whose layout changed since (3: blk5's
+# codes)
 BLOCK = 32  # weights per block along K
 BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1; qs[j] = q[j] | q[j + 16] << 4
 BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # blk8: Q8_0
@@ -36,19 +64,20 @@ Q5_ORDER = np.array([0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29,
                      2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31])  # SPECDEC_Q5_ORDER
 GRID_TOLERANCE = 1e-4  # max |w − dequant| / d of a weight the native engine takes: fp32 rounding, not a coarser grid
 BF16 = np.dtype("<u2")  # a bf16 value: the top 16 bits of its fp32
-DTYPES = {"blk4": BLOCK4, "blk8": BLOCK8, "blk4p": BLOCK4P, "blk6": BLOCK6, "blk5": BLOCK5, "f32": np.dtype("<f4"), "i64": np.dtype("<i8"),
-          "bf16": BF16, "f16": np.dtype("<f2")}
+DTYPES = {TensorKind.BLK4: BLOCK4, TensorKind.BLK8: BLOCK8, TensorKind.BLK4P: BLOCK4P, TensorKind.BLK6: BLOCK6,
+          TensorKind.BLK5: BLOCK5, TensorKind.F32: np.dtype("<f4"), TensorKind.I64: np.dtype("<i8"),
+          TensorKind.BF16: BF16, TensorKind.F16: np.dtype("<f2")}
 
 
 @dataclass(frozen=True)
 class WeightLayout:
     """How a native weights file holds a model's weights; a NativeRecord's `layout` names one (WEIGHT_LAYOUTS)."""
 
-    name: str
+    name: LayoutName
     role: Role  # the model it holds
     kind: int  # specdec_native.h's model_t.kind (-1: a draft's, which runs on its target's model_t)
     per: int  # inputs one stored element of a linear weight holds along K
-    linear: str | None = None  # the block (DTYPES) of its linear weights where they are GGUF blocks
+    linear: TensorKind | None = None  # the block of its linear weights where they are GGUF blocks
 
     @property
     def rows(self) -> bool:
@@ -62,14 +91,16 @@ class WeightLayout:
 
 
 WEIGHT_LAYOUTS = {layout.name: layout for layout in (
-    WeightLayout("q41", Role.TARGET, 0, BLOCK, "blk4"),  # Q4_1 blocks [N, K / 32], a Q8_0 head
-    WeightLayout("q80", Role.TARGET, 4, BLOCK, "blk8"),  # Q8_0 blocks [N, K / 32], a Q8_0 head (a Q8_0 GGUF's)
-    WeightLayout("mixed", Role.TARGET, 5, BLOCK),  # each linear blk4, blk5, blk8 or blk6 (MIXED_LINEARS), a Q8_0 head
-    WeightLayout("bf16", Role.TARGET, 1, 1), WeightLayout("f16", Role.TARGET, 2, 1),
-    WeightLayout("f32", Role.TARGET, 3, 1),
-    WeightLayout("q41-draft", Role.DRAFT, -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
+    WeightLayout(LayoutName.Q41, Role.TARGET, 0, BLOCK, TensorKind.BLK4),  # Q4_1 blocks [N, K / 32], a Q8_0 head
+    WeightLayout(LayoutName.Q80, Role.TARGET, 4, BLOCK, TensorKind.BLK8),  # Q8_0 blocks, a Q8_0 head (a Q8_0 GGUF's)
+    WeightLayout(LayoutName.MIXED, Role.TARGET, 5, BLOCK),  # each linear blk4, blk5, blk8 or blk6 (MIXED_LINEARS),
+    # a Q8_0 head
+    WeightLayout(LayoutName.BF16, Role.TARGET, 1, 1), WeightLayout(LayoutName.F16, Role.TARGET, 2, 1),
+    WeightLayout(LayoutName.F32, Role.TARGET, 3, 1),
+    WeightLayout(LayoutName.Q41_DRAFT, Role.DRAFT, -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
 KINDS = {name: layout.kind for name, layout in WEIGHT_LAYOUTS.items() if layout.kind >= 0}  # model_t.kind by name
-SIZES = {"blk4": 24, "blk8": 36, "blk4p": 40, "blk6": 40, "blk5": 28}  # the header's static_asserts, checked against the library at load
+SIZES = {TensorKind.BLK4: 24, TensorKind.BLK8: 36, TensorKind.BLK4P: 40, TensorKind.BLK6: 40,
+         TensorKind.BLK5: 28}  # the header's static_asserts, checked against the library at load
 MAGIC = b"SPECDEC-NATIVE\x00\x00"  # the weights file's first 16 bytes
 MIXED_LINEARS = (BLOCK4, BLOCK5, BLOCK8, BLOCK6)  # a "mixed" layout's linear blocks, narrowest first (24 to 40 bytes)
 ALIGN = 64  # every tensor of the weights file starts at a multiple of this (cache lines, AVX loads)
@@ -331,18 +362,18 @@ def head_holds(head: np.ndarray, embedding: np.ndarray, rows: int = 4096) -> boo
 
 
 # ---- rows: a checkpoint's own precision ----------------------------------------------------------------------------
-def row_precision(weights: list) -> str:
-    """The narrowest of "bf16", "f16", "f32" that holds every float32 array of `weights` exactly; GridError where
-    one holds NaN or inf."""
-    exact = {"bf16": True, "f16": True}
+def row_precision(weights: list) -> TensorKind:
+    """The narrowest of BF16, F16, F32 that holds every float32 array of `weights` exactly; GridError where one holds
+    NaN or inf."""
+    bf16 = f16 = True
     for weight in weights:
         weight = np.ascontiguousarray(weight, dtype=np.float32)
         if not np.isfinite(weight).all():
             raise GridError("a weight holds NaN or inf")
-        exact["bf16"] = exact["bf16"] and not (weight.view(np.uint32) & 0xFFFF).any()
+        bf16 = bf16 and not (weight.view(np.uint32) & 0xFFFF).any()
         with np.errstate(over="ignore"):
-            exact["f16"] = exact["f16"] and np.array_equal(weight.astype(np.float16).astype(np.float32), weight)
-    return "bf16" if exact["bf16"] else "f16" if exact["f16"] else "f32"
+            f16 = f16 and np.array_equal(weight.astype(np.float16).astype(np.float32), weight)
+    return TensorKind.BF16 if bf16 else TensorKind.F16 if f16 else TensorKind.F32
 
 
 def rows_of(weight: np.ndarray, precision: str) -> np.ndarray:
@@ -383,7 +414,7 @@ class TensorEntry:
         return int(np.prod(self.shape, dtype=np.int64)) * DTYPES[self.kind].itemsize
 
 
-def _kind_of(array: np.ndarray) -> str:
+def _kind_of(array: np.ndarray) -> TensorKind:
     for kind, dtype in DTYPES.items():
         if array.dtype == dtype:
             return kind

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.errors import ConfigError, EngineBuildError, ManifestError
-from specdec.manifest import LOWERING_NAMES, MODELOPT_METHODS, ModelDims, TensorSpec
+from specdec.manifest import MODELOPT_METHODS, Dtype, LoweringName, ModelDims, TensorSpec
 
-KV_NUMPY = {"float32": np.float32, "float16": np.float16}  # the one KV dtype map (no bfloat16 on the CPU)
+KV_NUMPY = {Dtype.FLOAT32: np.float32, Dtype.FLOAT16: np.float16}  # the one KV dtype map (no bfloat16 on the CPU)
 PAD_ID = 0
 FEATURES = "features"  # the optional output [B, T, F, H]: every fed token's hidden state after each of F layers
 
@@ -141,7 +141,8 @@ class GqaDriver:
         layers = self.geometry.dims.num_layers
         return [f"past_{kind}.{i}" for kind in ("key", "value") for i in range(layers)]
 
-    def _binding(self, key: tuple, rows: slice):
+    def _binding(self, rows: slice):
+        key = (rows.start, rows.stop)
         binding = self.bindings.get(key)
         if binding is None:
             import onnxruntime as ort
@@ -156,8 +157,9 @@ class GqaDriver:
 
     def _run(self, binding, ids: np.ndarray, cache_len: np.ndarray, positions: np.ndarray) -> tuple:
         # -> (logits [n, N, V], features [n, T, F, H] or None). The logits go straight into a new array bound as the
-        # output: no OrtValue wrappers for the 2L KV outputs (get_outputs() builds one per output: about 0.3 ms a call
-        # at L = 30), and no copy. A graph's features are always bound anew: a binding outlives the arrays it held.
+        # output: no OrtValue wrappers for the 2L KV outputs (get_outputs() builds one per output, a cost per call that
+        # grows with the layers), and no copy (`python benchmarks/step.py BUNDLE --backends onnxruntime` times the
+        # step). A graph's features are always bound anew: a binding outlives the arrays it held.
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("cache_len", cache_len)
         binding.bind_cpu_input("logit_positions", positions)
@@ -196,8 +198,8 @@ class GqaDriver:
         if steps == 1 and rows > 1:
             out = [self._run_batched(input_ids, cache_len, slots, positions)]
         else:
-            out = [self._run(self._binding(("row", int(s)), slice(s, s + 1)), input_ids[b : b + 1],
-                             cache_len[b : b + 1], positions) for b, s in enumerate(slots.tolist())]
+            out = [self._run(self._binding(slice(s, s + 1)), input_ids[b : b + 1], cache_len[b : b + 1], positions)
+                   for b, s in enumerate(slots.tolist())]
         logits = out[0][0] if len(out) == 1 else np.concatenate([o[0] for o in out])
         if not features:
             return logits
@@ -208,12 +210,12 @@ class GqaDriver:
         ids = np.full((count, 1), PAD_ID, dtype=np.int64)
         lens = np.minimum(self.written[:count], self.geometry.max_seq_len - 1)  # holes: past any committed KV
         ids[slots], lens[slots] = input_ids, cache_len
-        logits, features = self._run(self._binding(("rows", count), slice(0, count)), ids, lens, positions)
+        logits, features = self._run(self._binding(slice(0, count)), ids, lens, positions)
         return logits[slots], None if features is None else features[slots]  # [n, 1, V], [n, 1, F, H]
 
 
-ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)", "float16": "tensor(float16)",
-             "bfloat16": "tensor(bfloat16)"}  # manifest dtype -> onnxruntime's NodeArg.type
+ORT_TYPES = {"int64": "tensor(int64)", Dtype.FLOAT32: "tensor(float)", Dtype.FLOAT16: "tensor(float16)",
+             Dtype.BFLOAT16: "tensor(bfloat16)"}  # a TensorSpec's dtype -> onnxruntime's NodeArg.type
 
 
 def _mismatch(role: str, kind: str, spec: TensorSpec, arg) -> str | None:
@@ -302,7 +304,7 @@ class Lowering:
 
 
 class PlainLowering(Lowering):
-    name = "plain"
+    name = LoweringName.PLAIN
     tensorrt = True
 
     def io_names(self, num_layers: int, features: bool = False) -> tuple[list, list]:
@@ -320,7 +322,7 @@ class PlainLowering(Lowering):
 
 
 class GqaLowering(Lowering):
-    name = "gqa"
+    name = LoweringName.GQA
     contrib_ops = True
     driver_class = GqaDriver
 
@@ -345,7 +347,7 @@ class GqaLowering(Lowering):
 
 
 LOWERINGS = {lowering.name: lowering for lowering in (PlainLowering(), GqaLowering())}
-assert tuple(LOWERINGS) == LOWERING_NAMES, "specdec.manifest.LOWERING_NAMES lists the lowerings of this module"
+assert tuple(LOWERINGS) == tuple(LoweringName), "specdec.manifest.LoweringName names the lowerings of this module"
 
 
 def lowering_for(name: str) -> Lowering:

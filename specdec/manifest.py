@@ -61,6 +61,28 @@ class EngineBackend(StrEnum):
     TENSORRT = "tensorrt"
 
 
+class LoweringName(StrEnum):
+    """A lowering of the ONNX contract (ModelEntry.lowering); specdec.lowering.LOWERINGS holds their objects."""
+
+    PLAIN = "plain"  # standard ONNX ops: the reference, TensorRT's input
+    GQA = "gqa"  # onnxruntime's GroupQueryAttention, KV in place
+
+
+class Profile(StrEnum):
+    """A TensorRT optimization profile of a plan (EngineRecord.profiles, profile_order: indices 0 and 1)."""
+
+    PREFILL = "prefill"
+    STEP = "step"
+
+
+class HardwareCompatibility(StrEnum):
+    """The GPUs a TensorRT plan runs on (EngineRecord.hardware_compatibility; specdec.engines.trt_select)."""
+
+    NONE = "none"  # the compute capability it was built on
+    AMPERE_PLUS = "ampere_plus"  # any of compute capability 8.0 or later
+    SAME_COMPUTE_CAPABILITY = "same_compute_capability"
+
+
 class Dtype(StrEnum):
     """The element type of a model's KV and logits (ModelEntry.kv_dtype, logits_dtype)."""
 
@@ -72,7 +94,7 @@ class Dtype(StrEnum):
 ROLES = tuple(role.value for role in Role)  # plain strings: messages and argparse print them
 PRECISIONS = tuple(precision.value for precision in Precision)
 KV_DTYPES = tuple(dtype.value for dtype in Dtype)
-LOWERING_NAMES = ("plain", "gqa")  # specdec.lowering holds their objects
+LOWERING_NAMES = tuple(name.value for name in LoweringName)
 
 
 @dataclass(frozen=True)
@@ -129,9 +151,9 @@ class EngineRecord:
     tensorrt_version: str
     sha256: str
     profiles: dict  # profile name -> input name -> {"min", "opt", "max"} shapes
-    profile_order: list = field(default_factory=lambda: ["prefill", "step"])
+    profile_order: list = field(default_factory=lambda: list(Profile))
     version_compatible: bool = False
-    hardware_compatibility: str = "none"
+    hardware_compatibility: str = HardwareCompatibility.NONE
     max_batch: int = 1
 
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from specdec.errors import ConfigError
 from specdec.runtime.adaptive_gamma import GammaPolicyName
-from specdec.runtime.config import DRAFTER_KINDS, DRAFTERS, NAMED_BACKENDS, DrafterName
+from specdec.runtime.config import DRAFTER_KINDS, DRAFTERS, NAMED_BACKENDS, BackendName, DrafterName
 
 BASELINE = "target-only"
 SYSTEM = "specdec"  # the `system` of this package's records (a peer writes its own name)
 SWEPT_POLICIES = (GammaPolicyName.ADAPTIVE, GammaPolicyName.HEURISTIC)  # besides fixed
+BENCH_DRAFTERS = (DrafterName.MODEL, DrafterName.PROMPT_LOOKUP, DrafterName.AUTO)  # besides target-only
 
 
 class Status(StrEnum):
@@ -29,7 +30,7 @@ class Mode:
     name: str
     drafter: str
     gamma: int | None = None
-    gamma_policy: str = "fixed"  # or "adaptive" / "heuristic" (GenerationConfig.gamma_policy)
+    gamma_policy: GammaPolicyName = GammaPolicyName.FIXED  # as GenerationConfig.gamma_policy
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,12 @@ class BenchConfig:
     repeats: int = 2
     warmup: int = 1  # warm-up requests per mode, not recorded
     seed: int = 0
-    drafters: tuple = ("model", "prompt_lookup", "auto")
+    drafters: tuple = BENCH_DRAFTERS
     gammas: tuple = (1, 2, 4, 6, 8)  # γ sweep of the model and auto drafters
     policies: tuple = ()  # γ policies of the model drafter besides fixed: "adaptive", "heuristic"
     temperature: float = 0.0
     threads: int | None = None
-    backend: str = "onnxruntime"  # or "native" / "cuda" (the target on specdec's own CPU / GPU kernels)
+    backend: BackendName = BackendName.ONNXRUNTIME  # or NATIVE / CUDA (the target on specdec's own CPU / GPU kernels)
     verify: bool = True  # check the bundle's file hashes
     peers: str | None = None  # a folder of peer results (*.jsonl) to merge into the table
     plots: bool = True

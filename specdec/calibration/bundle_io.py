@@ -113,7 +113,7 @@ def source_entry(manifest: Manifest, bundle: Path, config: QuantizeConfig, sourc
 
 
 def quantized_bundle(bundle: Path, out: Path, config: QuantizeConfig, overwrite: bool = False,
-                     source: str = "target") -> Path:
+                     source: Role = Role.TARGET) -> Path:
     """Copy `bundle` to `out` with its `config.role` model replaced by its fp32 `source` model (target or draft)
     quantized with `config`."""
     bundle, out = Path(bundle), Path(out)

@@ -13,7 +13,7 @@ import numpy as np
 from specdec.calibration.bundle_io import write_manifest
 from specdec.calibration.quality import DEFAULT_PROMPTS, interleaved_ms
 from specdec.errors import ConfigError
-from specdec.manifest import GammaRecord, read_manifest
+from specdec.manifest import GammaRecord, Role, read_manifest
 from specdec.runtime.adaptive_gamma import best_gamma, conditional_from_cumulative, speedup_table
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,6 @@ def calibrate_gamma(bundle: Path, config: GammaConfig) -> GammaCalibration:
     draft = dataclasses.replace(draft, calibration=dataclasses.replace(draft.calibration, gamma=result.record()))
     write_manifest(bundle, dataclasses.replace(
         manifest, defaults=dataclasses.replace(manifest.defaults, gamma=result.gamma),
-        models={**manifest.models, "draft": draft},
+        models={**manifest.models, Role.DRAFT: draft},
     ))
     return result

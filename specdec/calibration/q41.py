@@ -10,16 +10,18 @@ r = m + zp·d (|r| ≤ d/2 for a block whose −m/d lies in 0..15), is added bac
 Two ways to add it (`minimum`):
 - "rows" (default): the block sums go after x as K/32 more inputs of the same MatMulNBits, whose extra rows hold r
   in 4 bits (symmetric, one scale per 32 rows of a column): x_aug = Concat(x, blocksum(x)), one kernel per weight.
-  r is then held to within max|r| / 14 of its column's extra block; the codes and scales of W stay exact. On 2
-  AMD EPYC cores the draft step's minimum fell 8-11 % against "exact", top-1 agreement from 0.971 to 0.954, and
-  whole requests ran 3-4 % faster (README, Performance).
+  r is then held to within max|r| / 14 of its column's extra block; the codes and scales of W stay exact. It is the
+  default because the draft's step is cheaper, by fewer nodes, at a small cost in top-1 agreement; a bundle of each
+  measures it: `python benchmarks/step.py EXACT ROWS --roles draft`, `python benchmarks/draft_quality.py EXACT ROWS`
+  and `python benchmarks/modes.py EXACT ROWS --modes none,model:4,model:8` (records in benchmarks/results/q41-rows/).
 - "exact": a small fp32 MatMul blocksum(x) @ r and an Add after MatMulNBits: the weights bit for bit, 2 more
   nodes per weight.
 
 The block sum is a Reshape + ReduceSum shared by all MatMuls of one input (x: [B, T, K], rank 3 in our graphs).
 Weights that are not on a Q4_1 grid still quantize (with a float-min correction, like RTN plus a better minimum).
 The LM head (a Gemm over the tied embedding, which the GGUF stores as Q8_0) becomes 8-bit MatMulNBits on the Q8_0
-grid: exact for SmolLM2, and 2.7× faster than the fp32 Gemm at T = 1 on this CPU (1.45 vs 3.91 ms).
+grid: exact for SmolLM2, and faster than the fp32 Gemm at T = 1 (`python benchmarks/step.py BUNDLE --roles draft
+--by-op` shows each op's share).
 """
 from __future__ import annotations
 
@@ -130,8 +132,8 @@ HEAD_FILL = -1e30  # logit of a token a trimmed head does not score: its probabi
 def scatter_back(scored: str, output: str, keep: np.ndarray, vocab: int, base: str, add_init, helper) -> list:
     """Nodes that put a trimmed head's scores [M, N'] (of the sorted token ids `keep`) back to [M, vocab], HEAD_FILL
     for every other token: Pad one fill column, then GatherElements with each token's column (or the fill's), its
-    int32 index table expanded to [M, vocab]. 0.1 ms a call on 2 EPYC cores for 24,579 of 49,152 tokens, where Gather
-    along axis 1 (one copy per index) took 0.5 ms and ScatterElements 0.2 ms (benchmarks/head_scatter.py)."""
+    int32 index table expanded to [M, vocab]: faster than Gather along axis 1 (one copy per index) or ScatterElements,
+    as `python benchmarks/head_scatter.py` measures (records in benchmarks/results/head-scatter/)."""
     rows = np.full(vocab, len(keep), np.int32)
     rows[keep] = np.arange(len(keep))
     add_init(f"{base}_pads", np.array([0, 0, 0, 1], np.int64))

@@ -25,6 +25,7 @@ from specdec.calibration.q41 import MINIMUMS, Minimum
 from specdec.errors import ConfigError, missing_dependency
 from specdec.lowering import lowering_for
 from specdec.manifest import Method, Precision, Role
+from specdec.runtime.config import BackendName
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,16 @@ METHODS = {  # method -> (manifest precision, needs calibration data)
 class QuantTarget:
     """A back end a quantized graph is made for: the methods it runs, and what its kernels take."""
 
-    name: str
+    name: BackendName
     methods: tuple
     zero_points: bool  # asymmetric (uint8 + zero point) activations; TensorRT takes symmetric int8 only
     standard_onnx: bool  # reads standard ONNX only (no onnxruntime contrib ops)
 
 
 QUANT_TARGETS = {target.name: target for target in (
-    QuantTarget("onnxruntime", (Method.INT4_RTN, Method.INT4_HQQ, Method.INT4_GPTQ, Method.INT4_Q41, Method.INT8_QDQ,
-                                Method.MODELOPT_INT8), True, False),
-    QuantTarget("tensorrt", (Method.INT8_QDQ, Method.MODELOPT_INT8, Method.MODELOPT_FP8), False, True),
+    QuantTarget(BackendName.ONNXRUNTIME, (Method.INT4_RTN, Method.INT4_HQQ, Method.INT4_GPTQ, Method.INT4_Q41,
+                                          Method.INT8_QDQ, Method.MODELOPT_INT8), True, False),
+    QuantTarget(BackendName.TENSORRT, (Method.INT8_QDQ, Method.MODELOPT_INT8, Method.MODELOPT_FP8), False, True),
 )}
 BACKENDS = {name: target.methods for name, target in QUANT_TARGETS.items()}
 ROLES = (Role.DRAFT.value, Role.TARGET.value)  # plain strings: argparse prints them
@@ -60,8 +61,8 @@ ROLES = (Role.DRAFT.value, Role.TARGET.value)  # plain strings: argparse prints 
 @dataclass(frozen=True)
 class QuantizeConfig:
     method: str
-    role: str = "draft"  # which model of the new bundle the quantized graph becomes
-    backend: str = "onnxruntime"  # the back end that will run it
+    role: Role = Role.DRAFT  # which model of the new bundle the quantized graph becomes
+    backend: BackendName = BackendName.ONNXRUNTIME  # the back end that will run it
     data: DataConfig = field(default_factory=DataConfig)
     verify_len: int = 5  # T of the verify-shaped calibration feeds (γ + 1)
     accuracy_level: int = ACCURACY_LEVEL  # MatMulNBits compute: 4 = int8 (fast on x86), 1 = fp32 (exact)
@@ -76,6 +77,8 @@ class QuantizeConfig:
             raise ConfigError(f"role {self.role!r} is unknown", "use --role draft or --role target")
         if self.backend not in BACKENDS:
             raise ConfigError(f"back end {self.backend!r} is unknown", f"choose one of {', '.join(BACKENDS)}")
+        object.__setattr__(self, "role", Role(self.role))
+        object.__setattr__(self, "backend", BackendName(self.backend))
         if self.method not in BACKENDS[self.backend]:
             others = [b for b, methods in BACKENDS.items() if self.method in methods]
             raise ConfigError(
@@ -173,7 +176,8 @@ def _int8_static(source: Path, dest: Path, reader, backend: str) -> dict:
     model = onnx.load(str(source))
     kept = mlp_output_matmuls(model)
     # onnxruntime: uint8 asymmetric activations x int8 weights in 7 bits. Full-range int8 weights overflow the
-    # u8s8 int16 accumulation of AVX2 CPUs without VNNI; on SmolLM2 one layer alone then cost 25 % top-1.
+    # u8s8 int16 accumulation of AVX2 CPUs without VNNI: there one such layer alone costs a visible share of top-1
+    # agreement (`specdec calibrate report BUNDLE` measures it).
     # TensorRT: int8 symmetric activations (it supports no zero point), full-range weights.
     trt = not QUANT_TARGETS[backend].zero_points
     quantize_static(  # a ModelProto, not a path: given a path, quantize_static writes model-inferred.onnx beside it

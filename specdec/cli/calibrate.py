@@ -7,6 +7,8 @@ import sys
 from specdec.calibration.bundle_io import SOURCES
 from specdec.calibration.quantize import BACKENDS, METHODS, MINIMUMS, ROLES
 from specdec.errors import ConfigError
+from specdec.manifest import Role
+from specdec.runtime.config import BackendName
 
 
 def _add_data_args(parser: argparse.ArgumentParser, seq_len: int, samples: int) -> None:
@@ -25,11 +27,12 @@ def add_calibrate_parser(commands) -> None:
     quantize.add_argument("bundle")
     quantize.add_argument("--method", required=True, choices=tuple(method.value for method in METHODS))
     quantize.add_argument("--out", required=True, help="bundle directory to write")
-    quantize.add_argument("--role", choices=ROLES, default="draft", help="model to replace (default draft)")
-    quantize.add_argument("--source", choices=SOURCES, default="target",
+    quantize.add_argument("--role", choices=ROLES, default=Role.DRAFT, help="model to replace (default draft)")
+    quantize.add_argument("--source", choices=SOURCES, default=Role.TARGET,
                           help="the bundle's fp32 model to quantize (default target); draft: its own fp32 draft, "
                                "e.g. a --draft-layers K draft, which then needs --role draft")
-    quantize.add_argument("--backend", choices=tuple(BACKENDS), default="onnxruntime",
+    quantize.add_argument("--backend", choices=tuple(name.value for name in BACKENDS),
+                          default=BackendName.ONNXRUNTIME,
                           help="the back end that will run the model (default onnxruntime)")
     quantize.add_argument("--accuracy-level", type=int, default=4, help="MatMulNBits compute: 4 int8 (default), 1 fp32")
     quantize.add_argument("--head-tokens", type=int, default=0,

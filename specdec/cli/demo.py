@@ -10,6 +10,7 @@ import sys
 
 from specdec.errors import SpecDecError
 from specdec.runtime import GenerationConfig, load
+from specdec.runtime.config import BackendName, DrafterName
 
 PROMPTS = [
     "Rewrite this sentence in the passive voice: The committee approved the new budget after a long debate, "
@@ -17,7 +18,7 @@ PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
     "What are three tips for staying productive when working from home?",
 ]
-MODES = ("none", "auto", "prompt_lookup", "model")
+MODES = (DrafterName.NONE, DrafterName.AUTO, DrafterName.PROMPT_LOOKUP, DrafterName.MODEL)
 
 
 def measure(generator, modes, new_tokens: int, repeats: int) -> dict:
@@ -34,9 +35,9 @@ def measure(generator, modes, new_tokens: int, repeats: int) -> dict:
                 samples[mode].append((decode_s * 1e3 / max(1, len(result.token_ids)), stats))
                 texts.setdefault(prompt, {})[mode] = result.token_ids
     for prompt, by_mode in texts.items():
-        if any(ids != by_mode["none"] for ids in by_mode.values()):
+        if any(ids != by_mode[DrafterName.NONE] for ids in by_mode.values()):
             raise SystemExit(f"greedy outputs differ between drafters for {prompt!r}")
-    return samples, {prompt: by_mode["none"] for prompt, by_mode in texts.items()}
+    return samples, {prompt: by_mode[DrafterName.NONE] for prompt, by_mode in texts.items()}
 
 
 def report(samples: dict, base: float) -> str:
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     parser.add_argument("bundle")
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--backends", default="onnxruntime,native",
+    parser.add_argument("--backends", default=f"{BackendName.ONNXRUNTIME},{BackendName.NATIVE}",
                         help="comma-separated; a backend after the first that cannot open here is skipped with why")
     args = parser.parse_args(argv)
     backends = [name.strip() for name in args.backends.split(",") if name.strip()]
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
         print(f"\n[{backend}] greedy, {len(PROMPTS)} prompts x {args.repeats} repeats, {args.new_tokens} new tokens, "
               "outputs identical across drafters" + (" and backends" if index else "") +
               (f"; speedup over the {backends[0]} backend's plain decoding:" if index else ":"))
-        base = base or statistics.median(ms for ms, _ in samples["none"])
+        base = base or statistics.median(ms for ms, _ in samples[DrafterName.NONE])
         print(report(samples, base))
     return 0
 

@@ -16,7 +16,8 @@ from specdec.calibration.quantize import METHODS as QUANTIZE_METHODS, ROLES as Q
 from specdec.engines.trt_config import BACKEND as TENSORRT, HARDWARE_COMPATIBILITY
 from specdec.errors import ConfigError
 from specdec.export.config import DRAFT_DERIVATIONS, DTYPES, LOWERINGS, WEIGHTS, ExportConfig
-from specdec.manifest import Precision, Role
+from specdec.manifest import HardwareCompatibility, LoweringName, Precision, Role
+from specdec.runtime.config import BackendName
 
 
 def add_export_args(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +34,7 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", type=int, default=4, help="default draft length γ (default 4)")
     parser.add_argument("--gamma-max", type=int, default=8, help="verify profile limit γ_max (default 8)")
     parser.add_argument("--max-prefill-chunk", type=int, default=256, help="prefill chunk length (default 256)")
-    parser.add_argument("--dtype", choices=DTYPES, default="fp32",
+    parser.add_argument("--dtype", choices=DTYPES, default=Precision.FP32,
                         help="the graph's weights and KV dtype; fp16/bf16 are for GPU back ends (default fp32)")
     parser.add_argument("--weights", choices=WEIGHTS, default=None,
                         help="round the weights to bf16 or fp16 first, as a half-precision checkpoint ships; the "
@@ -54,7 +55,7 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     engines.add_argument("--engine", choices=[TENSORRT], help="also build TensorRT plans; with an existing --out "
                          "bundle and no --overwrite or --quantize, only (re)build its plans")
     engines.add_argument("--version-compatible", action="store_true", help="plans that run on later TensorRT")
-    engines.add_argument("--hardware-compatibility", choices=HARDWARE_COMPATIBILITY, default="none",
+    engines.add_argument("--hardware-compatibility", choices=HARDWARE_COMPATIBILITY, default=HardwareCompatibility.NONE,
                          help="TensorRT hardware compatibility level (default none)")
 
 
@@ -104,8 +105,9 @@ def _quantize_config(args):
     from specdec.calibration.data import DataConfig
     from specdec.calibration.quantize import QuantizeConfig
 
-    return QuantizeConfig(method=args.quantize, role=args.quantize_role or "draft",
-                          backend="tensorrt" if args.engine else "onnxruntime", data=DataConfig(**data),
+    return QuantizeConfig(method=args.quantize, role=args.quantize_role or Role.DRAFT,
+                          backend=BackendName.TENSORRT if args.engine else BackendName.ONNXRUNTIME,
+                          data=DataConfig(**data),
                           verify_len=args.gamma + 1, progress=sys.stderr.isatty() or args.verbose)
 
 
@@ -115,7 +117,7 @@ def _export_config(args, quantize) -> ExportConfig:
         draft_layers=args.draft_layers, no_draft=args.no_draft, max_seq_len=args.max_seq_len,
         max_batch=args.max_batch, gamma=args.gamma, gamma_max=args.gamma_max,
         max_prefill_chunk=args.max_prefill_chunk, dtype=args.dtype, weights=args.weights, overwrite=args.overwrite,
-        lowering=args.lowering or ("plain" if args.engine else "gqa"),
+        lowering=args.lowering or (LoweringName.PLAIN if args.engine else LoweringName.GQA),
         check_parity=not args.skip_parity, progress=sys.stderr.isatty() or args.verbose,
         feature_layers=args.feature_layers,
     )

@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES, COUPLINGS, DRAFTERS, GAMMA_POLICIES, BackendName
+from specdec.runtime.adaptive_gamma import GammaPolicyName
+from specdec.runtime.config import (AUTO_BACKEND, BACKEND_CHOICES, COUPLINGS, DRAFTERS, GAMMA_POLICIES, BackendName,
+                                    Coupling, DrafterName)
 
 
 def add_generate_parser(commands) -> None:
@@ -18,10 +20,10 @@ def add_generate_parser(commands) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="1.0 turns top-p off (default)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--gamma", type=int, default=None, help="draft length (default: the bundle's)")
-    parser.add_argument("--gamma-policy", choices=GAMMA_POLICIES, default="fixed",
+    parser.add_argument("--gamma-policy", choices=GAMMA_POLICIES, default=GammaPolicyName.FIXED,
                         help="fixed γ, adaptive (from running per-position acceptance) or HF's +2/-1 heuristic")
-    parser.add_argument("--drafter", choices=DRAFTERS, default="auto")
-    parser.add_argument("--coupling", choices=COUPLINGS, default="leviathan",
+    parser.add_argument("--drafter", choices=DRAFTERS, default=DrafterName.AUTO)
+    parser.add_argument("--coupling", choices=COUPLINGS, default=Coupling.LEVIATHAN,
                         help="sampled tokens: leviathan (the paper's rule, default) or gumbel (noise fixed by seed and "
                              "position: the same seed gives the same text whatever the drafter and γ)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES
-from specdec.serving.options import API_KEY_ENV, SPECULATION, ServeOptions, check_replicas
+from specdec.serving.options import API_KEY_ENV, SPECULATION, ServeOptions, Speculation, check_replicas
 
 
 def add_serve_parser(commands) -> None:
@@ -21,7 +21,7 @@ def add_serve_parser(commands) -> None:
     parser.add_argument("--api-key", default=None,
                         help=f"required bearer key (default: ${API_KEY_ENV}; the variable keeps it out of `ps`)")
     parser.add_argument("--model-name", default=None, help="the model id clients send (default: the bundle's name)")
-    parser.add_argument("--speculation", choices=SPECULATION, default="adaptive",
+    parser.add_argument("--speculation", choices=SPECULATION, default=Speculation.ADAPTIVE,
                         help="adaptive: γ per round from measured goodput (default); fixed: the bundle's γ; off: γ = 0")
     parser.add_argument("--gamma", type=int, default=None,
                         help="γ of --speculation fixed (default: the bundle's; at most its gamma_max)")

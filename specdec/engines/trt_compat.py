@@ -17,7 +17,6 @@ from specdec.errors import EngineBuildError, MissingDependencyError, missing_dep
 
 log = logging.getLogger(__name__)
 
-HARDWARE_LEVELS = {"none": "NONE", "ampere_plus": "AMPERE_PLUS", "same_compute_capability": "SAME_COMPUTE_CAPABILITY"}
 SUPPORTED_MAJORS = (10, 11)
 
 
@@ -79,10 +78,12 @@ def apply_builder_options(trt, config, build) -> None:
     config.builder_optimization_level = build.builder_optimization_level
     if build.version_compatible:
         config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
-    level = getattr(trt.HardwareCompatibilityLevel, HARDWARE_LEVELS[build.hardware_compatibility], None)
+    # a HardwareCompatibility member is named as TensorRT names its level
+    level = getattr(trt.HardwareCompatibilityLevel, build.hardware_compatibility.name, None)
     if level is None:
         raise EngineBuildError(
-            f"hardware compatibility {build.hardware_compatibility!r} is not offered by TensorRT {trt.__version__}",
+            f"hardware compatibility {build.hardware_compatibility.value!r} is not offered by TensorRT "
+            f"{trt.__version__}",
             "use hardware_compatibility='none' or 'ampere_plus', or upgrade TensorRT",
         )
     config.hardware_compatibility_level = level

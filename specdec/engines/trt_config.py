@@ -11,24 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 from specdec.errors import BackendError, ConfigError, EngineBuildError
 from specdec.lowering import LOWERINGS
-from specdec.manifest import ROLES, EngineBackend, EngineRecord, Manifest, ModelEntry, Role
+from specdec.manifest import (ROLES, EngineBackend, EngineRecord, HardwareCompatibility, LoweringName, Manifest,
+                              ModelEntry, Profile, Role)
 
 BACKEND = EngineBackend.TENSORRT
-PROFILE_NAMES = ("prefill", "step")  # optimization profile indices 0 and 1, in this order
-INPUT_NAMES, OUTPUT_NAMES = (tuple(names) for names in LOWERINGS["plain"].io_names(0))  # TensorRT's input
-
-
-class HardwareCompatibility(StrEnum):
-    """The GPUs a plan runs on (specdec.engines.trt_select)."""
-
-    NONE = "none"  # the compute capability it was built on
-    AMPERE_PLUS = "ampere_plus"  # any of compute capability 8.0 or later
-    SAME_COMPUTE_CAPABILITY = "same_compute_capability"
+PROFILE_NAMES = tuple(Profile)  # optimization profile indices 0 and 1, in this order
+INPUT_NAMES, OUTPUT_NAMES = (tuple(names) for names in LOWERINGS[LoweringName.PLAIN].io_names(0))  # TensorRT's input
 
 
 HARDWARE_COMPATIBILITY = tuple(level.value for level in HardwareCompatibility)  # plain strings: argparse prints them
@@ -45,7 +37,7 @@ class BuildConfig:
     max_seq_len: int
     opt_batch: int = 1  # the batch TensorRT tunes kernels for (latency: 1)
     version_compatible: bool = False  # plan runs on later TensorRT versions (lean runtime embedded, slower)
-    hardware_compatibility: str = "none"  # a HardwareCompatibility
+    hardware_compatibility: HardwareCompatibility = HardwareCompatibility.NONE
     timing_cache: Path | None = None  # reused and updated across builds
     workspace_bytes: int | None = None  # None: TensorRT's default (the device's memory)
     builder_optimization_level: int = 3  # 0..5; higher builds longer and may run faster
@@ -74,6 +66,7 @@ class BuildConfig:
                 f"hardware_compatibility {self.hardware_compatibility!r} is unknown",
                 f"choose one of {', '.join(HARDWARE_COMPATIBILITY)}",
             )
+        object.__setattr__(self, "hardware_compatibility", HardwareCompatibility(self.hardware_compatibility))
         workspace = self.workspace_bytes
         if workspace is not None and (not isinstance(workspace, int) or workspace <= 0):
             raise ConfigError(f"workspace_bytes must be a positive integer, got {workspace!r}",
@@ -139,7 +132,7 @@ def optimization_profiles(build: BuildConfig, entry: ModelEntry) -> dict:
     batch = (1, build.opt_batch, build.max_batch)
     prefill = (1, build.max_prefill_chunk, build.max_prefill_chunk)
     step = (1, step_opt_tokens(build, entry.role), build.gamma_max + 1)
-    return {"prefill": _ranges(entry, batch, prefill), "step": _ranges(entry, batch, step)}
+    return {Profile.PREFILL: _ranges(entry, batch, prefill), Profile.STEP: _ranges(entry, batch, step)}
 
 
 def token_limits(profiles: dict) -> dict:
@@ -150,7 +143,7 @@ def token_limits(profiles: dict) -> dict:
 def profile_for(profiles: dict, steps: int) -> int:
     """Index of the profile that runs T=steps: the step profile when it can (its CUDA graphs are reused)."""
     limits = token_limits(profiles)
-    for name in ("step", "prefill"):
+    for name in (Profile.STEP, Profile.PREFILL):
         low, high = limits[name]
         if low <= steps <= high:
             return PROFILE_NAMES.index(name)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specdec.errors import ExportError
 from specdec.export.architectures import architecture_for, dims_from_config, supported_model_types
-from specdec.export.config import DraftKind, ExportConfig
+from specdec.export.config import DraftOrigin, ExportConfig
 from specdec.export.drafts import int4_from_onnx, layer_draft, layer_draft_range
 from specdec.export.onnx_graph import KV_DTYPE_NAMES, TORCH_DTYPES, onnx_from_hf
 from specdec.export.native_pack import NativeSkipped, write_target
@@ -96,7 +96,7 @@ def _preflight(config: ExportConfig):
     if config.draft_layers is not None:
         layer_draft_range(dims_from_config(hf_config).num_layers, config.draft_layers)
     draft_source = None
-    if config.draft_kind == DraftKind.MODEL:
+    if config.draft_origin == DraftOrigin.MODEL:
         draft_source = resolve_source(config.draft)
         _check_length(_check_target(draft_source, config), config, "draft")
     tokenizer = load_tokenizer(source)
@@ -252,21 +252,21 @@ def _tool_versions() -> dict:
 
 def _step_names(config: ExportConfig) -> list[str]:
     names = ["load models", "export target"] + (["check target"] if config.check_parity else [])
-    if config.draft_kind != DraftKind.NONE:
+    if config.draft_origin != DraftOrigin.NONE:
         names += ["export draft"] + (["check draft"] if config.check_parity else [])
     return names + ["write bundle"]
 
 
 def _load_draft(config: ExportConfig, target_arch, draft_source, dtype):
     """(architecture, reference model, source, derived tag) of the draft, or None."""
-    kind = config.draft_kind
-    if kind == DraftKind.NONE:
+    origin = config.draft_origin
+    if origin == DraftOrigin.NONE:
         return None
-    if kind == DraftKind.LAYERS:
+    if origin == DraftOrigin.LAYERS:
         arch = layer_draft(target_arch, config.draft_layers)
         return arch, arch.model, None, f"layers:{config.draft_layers}"
-    if kind == DraftKind.INT4:
-        return target_arch, target_arch.model, None, DraftKind.INT4.value
+    if origin == DraftOrigin.INT4:
+        return target_arch, target_arch.model, None, DraftOrigin.INT4.value
     arch = architecture_for(rounded(load_model(draft_source, dtype), config.weights))
     return arch, arch.model, draft_source, ""
 
@@ -291,7 +291,7 @@ def export_bundle(config: ExportConfig) -> Path:
             models = {Role.TARGET: _export_model(Role.TARGET, target, target.model, source, "", tmp, config, steps)}
             if draft is not None:
                 arch, reference, draft_source, derived = draft
-                precision = Precision.INT4 if config.draft_kind == DraftKind.INT4 else None
+                precision = Precision.INT4 if config.draft_origin == DraftOrigin.INT4 else None
                 models[Role.DRAFT] = _export_model(
                     Role.DRAFT, arch, reference, draft_source or source, derived, tmp, config, steps, precision
                 )

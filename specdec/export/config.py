@@ -6,11 +6,12 @@ from enum import StrEnum
 from pathlib import Path
 
 from specdec.errors import ConfigError
-from specdec.manifest import LOWERING_NAMES as LOWERINGS, Precision
+from specdec.manifest import LOWERING_NAMES as LOWERINGS, LoweringName, Precision
 
 
-class DraftKind(StrEnum):
-    """The draft an export makes (ExportConfig.draft_kind)."""
+class DraftOrigin(StrEnum):
+    """Where the draft model an export makes comes from (ExportConfig.draft_origin). Not a drafter: a request's
+    DrafterName (specdec.runtime.config) says which drafter proposes tokens, the draft model among others."""
 
     NONE = "none"
     MODEL = "model"  # --draft: a separate model
@@ -22,7 +23,7 @@ class DraftKind(StrEnum):
 DTYPES = (Precision.FP32.value, Precision.FP16.value, Precision.BF16.value)
 MAX_FEATURES = 16  # specdec_native.h's SPECDEC_MAX_FEATURES: layers a forward returns the hidden states of
 WEIGHTS = (Precision.BF16.value, Precision.FP16.value)  # --weights: what an fp32 export's weights are rounded to first
-DRAFT_DERIVATIONS = (DraftKind.INT4.value,)
+DRAFT_DERIVATIONS = (DraftOrigin.INT4.value,)
 
 
 def _feature_layers(layers) -> tuple:
@@ -49,9 +50,10 @@ class ExportConfig:
     gamma: int = 4
     gamma_max: int = 8
     max_prefill_chunk: int = 256
-    dtype: str = "fp32"
+    dtype: Precision = Precision.FP32
     weights: str | None = None  # "bf16" / "fp16": round the weights so first (as a half-precision checkpoint ships)
-    lowering: str = "gqa"  # "gqa": onnxruntime GroupQueryAttention, in-place KV; "plain": portable, TensorRT input
+    lowering: LoweringName = LoweringName.GQA  # GQA: onnxruntime GroupQueryAttention, in-place KV; PLAIN: portable,
+    # TensorRT's input
     overwrite: bool = False
     check_parity: bool = True
     progress: bool = True
@@ -71,6 +73,8 @@ class ExportConfig:
                               "2-byte rows); --dtype makes a half-precision graph for GPU back ends: pick one")
         if self.lowering not in LOWERINGS:
             raise ConfigError(f"--lowering {self.lowering!r} is not supported", f"choose one of {', '.join(LOWERINGS)}")
+        object.__setattr__(self, "dtype", Precision(self.dtype))
+        object.__setattr__(self, "lowering", LoweringName(self.lowering))
         if self.draft_from_target is not None and self.draft_from_target not in DRAFT_DERIVATIONS:
             raise ConfigError(
                 f"--draft-from-target {self.draft_from_target!r} is not supported",
@@ -120,12 +124,12 @@ class ExportConfig:
         }
 
     @property
-    def draft_kind(self) -> DraftKind:
+    def draft_origin(self) -> DraftOrigin:
         """With no draft option, the INT4 self-draft."""
         if self.no_draft:
-            return DraftKind.NONE
+            return DraftOrigin.NONE
         if self.draft is not None:
-            return DraftKind.MODEL
+            return DraftOrigin.MODEL
         if self.draft_layers is not None:
-            return DraftKind.LAYERS
-        return DraftKind(self.draft_from_target or DraftKind.INT4)
+            return DraftOrigin.LAYERS
+        return DraftOrigin(self.draft_from_target or DraftOrigin.INT4)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (BLOCK4, BLOCK8, FORMAT_VERSION, GridError, float_rows, head_holds, mixed_blocks, on_grid,
-                            q41_blocks, q41_pairs, q8_blocks, row_precision, rows_of, write_tensors)
+from specdec.blocks import (BLOCK4, BLOCK8, FORMAT_VERSION, GridError, LayoutName, float_rows, head_holds,
+                            mixed_blocks, on_grid, q41_blocks, q41_pairs, q8_blocks, row_precision, rows_of,
+                            write_tensors)
 from specdec.errors import missing_dependency
 from specdec.manifest import Activation, ModelDims, NativeRecord
 from specdec.native.weights import LINEARS
@@ -203,7 +204,7 @@ def _mixed(linears: dict, packed: dict) -> dict:
     return tensors
 
 
-def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray, packed: dict) -> tuple[str, dict] | None:
+def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray, packed: dict) -> tuple[LayoutName, dict] | None:
     """(layout, tensors) of the weights where every linear weight lies on a Q4_1 grid ("q41"), or every one on a
     Q8_0 grid ("q80", a Q8_0 GGUF's), with the head on Q8_0's; or each linear weight and the head on one of a K-quant
     GGUF's grids ("mixed": blk4, blk5, blk8 or blk6, a Q4_K_M file's, whose head is often Q6_K). The embedding is read
@@ -212,9 +213,11 @@ def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray, packed: dict)
         head8 = on_grid("head", head, q8_blocks)
     except GridError:
         head8 = None
-    fits = {"q41": (lambda: {name: on_grid(name, w, q41_blocks) for name, w in linears.items()}, lambda: head8),
-            "q80": (lambda: {name: on_grid(name, w, q8_blocks) for name, w in linears.items()}, lambda: head8),
-            "mixed": (lambda: _mixed(linears, packed),
+    fits = {LayoutName.Q41: (lambda: {name: on_grid(name, w, q41_blocks) for name, w in linears.items()},
+                             lambda: head8),
+            LayoutName.Q80: (lambda: {name: on_grid(name, w, q8_blocks) for name, w in linears.items()},
+                             lambda: head8),
+            LayoutName.MIXED: (lambda: _mixed(linears, packed),
                       lambda: head8 if head8 is not None else mixed_blocks("head", head))}
     for layout, (fit, fit_head) in fits.items():
         try:
@@ -230,9 +233,9 @@ def _grids(linears: dict, head: np.ndarray, embedding: np.ndarray, packed: dict)
     return None
 
 
-def _rows(linears: dict, head: np.ndarray, embedding: np.ndarray) -> tuple[str, dict]:
-    """(precision, tensors) of the weights as rows in the narrowest exact precision; the embedding only where it is
-    not the head (untied)."""
+def _rows(linears: dict, head: np.ndarray, embedding: np.ndarray) -> tuple[LayoutName, dict]:
+    """(layout, tensors) of the weights as rows in the narrowest exact precision (the layout named as its rows'
+    TensorKind); the embedding only where it is not the head (untied)."""
     tied = embedding.shape == head.shape and np.array_equal(embedding, head)
     try:
         precision = row_precision([*linears.values(), head] + ([] if tied else [embedding]))
@@ -242,7 +245,7 @@ def _rows(linears: dict, head: np.ndarray, embedding: np.ndarray) -> tuple[str, 
     tensors["head"] = rows_of(head, precision)
     if not tied:
         tensors["embedding"] = rows_of(embedding, precision)
-    return precision, tensors
+    return LayoutName(precision), tensors
 
 
 def _float(values: np.ndarray) -> np.ndarray:
@@ -250,7 +253,7 @@ def _float(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values.astype(np.float32))
 
 
-def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, dict]:
+def native_tensors(path: Path, dims: ModelDims) -> tuple[LayoutName, dict, dict]:
     """(layout, its tensors (specdec.native.weights), the record's scalars: epsilon, scale, window, activation) of
     the gqa graph at `path`; NativeSkipped where the graph is outside the layout or a weight is not finite."""
     onnx, numpy_helper = _onnx()
@@ -325,7 +328,7 @@ def native_tensors(path: Path, dims: ModelDims) -> tuple[str, dict, dict]:
                                  window=window, activation=parts["activation"])
 
 
-def _record(layout: str, root: Path, rel: str, tensors: dict, **scalars) -> NativeRecord:
+def _record(layout: LayoutName, root: Path, rel: str, tensors: dict, **scalars) -> NativeRecord:
     index = write_tensors(root / rel, tensors)
     return NativeRecord(layout=layout, abi=FORMAT_VERSION, path=rel, tensors={
         name: {"kind": entry.kind, "shape": list(entry.shape), "offset": entry.offset} for name, entry in index.items()},
@@ -338,7 +341,7 @@ def write_target(root: Path, role: str, dims: ModelDims) -> NativeRecord:
     return _record(layout, root, f"{role}/{TARGET_FILE}", tensors, **scalars)
 
 
-def write_draft(root: Path, role: str, layout: str, target: dict, keep: np.ndarray | None,
+def write_draft(root: Path, role: str, layout: LayoutName, target: dict, keep: np.ndarray | None,
                 fill: float) -> NativeRecord:
     """Write root/role/native.bin for an int4-q41 draft of the target whose tensors of `layout` are `target`: its
     linear weights in pairs of Q4_1 blocks (the target's own, or fitted to its rows), its head's rows `keep` (token
@@ -357,4 +360,4 @@ def write_draft(root: Path, role: str, layout: str, target: dict, keep: np.ndarr
     tensors["head"] = np.ascontiguousarray(head) if head.dtype == BLOCK8 else q8_blocks(float_rows(head))[0]
     if keep is not None:
         tensors["head_rows"] = np.asarray(keep, dtype=np.int64)
-    return _record("q41-draft", root, f"{role}/{DRAFT_FILE}", tensors, fill=fill)
+    return _record(LayoutName.Q41_DRAFT, root, f"{role}/{DRAFT_FILE}", tensors, fill=fill)

@@ -13,12 +13,13 @@ from specdec.export.architectures import Architecture
 from specdec.export.gqa import GqaDecoder, gqa_translation, move_to_target_domains
 from specdec.export.static_model import StaticKVDecoder
 from specdec.lowering import lowering_for
+from specdec.manifest import Dtype, LoweringName, Precision
 
 log = logging.getLogger(__name__)
 
 OPSET = 18
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-KV_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+TORCH_DTYPES = {Precision.FP32: torch.float32, Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}
+KV_DTYPE_NAMES = {Precision.FP32: Dtype.FLOAT32, Precision.FP16: Dtype.FLOAT16, Precision.BF16: Dtype.BFLOAT16}
 
 
 def example_inputs(arch: Architecture, max_seq_len: int, dtype: torch.dtype, batch: int = 2, steps: int = 3):
@@ -37,7 +38,7 @@ def _plain_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: t
     args = example_inputs(arch, max_seq_len, dtype)
     shapes = {"input_ids": {0: batch, 1: tokens}, "cache_len": {0: batch}, "past_keys": {1: batch},
               "past_values": {1: batch}}
-    inputs, outputs = lowering_for("plain").io_names(arch.dims.num_layers, bool(features))
+    inputs, outputs = lowering_for(LoweringName.PLAIN).io_names(arch.dims.num_layers, bool(features))
     return StaticKVDecoder(arch, max_seq_len, features).eval(), args, shapes, inputs, outputs, None
 
 
@@ -48,11 +49,12 @@ def _gqa_program(arch: Architecture, max_seq_len: int, batch, tokens, dtype: tor
     shapes = {"input_ids": {0: batch, 1: tokens}, "cache_len": {0: batch},
               "logit_positions": {0: torch.export.Dim("logits", min=1, max=max_seq_len)},
               "past_keys": [{0: batch}] * layers, "past_values": [{0: batch}] * layers}
-    inputs, outputs = lowering_for("gqa").io_names(layers, bool(features))
+    inputs, outputs = lowering_for(LoweringName.GQA).io_names(layers, bool(features))
     return GqaDecoder(arch, max_seq_len, features).eval(), args, shapes, inputs, outputs, gqa_translation()
 
 
-PROGRAMS = {"plain": _plain_program, "gqa": _gqa_program}  # lowering name -> traced module and its I/O
+# lowering -> traced module and its I/O
+PROGRAMS = {LoweringName.PLAIN: _plain_program, LoweringName.GQA: _gqa_program}
 # torch.onnx's op registry warns at WARNING that torchvision is missing (nms, roi_align, ...): ops no causal LM uses,
 # which users read as errors of the export
 REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
@@ -72,7 +74,7 @@ def _quiet(name: str):
 
 
 def onnx_from_hf(arch: Architecture, max_seq_len: int, max_batch: int, dtype: str, path: Path,
-                 lowering: str = "plain", feature_layers: tuple = ()) -> Path:
+                 lowering: LoweringName = LoweringName.PLAIN, feature_layers: tuple = ()) -> Path:
     """Write `path` (+ `path.data` external weights) for `arch`'s model, with a features output of `feature_layers`
     where given; returns the path."""
     batch = torch.export.Dim("batch", min=1, max=max(2, max_batch))

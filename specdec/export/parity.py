@@ -12,9 +12,9 @@ import torch
 
 from specdec.errors import ExportError
 from specdec.lowering import lowering_for
-from specdec.manifest import ModelDims, ParityStep
+from specdec.manifest import ModelDims, ParityStep, Precision
 
-RELATIVE_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 5e-2}
+RELATIVE_TOLERANCE = {Precision.FP32: 1e-4, Precision.FP16: 2e-2, Precision.BF16: 5e-2}
 
 
 def runner_for(session, dims: ModelDims, max_seq_len: int, kv_dtype: str, lowering: str, batch: int = 2):

@@ -10,6 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from specdec.errors import ExportError
+from specdec.manifest import Precision
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def rounded(model, precision: str | None):
         return model
     import torch
 
-    half = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    half = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}[precision]
     with torch.no_grad():
         for name, parameter in model.named_parameters():  # tied weights are one parameter: rounded once
             if not parameter.is_floating_point():

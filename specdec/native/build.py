@@ -26,7 +26,7 @@ import tempfile
 from enum import StrEnum
 from pathlib import Path
 
-from specdec.blocks import ABI_VERSION, SIZES
+from specdec.blocks import ABI_VERSION, SIZES, TensorKind
 from specdec.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,8 @@ SIGNATURES = {  # the exports of specdec_native.h: argument types, result type
     "specdec_attention": ([_P, _I, _I, _I, _I, _P, _P, _I, _I, _F, _P, _P, _S, _I], _I),
 }
 # the blocks' sizes, checked at load (5: model_t and 8: features_t are checked by tests/native/test_c_safety.py)
-LAYOUT_SIZES = {0: SIZES["blk4"], 1: SIZES["blk8"], 2: SIZES["blk4p"], 3: 72, 4: 144, 6: SIZES["blk6"], 7: SIZES["blk5"]}
+LAYOUT_SIZES = {0: SIZES[TensorKind.BLK4], 1: SIZES[TensorKind.BLK8], 2: SIZES[TensorKind.BLK4P], 3: 72, 4: 144,
+                6: SIZES[TensorKind.BLK6], 7: SIZES[TensorKind.BLK5]}
 
 
 def cache_dir() -> Path:

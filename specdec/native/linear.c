@@ -1,7 +1,13 @@
-// The native engine's products: Q4_1 / Q8_0 weights times fp32 activations (the target), or paired Q4_1 / Q8_0
-// weights times activations rounded to two int8 parts (the draft); AVX2 + FMA + F16C, and AVX-512 + VNNI in the
-// builds for CPUs that have them (build.py: isa()). A loop's tasks are groups of output columns, each over every row,
-// so a weight is read from memory once for all the rows of a call.
+// The native engine's products y = x w^T, by the three kernels of specdec_matmul:
+// - the step kernel: fp32 activations times any weight but paired blocks: blk4 (Q4_1), blk8 (Q8_0), blk5 (5-bit codes:
+//   Q5_0, Q5_1, Q5_K), blk6 (Q8 with a scale per 16: Q6_K) or rows of bf16, f16 or f32 (a checkpoint's own precision).
+//   A loop's tasks are groups of output columns, each over every row, so a weight is read from memory once for all
+//   the rows of a call (a decode step's one, a verify pass's several).
+// - a prompt's kernel: the same weights, a task's columns decoded to fp32 once, then multiplied in tiles of rows and
+//   columns.
+// - the draft's: activations rounded to two int8 parts times paired Q4_1 blocks (blk4p) or blk8.
+// AVX2 + FMA + F16C; the builds for CPUs that have them add AVX-512 + VNNI, and VBMI's multishift for blk5's codes
+// (build.py: isa()). Every build gives the same bits.
 //
 // Summation order: every output is the sum over its blocks, elements 0-7 and 16-23 of each block in one chain and
 // 8-15 and 24-31 in another, then the two chains added; the same for every row, whatever the number of rows, the
@@ -52,7 +58,7 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
 }
 // A Q4_1 block's 32 weights as four vectors of 8 (q[0..7], q[8..15], q[16..23], q[24..31]): each half of qs
 // zero-extended to 8 lanes straight from memory, then its low and high nibbles (6 integer operations a block;
-// benchmarks/kernels_ab.py compares decodes)
+// benchmarks/native_ab.py times two builds, one with another decode)
 #define Z8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #define Q4_DECODE(blk, mask, w0, w1, w2, w3) \
     const __m256i lo8_ = Z8((blk).qs), hi8_ = Z8((blk).qs + 8); \

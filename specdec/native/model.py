@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from enum import StrEnum
 
 import numpy as np
 
@@ -21,7 +22,17 @@ STATUS = {  # specdec_native.h's status codes
     6: "the thread count is out of range"}
 WEIGHT_KINDS = {BLOCK4: 0, BLOCK8: 1, BLOCK4P: 2, BF16: 3, np.dtype("<f2"): 4, np.dtype("<f4"): 5,
                 BLOCK6: 6, BLOCK5: 7}  # specdec_native.h's SPECDEC_W_*: specdec_matmul's kind, model_t.kinds
-KERNELS = {"step": 0, "prompt": 1, "int8": 2}
+
+
+class Kernel(StrEnum):
+    """A kernel of specdec_matmul (KERNELS: its code in specdec_native.h)."""
+
+    STEP = "step"  # a decode step's and a verify pass's
+    PROMPT = "prompt"  # a prompt's (fp32)
+    INT8 = "int8"  # the activations rounded to two int8 parts: the draft's
+
+
+KERNELS = {Kernel.STEP: 0, Kernel.PROMPT: 1, Kernel.INT8: 2}
 
 
 class ModelStruct(ctypes.Structure):
@@ -170,10 +181,10 @@ class NativeModel:
             self._keys, self._values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
-    def matmul(self, x: np.ndarray, blocks: np.ndarray, kernel: str = "step", threads: int = 1) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK5, BLOCK8, BLOCK6; BLOCK4P with kernel "int8") or rows [N, K]
-        (BF16, float16, float32), by the step kernel, a prompt's kernel ("prompt") or with x rounded to two int8
-        parts ("int8": the draft's); the products alone, for benchmarks and tests."""
+    def matmul(self, x: np.ndarray, blocks: np.ndarray, kernel: Kernel = Kernel.STEP, threads: int = 1) -> np.ndarray:
+        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK5, BLOCK8, BLOCK6; BLOCK4P with Kernel.INT8) or
+        rows [N, K] (BF16, float16, float32), by `kernel` (a Kernel or its name); the products alone, for benchmarks
+        and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or blocks.ndim != 2 or blocks.dtype not in WEIGHT_KINDS:
             raise BackendError(f"matmul of {x.shape} by {blocks.dtype} {blocks.shape}", "pass x [M, K], blocks [N, nb]")

@@ -31,14 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (BLOCK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, Pages, TensorEntry, check_format, nonfinite,
-                            read_tensors)
+from specdec.blocks import (BLOCK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, LayoutName, Pages, TensorEntry,
+                            check_format, nonfinite, read_tensors)
 from specdec.errors import BackendError
 from specdec.manifest import Activation, Method, ModelDims, ModelEntry, NativeRecord
 
 HINT = "re-export the bundle with this specdec (specdec-export writes native weights), or use backend='onnxruntime'"
 LINEARS = ("qkv", "o", "gate_up", "down")
-NATIVE_DRAFT = Method.INT4_Q41  # the derived drafts the native and cuda backends run beside their target
 
 
 @dataclass
@@ -75,7 +74,7 @@ class NativeWeights:
     sin: np.ndarray | None
     epsilon: float
     scale: float  # attention scores' scale
-    layout: str = "q41"  # a key of specdec.blocks.WEIGHT_LAYOUTS
+    layout: LayoutName = LayoutName.Q41  # a key of specdec.blocks.WEIGHT_LAYOUTS
     window: int = 0  # keys a query sees, its own included (a sliding window), or 0: every earlier key
     final_norm_bias: np.ndarray | None = None  # [H]: LayerNorm's bias (GPT-2), or None
     positions: np.ndarray | None = None  # [positions, H]: learned positions added to the embedding (GPT-2), or None
@@ -244,6 +243,6 @@ def check_layout(record: NativeRecord | None, role: str, note: str = "") -> Nati
 def drafts_natively(draft: ModelEntry, target: ModelEntry) -> bool:
     """Whether `draft` is the target's Q4_1 quantization with native weights, which the native backend runs on the
     target's blocks."""
-    return (draft.derived == NATIVE_DRAFT and draft.native is not None and draft.dims == target.dims
+    return (draft.derived == Method.INT4_Q41 and draft.native is not None and draft.dims == target.dims
             and draft.lowering == target.lowering and draft.max_seq_len == target.max_seq_len
             and draft.max_batch <= target.max_batch)

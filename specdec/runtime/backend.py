@@ -261,9 +261,9 @@ def steady_malloc() -> None:
 
 def session_options(threads: int | None = None):
     """onnxruntime options for alternating draft/target sessions on few cores (docs/backends.md). Workers spin while a
-    Run lasts (a step is hundreds of short kernels: waking sleeping workers for each cost 15 % of plain decoding
-    on 2 cores) and stop spinning when it returns, so an idle session never takes cores from the one running
-    (benchmarks/results/issue11/threads.md)."""
+    Run lasts (a step is hundreds of short kernels: waking sleeping workers for each slows plain decoding) and stop
+    spinning when it returns, so an idle session never takes cores from the one running. `python
+    benchmarks/thread_schemes.py BUNDLE --rounds 3` compares the schemes (records in benchmarks/results/threads/)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

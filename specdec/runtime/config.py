@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Callable
 
 from specdec.errors import CapacityError, ConfigError, shown
-from specdec.runtime.adaptive_gamma import GAMMA_POLICY_KINDS
+from specdec.runtime.adaptive_gamma import GAMMA_POLICY_KINDS, GammaPolicyName
 
 
 class BackendName(StrEnum):
@@ -38,7 +38,11 @@ class Coupling(StrEnum):
 
 
 class DrafterName(StrEnum):
-    """A `drafter=` value; DRAFTER_KINDS holds what each builds."""
+    """A `drafter=` value, and the drafter a round's drafts for a row came from (Proposal.source, RowRound.source:
+    MODEL, PROMPT_LOOKUP, or NONE for no drafts; an AUTO row's come from one of the first two). DRAFTER_KINDS maps
+    each to its DrafterKind, what it builds. Two other draft names mean something else: an export's DraftOrigin
+    (specdec.export.config: how specdec-export makes a bundle's draft model) and a draft model's quantization Method
+    (specdec.manifest, ModelEntry.derived: the native engine runs an INT4_Q41 draft beside its target)."""
 
     AUTO = "auto"  # prompt lookup, else the model where it pays
     MODEL = "model"
@@ -46,11 +50,11 @@ class DrafterName(StrEnum):
     NONE = "none"
 
 
+AUTO_BACKEND = BackendName.AUTO  # the default of every backend= option
 # The choices as plain strings: argparse, pydantic and messages print them (a member's repr is not its value)
-AUTO_BACKEND = BackendName.AUTO.value
 NAMED_CPU_BACKENDS = (BackendName.ONNXRUNTIME.value, BackendName.NATIVE.value)
 NAMED_BACKENDS = (*NAMED_CPU_BACKENDS, BackendName.CUDA.value)  # what a benchmark measures (one backend, by name)
-BACKEND_CHOICES = (AUTO_BACKEND, *NAMED_BACKENDS)  # what the CLI and the server offer: tensorrt runs through
+BACKEND_CHOICES = (AUTO_BACKEND.value, *NAMED_BACKENDS)  # what the CLI and the server offer: tensorrt runs through
 # specdec.load(backend="tensorrt", device="cuda:N")
 GAMMA_POLICIES = tuple(name.value for name in GAMMA_POLICY_KINDS)
 COUPLINGS = tuple(coupling.value for coupling in Coupling)
@@ -58,9 +62,10 @@ COUPLINGS = tuple(coupling.value for coupling in Coupling)
 
 @dataclass(frozen=True)
 class DrafterKind:
-    """One `drafter=` choice. `build(drafters, lookup, model)` makes its drafter from the module
-    specdec.runtime.drafters (handed in: that module imports this one), a generator's prompt-lookup drafter and its
-    model drafter (None without a draft model); it returns None where rows of this kind are never drafted for."""
+    """One `drafter=` choice, the registry entry of its DrafterName. `build(drafters, lookup, model)` makes its drafter
+    from the module specdec.runtime.drafters (handed in: that module imports this one), a generator's prompt-lookup
+    drafter and its model drafter (None without a draft model); it returns None where rows of this kind are never
+    drafted for."""
 
     name: DrafterName
     build: Callable
@@ -113,10 +118,12 @@ def _real(name: str, value, rule: str, hint: str) -> float:
     return float(value)
 
 
-def _choice(name: str, value, choices) -> None:
-    if not isinstance(value, str) or value not in choices:
-        raise OptionError(f"{name} {shown(value)} is unknown", f"choose one of {', '.join(choices)}",
+def _member(name: str, value, kinds: type[StrEnum]) -> StrEnum:
+    """`value`, a member of `kinds` or its string, as the member."""
+    if not isinstance(value, str) or value not in tuple(kinds):
+        raise OptionError(f"{name} {shown(value)} is unknown", f"choose one of {', '.join(kinds)}",
                           f"{name} is unknown", name)
+    return kinds(value)
 
 
 INT_OPTIONS = (  # (name, minimum, whether None is allowed, hint) of the integer options
@@ -137,14 +144,16 @@ class GenerationConfig:
     top_p: float = 1.0  # 1: off
     seed: int | None = None
     gamma: int | None = None  # None: the bundle's calibrated default
-    gamma_policy: str = "fixed"  # "adaptive": from running per-position acceptance; "heuristic": HF's +2/-1
-    drafter: str = "auto"  # a name of DRAFTER_KINDS
+    gamma_policy: GammaPolicyName = GammaPolicyName.FIXED  # ADAPTIVE: from running per-position acceptance;
+    # HEURISTIC: HF's +2/-1
+    drafter: DrafterName = DrafterName.AUTO  # a key of DRAFTER_KINDS
     stop: tuple = ()  # stop strings (one string is one stop string)
     eos_token_ids: tuple | None = None  # None: the bundle's EOS ids
     chat: bool = False  # wrap a text prompt in the bundle's chat template
     lookup_ngram: int = 3  # longest n-gram prompt lookup tries to match
     lookup_min_ngram: int = 2  # shortest; a 1-token match proposes mostly wrong drafts
-    coupling: str = "leviathan"  # "gumbel": noise fixed by (seed, row, position); output independent of drafter and γ
+    coupling: Coupling = Coupling.LEVIATHAN  # GUMBEL: noise fixed by (seed, row, position); output independent of
+    # drafter and γ
 
     def __post_init__(self):
         self._set("stop", _stops(self.stop))
@@ -160,9 +169,9 @@ class GenerationConfig:
         if not 0 < self.top_p <= 1:
             raise OptionError(f"top_p must be {rule}, got {self.top_p!r}", "use 1.0 to turn top-p off",
                               f"top_p must be {rule}", "top_p")
-        _choice("gamma_policy", self.gamma_policy, GAMMA_POLICIES)
-        _choice("coupling", self.coupling, COUPLINGS)
-        _choice("drafter", self.drafter, DRAFTERS)
+        self._set("gamma_policy", _member("gamma_policy", self.gamma_policy, GammaPolicyName))
+        self._set("coupling", _member("coupling", self.coupling, Coupling))
+        self._set("drafter", _member("drafter", self.drafter, DrafterName))
         if self.lookup_min_ngram > self.lookup_ngram:
             raise OptionError(
                 f"need 1 <= lookup_min_ngram <= lookup_ngram, got {self.lookup_min_ngram} and {self.lookup_ngram}",

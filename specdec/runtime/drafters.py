@@ -14,18 +14,18 @@ from specdec.runtime.backend import unwrapped
 from specdec.runtime.config import DrafterName
 from specdec.runtime.forward import Output
 from specdec.runtime.sampling import gumbel_choice, sample, warp
-from specdec.runtime.state import DraftSource, Row, feed_chunks, forward_rows
+from specdec.runtime.state import Row, feed_chunks, forward_rows
 
 
 @dataclass
 class Proposal:
     tokens: np.ndarray  # [k] int64
     q: np.ndarray | None  # [k, V] warped draft probabilities, or None for point masses (and greedy)
-    source: DraftSource
+    source: DrafterName  # the drafter that proposed them (NONE: none did)
     strong: bool = False  # a lookup that matched the longest n-gram and filled the whole limit
 
 
-EMPTY = Proposal(np.zeros(0, dtype=np.int64), None, DraftSource.NONE)
+EMPTY = Proposal(np.zeros(0, dtype=np.int64), None, DrafterName.NONE)
 
 
 def lookup(tokens: list, limit: int, max_ngram: int, min_ngram: int = 1) -> np.ndarray:
@@ -67,7 +67,7 @@ class PromptLookupDrafter:
     def _one(row: Row, limit: int) -> Proposal:
         longest = row.config.lookup_ngram
         found, size = lookup_match(row.tokens, limit, longest, row.config.lookup_min_ngram)
-        return Proposal(found, None, DraftSource.LOOKUP, strong=size == longest and found.size == limit)
+        return Proposal(found, None, DrafterName.PROMPT_LOOKUP, strong=size == longest and found.size == limit)
 
 
 class ModelDrafter:
@@ -165,7 +165,7 @@ class ModelDrafter:
     @staticmethod
     def _proposal(row: Row, drafts: list, dists: list) -> Proposal:
         q = None if row.config.greedy or row.config.gumbel else np.stack(dists)
-        return Proposal(np.asarray(drafts, dtype=np.int64), q, DraftSource.MODEL)
+        return Proposal(np.asarray(drafts, dtype=np.int64), q, DrafterName.MODEL)
 
 
 def _median(values) -> float:

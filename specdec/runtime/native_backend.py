@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from specdec.errors import BackendError
-from specdec.manifest import Dtype, ModelEntry, Role
-from specdec.native.weights import NATIVE_DRAFT, drafts_natively
+from specdec.manifest import Dtype, Method, ModelEntry, Role
+from specdec.native.weights import drafts_natively
 from specdec.runtime.backend import Backend, SharedKvDraft, check_tokens, default_threads
 from specdec.runtime.config import BackendName, Device
 from specdec.runtime.forward import Capabilities, ForwardRequest, ForwardResult, Output
@@ -84,14 +84,14 @@ class NativeBackend(SharedKvDraft, Backend):
             self.model = NativeModel(weights, self.entry.dims, kernels, self.max_seq_len)
         else:
             if self.target.model is None or not drafts_natively(self.entry, self.target.entry):
-                raise BackendError(f"the native backend runs a {NATIVE_DRAFT} draft of an open native target only",
+                raise BackendError(f"the native backend runs a {Method.INT4_Q41} draft of an open native target only",
                                    "open the draft on onnxruntime (the pair planner chooses)")
             target = self.target.model
             draft = draft_weights(self.root, record, self.entry.dims, target.weights, pages())
             self.model = NativeModel(target.weights, self.entry.dims, kernels, self.max_seq_len, draft=draft,
                                      kv_owner=target)
         self.model.struct  # built and checked now, not on the first call
-        self.workers = self.threads or default_threads()  # once: reading the cgroup quota costs ~0.2 ms a call
+        self.workers = self.threads or default_threads()  # once: it reads the cgroup quota's files
         self.driver = self.model  # what a draft's copy_kv reads (geometry, buffers)
         return self
 

@@ -7,7 +7,7 @@ from enum import StrEnum
 import numpy as np
 
 from specdec.lowering import PAD_ID
-from specdec.runtime.config import GenerationConfig
+from specdec.runtime.config import DrafterName, GenerationConfig
 from specdec.runtime.sampling import gumbel_noise
 
 
@@ -18,14 +18,6 @@ class Finish(StrEnum):
     MAX_NEW_TOKENS = "max_new_tokens"
     STOP = "stop"  # a stop string
     LENGTH = "length"  # the bundle's max_seq_len
-
-
-class DraftSource(StrEnum):
-    """Where a round's drafts for a row came from (Proposal.source, RowRound.source)."""
-
-    MODEL = "model"
-    LOOKUP = "lookup"
-    NONE = "none"
 
 
 def row_rng(seed: int | None, row: int) -> np.random.Generator:
@@ -87,14 +79,14 @@ class RowRound:
     proposed: int  # drafts verified
     accepted: int
     committed: list  # tokens appended (after stops)
-    source: DraftSource
+    source: DrafterName  # the drafter that proposed the drafts (NONE: none were)
     finish: Finish | None
     strong: bool = False  # a lookup that matched the longest n-gram and filled the whole limit (Proposal.strong)
 
     @property
     def from_model(self) -> bool:
         """Whether the draft model proposed this row's drafts: what γ policies and gates learn acceptance from."""
-        return self.source == DraftSource.MODEL
+        return self.source == DrafterName.MODEL
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from specdec.manifest import Dtype, ModelEntry
 from specdec.runtime.backend import Backend
 from specdec.runtime.config import BackendName, Device
 
-KV_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+KV_ITEMSIZE = {Dtype.FLOAT32: 4, Dtype.FLOAT16: 2, Dtype.BFLOAT16: 2}
 INT64 = 8
 
 

@@ -1,5 +1,5 @@
 """The speculative loop as the engine runs it over a changing batch: rows with their own γ, and verify passes
-grouped by length so rows without drafts share one batched T = 1 step (issue 12 §3).
+grouped by length so rows without drafts share one batched T = 1 step.
 
 `SpeculativeLoop` pads every row of a verify pass to a common T. On the gqa backend a T > 1 call runs row by row
 (onnxruntime's CPU GroupQueryAttention takes B = 1 when T > 1 with a past), so padding a row that has no drafts to
@@ -15,9 +15,18 @@ kernels (the native engine's rows, other drafts) promise no such equality: a sam
 """
 from __future__ import annotations
 
+from enum import Enum, auto
+
 from specdec.runtime.drafters import EMPTY
 from specdec.runtime.loop import SpeculativeLoop
 from specdec.runtime.state import common_prefix, forward_rows
+
+
+class Calls(Enum):
+    """How a row is drafted for and verified: in calls shared with the rows of its length, or in calls of its own."""
+
+    SHARED = auto()
+    ALONE = auto()
 
 
 class ServingLoop(SpeculativeLoop):
@@ -55,8 +64,8 @@ class ServingLoop(SpeculativeLoop):
         return [super(ServingLoop, self).limits([row], self.gammas.get(row.slot, gamma))[0] for row in rows]
 
     def draft(self, rows: list, limits: list) -> list:
-        groups = self._groups(rows, [("shared",)] * len(rows))
-        if list(groups) == [("shared",)]:
+        groups = self._groups(rows, [(Calls.SHARED,)] * len(rows))
+        if list(groups) == [(Calls.SHARED,)]:
             return super().draft(rows, limits)
         proposals = [EMPTY] * len(rows)
         for members in groups.values():
@@ -72,7 +81,7 @@ class ServingLoop(SpeculativeLoop):
         seqs = [[row.tokens[-1]] + prop.tokens.tolist() if row.active else None for row, prop in zip(rows, proposals)]
         starts = [row.target_len for row in rows]
         out = [None] * len(rows)
-        groups = self._groups(rows, [("shared", len(seq)) if seq is not None else None for seq in seqs])
+        groups = self._groups(rows, [(Calls.SHARED, len(seq)) if seq is not None else None for seq in seqs])
         for members in groups.values():
             group = [seqs[b] if b in members else None for b in range(len(rows))]
             for b, logits in enumerate(forward_rows(self.target, rows, group, starts)):
@@ -86,5 +95,5 @@ class ServingLoop(SpeculativeLoop):
         groups = {}
         for b, (row, key) in enumerate(zip(rows, shared_keys)):
             if key is not None:
-                groups.setdefault(("alone", row.slot) if row.slot in self.alone else key, []).append(b)
+                groups.setdefault((Calls.ALONE, row.slot) if row.slot in self.alone else key, []).append(b)
         return groups

@@ -1,4 +1,4 @@
-"""γ per round from measured goodput (issue 12 §4): speculation only where it beats plain decoding at this load.
+"""γ per round from measured goodput: speculation only where it beats plain decoding at this load.
 
 A round over n rows, m of them drafting with the model at γ, costs on the onnxruntime gqa backend
     γ = 0:  T1(n)                                   one batched T=1 target step (one read of the weights)
@@ -24,8 +24,12 @@ the speculative goodput: it is the price of exploring, not of speculating. Specu
 added (plain decoding's batched step is sublinear in the rows, verification runs per row), so a load where both
 sides are measured (`settled`) speaks for others (`implied`): plain ahead there means plain above it, with no
 re-measuring of speculation up there (each would cost every row a catch-up), and speculation ahead means speculation
-below it. On a 2-core CPU the model alone erred both ways by 15–30 % (acceptance cut short by max_tokens, host time,
-a T1 measured under other load), which is why the switch itself is measured.
+below it. The model alone errs both ways (acceptance cut short by max_tokens, host time, a T1 measured under other
+load), which is why the switch itself is measured.
+
+The constants below are tuned with `python benchmarks/serve_load.py --bundle B --modes plain,fixed,adaptive`
+(concurrency 1, 2, 4, 8): adaptive should match the better of plain and fixed at every C. The run records under
+benchmarks/results/serve-load/ hold what each choice measured.
 
 Greedy rows' output never depends on γ. Seeded sampled rows keep their own deterministic γ policy (the engine
 pins them), so the choice here never reaches their tokens.
@@ -49,15 +53,15 @@ EXPLORE_EVERY = 40  # rounds at one load before the side not chosen is re-measur
 EXPLORE_MAX = 1280  # each time a re-measurement confirms the choice, and resets when it does not
 EXPLORE_RUN = 3  # rounds a re-measurement lasts
 DECAY = 0.97  # weight of older rounds in measured goodput: ~33 rounds, since one speculative round's tokens swing
-# from 1 to γ + 1 (at 0.9 three rejected rounds in a row turned a 79 tokens/s side into 44 and stopped speculation)
+# from 1 to γ + 1 (with a shorter memory a few rejected rounds in a row stopped speculation that paid)
 FEW_ROUNDS = 6  # re-measure every EXPLORE_SOON · rows rounds until both sides of a load have this many counted rounds
 EXPLORE_SOON = 8
 SWITCH_ON = 1.1  # plain → speculative only where speculation measured 10 % more: the switch costs each row a draft
-# catch-up on every token decoded plainly, which no round's goodput counts (at C = 2, where the two sides measured
-# within 5 %, switching back and forth cost 9 % of plain decoding's throughput)
+# catch-up on every token decoded plainly, which no round's goodput counts (where the two sides measure close,
+# switching back and forth costs more than either side's own rate)
 LOAD_EMA = 0.05  # weight of the newest round in the smoothed number of active rows
 KEEP_GAMMA = 0.95  # the bundle's γ, else the current one, is kept while the model rates it within 5 % of its best:
-# near the optimum the rate curve is flat and its noisy inputs would otherwise swing γ between 2 and 8 (measured)
+# near the optimum the rate curve is flat and its noisy inputs would otherwise swing γ across its range
 
 
 @dataclass
@@ -212,7 +216,8 @@ class GoodputGamma(GammaPolicy):
         interval = self.interval.get(rows, EXPLORE_EVERY)
         if min(self.counted.get((rows, False), 0), self.counted.get((rows, True), 0)) < FEW_ROUNDS:
             # a side seen only a few times (a bad start) is not trusted long; a re-measurement costs every row a
-            # draft catch-up, so the early interval grows with the rows (at C = 4, every 8 rounds cost 8-11 %)
+            # draft catch-up, so the early interval grows with the rows (re-measuring every few rounds costs a share of
+            # the throughput that grows with C)
             interval = min(interval, EXPLORE_SOON * rows)
         if self.streak[rows] >= interval:
             self.streak[rows] = 0
@@ -250,8 +255,8 @@ class GoodputGamma(GammaPolicy):
 
     def observe_round(self, rows: int, tokens: int, seconds: float, speculated: bool | None = None) -> None:
         """A whole round of `rows` rows (planned by the latest `plan`) committed `tokens` in `seconds`. It counts
-        at the rows it had, not the smoothed load the plan chose by: a burst of 8 rows while the load still reads 1
-        once made plain decoding "measure" 62 tokens/s at 1 row, more than speculation, and stopped it at C = 1.
+        at the rows it had, not the smoothed load the plan chose by: a burst of rows counted at the smoothed load would
+        credit a single row with the batch's throughput and make plain decoding look ahead where speculation is.
         speculated: whether any row drafted (default: γ > 0); a round the engine ran at γ = 0 for every row (each
         a request's first round) is a plain round whatever γ was planned."""
         speculating = self.gamma > 0 if speculated is None else speculated

@@ -68,7 +68,7 @@ class ServeOptions:
     max_queue: int = 64  # requests waiting for a row; one more is answered 429
     api_key: str | None = None  # None: the SPECDEC_API_KEY environment variable, if set
     model_name: str | None = None  # None: the bundle directory's name
-    speculation: str = "adaptive"  # a Speculation
+    speculation: Speculation = Speculation.ADAPTIVE
     gamma: int | None = None  # the fixed γ (default: the bundle's); at most the bundle's γ_max
     max_body_bytes: int = 1 << 20
     threads: int | None = None  # onnxruntime intra-op / OpenMP threads (None: every core this process may use)
@@ -92,6 +92,7 @@ class ServeOptions:
         if self.speculation not in SPECULATION:
             raise ConfigError(f"speculation {shown(self.speculation)} is unknown",
                               f"choose one of {', '.join(SPECULATION)}")
+        object.__setattr__(self, "speculation", Speculation(self.speculation))
         if self.gamma is not None:
             checked_int("gamma", self.gamma, 1, "pass --gamma 1 or more")
         if self.backend not in BACKEND_CHOICES:

@@ -2,7 +2,7 @@
 launcher names; each reference computes its kernel's documented function (block layouts decoded as the native
 engine's are, causal GQA attention, the first of equal logits); a product's row never depends on the call's other
 rows; capture records without running and replays what it recorded. The GPU's numerics against these references
-are the device check's (benchmarks/gpu_check.py)."""
+are the device check's (benchmarks/cuda_check.py)."""
 from __future__ import annotations
 
 import ctypes

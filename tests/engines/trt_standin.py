@@ -9,7 +9,8 @@ choice, KV write-back, graph capture) and is never evidence that TensorRT works.
   input shapes; a shape outside the selected profile is refused (set_input_shape returns False).
 - Async calls on a capturing stream are recorded; a graph launch replays them in order.
 
-Installed only by the `trt_standin` fixture (tests/engines/conftest.py), into sys.modules for one test.
+Installed only by `install(monkeypatch, device)`, into sys.modules while the monkeypatch lasts (the `device` fixture
+of tests/engines/test_trt_standin.py, and the gpu_check.py smoke test of tests/bench/test_entry_points.py).
 """
 from __future__ import annotations
 

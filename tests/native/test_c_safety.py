@@ -197,7 +197,7 @@ def test_raw_exports_return_status_codes(target):
 
 
 def test_a_manifest_vocabulary_larger_than_the_weights_is_refused(grid_bundle, tmp_path):
-    """F3: the manifest says more tokens than the weights hold; the native engine trusts the weights and refuses."""
+    """The manifest says more tokens than the weights hold; the native engine trusts the weights and refuses."""
     bundle = tmp_path / "bundle"
     shutil.copytree(grid_bundle, bundle)
     path = bundle / "manifest.json"

@@ -1,6 +1,8 @@
-"""Bundles carry data, not code, and no command deletes what is not a bundle (issue 32: F1, F2, F6, F12, F14-F17 and
-`specdec bench` on a base model). Each case runs the real CLI or API on the tiny bundles and checks the message,
-the `Hint:`, that no traceback is printed, and that the files on disk are as they were."""
+"""Bundles carry data, not code, and no command deletes what is not a bundle: --overwrite, chat templates, weights
+and parity figures that are not finite, calibration data, a manifest's defaults or one its graph contradicts, cut or
+linked files, `calibrate report`'s outputs and `specdec bench` on a base model. Each case runs the real CLI or API on
+the tiny bundles and checks the message, the `Hint:`, that no traceback is printed, and that the files on disk are as
+they were."""
 from __future__ import annotations
 
 import argparse
@@ -70,7 +72,7 @@ def work(tmp_path, tiny_llama, int4_bundle, monkeypatch):
     return tmp_path
 
 
-# F1: --overwrite replaces only a specdec bundle.
+# --overwrite replaces only a specdec bundle.
 def _web_app(folder: Path, bundle: Path) -> None:
     (folder / "manifest.json").write_text('{"name": "My PWA"}')
 
@@ -142,7 +144,7 @@ def test_the_rule_is_checked_again_when_publishing(work):
     assert sorted(p.name for p in work.iterdir()) == ["bundle", "model"]  # no staging directory left
 
 
-# F2: chat templates render in jinja2's immutable sandbox, at run time and at export.
+# chat templates render in jinja2's immutable sandbox, at run time and at export.
 @pytest.fixture
 def evil_bundle(work):
     """A consistent bundle (its hashes match) whose chat template runs a shell command when rendered unsandboxed."""
@@ -216,7 +218,7 @@ def test_a_bundle_template_has_what_transformers_gives_one(work):
         codec.render_chat([{"role": "tool", "content": "x"}])
 
 
-# F6: NaN or inf is refused in weights and in parity figures.
+# NaN or inf is refused in weights and in parity figures.
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_export_refuses_weights_that_are_not_finite(work, capsys, value):
     from safetensors.torch import load_file, save_file
@@ -236,7 +238,7 @@ def test_parity_figures_that_are_not_numbers_fail(diff, tolerance, enforced):
         enforce_parity("target", [ParityStep("prefill", 2, 12, 0, diff, tolerance, enforced)])
 
 
-# F12: calibration data that is not UTF-8, or not a parquet file, is a message.
+# calibration data that is not UTF-8, or not a parquet file, is a message.
 def _parquet_cut(path: Path) -> None:
     import polars as pl
 
@@ -269,7 +271,7 @@ def test_bad_calibration_data_is_a_message(case, work, capsys):
     refused(capsys, export_main, argv, message, work)
 
 
-# F14: a manifest's defaults meet the rules of a request's options; max_prefill_chunk >= 1.
+# a manifest's defaults meet the rules of a request's options; max_prefill_chunk >= 1.
 BAD_DEFAULTS = {  # name: (defaults update, message)
     "negative temperature": ({"temperature": -1.0}, "temperature must be >= 0"),
     "infinite temperature": ({"temperature": math.inf}, "temperature must be a finite number"),
@@ -316,7 +318,7 @@ def test_a_manifest_that_is_not_utf8_is_a_message(work, capsys):
     refused(capsys, main, ["inspect", "bundle"], "not UTF-8", work)
 
 
-# F15: a manifest that the graph contradicts (vocabulary, KV dtype, layers) is refused at load on onnxruntime.
+# a manifest that the graph contradicts (vocabulary, KV dtype, layers) is refused at load on onnxruntime.
 GRAPH_EDITS = {  # name: (edit of each model entry, lowerings where the old check missed it)
     "a larger vocab": (lambda e: e["dims"].update(vocab_size=e["dims"]["vocab_size"] + 64), ("plain", "gqa")),
     "kv_dtype float16": (lambda e: e.update(kv_dtype="float16"), ("plain", "gqa")),
@@ -334,7 +336,7 @@ def test_a_manifest_the_graph_contradicts_is_refused(case, lowering, work, gqa_i
     refused(capsys, main, ["generate", "bundle", "--backend", "onnxruntime", *GENERATE], "does not match its graph", work)
 
 
-# F16: a GGUF cut inside its header; a weights or tokenizer file truncated, or linked from outside the bundle.
+# a GGUF cut inside its header; a weights or tokenizer file truncated, or linked from outside the bundle.
 @pytest.fixture(scope="module")
 def small_gguf(tmp_path_factory) -> Path:
     """A complete GGUF whose header holds a token list of about 4 kB."""
@@ -379,7 +381,7 @@ def test_a_truncated_file_with_no_verify_is_a_message(rel, message, work, capsys
     refused(capsys, main, ["generate", "bundle", "--no-verify", "--backend", "onnxruntime", *GENERATE], message, work)
 
 
-# F17: `calibrate report` checks --out and --csv before it measures, and replaces a file only with --overwrite.
+# `calibrate report` checks --out and --csv before it measures, and replaces a file only with --overwrite.
 @pytest.mark.parametrize("outputs, message", [(["--out", "old.md"], "already exists"),
                                               (["--out", "new.md", "--csv", "old.md"], "already exists"),
                                               (["--out", "folder"], "is a directory"),

@@ -1,4 +1,4 @@
-"""The request layer (issue 32 item 1, F4, F5, F13, F18–F20): a seeded request reproduces `Generator.generate` on
+"""The request layer: a seeded request reproduces `Generator.generate` on
 every path (interleaved streams, threads, suspended and resumed, served alone and batched) for every drafter, on
 each CPU backend that opens here, with its output still the target's distribution at every draft position; every
 option is checked once, in the request layer, and the server answers refusals without echoing what it was sent."""
@@ -71,7 +71,7 @@ def gen(backend_bundle):
         yield generator
 
 
-# --- a seeded request is its own on every path (F4, F5) ---------------------------------------------------------
+# --- a seeded request is its own on every path ---------------------------------------------------------------------
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_interleaved_seeded_streams_reproduce_generate(gen, drafter):
     cases = [(PROMPTS[0], sampled(drafter, 11)), (PROMPTS[2], sampled(drafter, 12))]
@@ -157,7 +157,7 @@ def _complete(url: str, model: str, prompt: str, config: GenerationConfig, strea
 
 def test_served_seeded_requests_reproduce_generate_and_run_their_calls_alone(backend_bundle, gen):
     """Eight seeded sampled requests at once on four rows, every drafter, streamed or not: each equals offline
-    generate, and no forward call of either model ever holds a seeded row together with another row (F5)."""
+    generate, and no forward call of either model ever holds a seeded row together with another row."""
     from specdec.serving.engine import Engine
     from specdec.serving.options import ServeOptions
     from specdec.serving.server import BackgroundServer
@@ -231,7 +231,7 @@ def test_gamma_above_gamma_max_is_refused_in_one_place_for_requests_and_serve(ge
     with pytest.raises(ConfigError, match="exceeds this bundle's gamma_max") as offline:
         gen.generate("x", GenerationConfig(gamma=gamma_max + 1))
     backend, bundle = backend_bundle
-    with pytest.raises(ConfigError, match="exceeds this bundle's gamma_max") as served:  # serve --gamma 99 (F18)
+    with pytest.raises(ConfigError, match="exceeds this bundle's gamma_max") as served:  # serve --gamma 99
         Engine.from_options(ServeOptions(bundle=str(bundle), backend=backend, gamma=99))
     assert offline.value.hint == served.value.hint and "--gamma-max" in served.value.hint
     assert main(["serve", str(bundle), "--backend", backend, "--port", "0", "--gamma", "99"]) == 1
@@ -319,7 +319,7 @@ def test_a_clients_top_k_0_turns_a_bundle_default_off(edited_bundle, edited_serv
 
 
 def test_refusals_sent_to_clients_never_echo_what_they_sent(gqa_int4_bundle):
-    """F20: the seed, γ, the model name, a token id and a lone surrogate a client sent never come back."""
+    """The seed, γ, the model name, a token id and a lone surrogate a client sent never come back."""
     import httpx
     from specdec.serving.options import ServeOptions
     from specdec.serving.server import BackgroundServer

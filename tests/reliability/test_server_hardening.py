@@ -1,4 +1,4 @@
-"""Server hardening (issue 32 item 5, F7–F11): slowloris sockets cannot lock clients out (a header timeout, a cap on
+"""Server hardening: slowloris sockets cannot lock clients out (a header timeout, a cap on
 open connections that evicts the oldest connection still waiting for a request), tokenizing runs off the event
 loop, a loopback server answers only requests addressed to loopback names, an empty SPECDEC_API_KEY is refused, and
 SIGTERM drains: streams end with their last event or an SSE error and `[DONE]`, queued requests get a 503, and the
