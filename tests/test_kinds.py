@@ -33,7 +33,8 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/export/tiny.py": {"lm_head"},  # in a transformers module name
     "specdec/export/architectures.py": {"model", "layers",  # transformers' attribute names of a decoder's blocks
                                         "gelu"},  # a Hugging Face activation name (ACT2FN)
-    "specdec/export/native_pack.py": {"qkv", "o", "gate_up", "down"},  # tensor names of the native weights file
+    "specdec/export/native_pack.py": {"qkv", "o", "gate_up", "down", "head"},  # tensor names of the native weights
+                                                                               # file
     "specdec/export/parity.py": {"prefill", "verify"},  # labels of the parity record's steps
     "specdec/calibration/data.py": {".txt", ".md", ".jsonl", ".parquet",  # file suffixes
                                     "text"},  # the default column of a JSONL or parquet file
@@ -41,13 +42,17 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/export/sources.py": {".gguf"},
     "specdec/manifest.py": {"None", "int", "float",  # type names in a dataclass field's annotation
                             "..", "\\"},  # a path that leaves the bundle
-    "specdec/native/model.py": {"iu"},  # numpy's dtype.kind codes of integers
+    "specdec/native/model.py": {"iu",  # numpy's dtype.kind codes of integers
+                                "head", "layers"},  # field names of specdec_native.h's model_t and features_t
     "specdec/native/build.py": {"1",  # SPECDEC_NATIVE_SANITIZE's value
                                 "avx2"},  # a flag of /proc/cpuinfo
     "specdec/cuda/device.py": {"cuda"},  # the kernel set's label in run records (benchmarks/cuda_check.py)
     "specdec/runtime/backend.py": {"0", "", "cpu", "max",  # /proc/self/cgroup's fields, a cgroup controller, cpu.max
                                    "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"},  # glibc's variables
-    "specdec/runtime/trt_backend.py": {":"},  # in a device="cuda:N"
+    "specdec/runtime/trt_backend.py": {":",  # in a device="cuda:N"
+                                       "logits"},  # the engine's output tensor name
+    "specdec/lowering.py": {"logits"},  # the graphs' output name (the contract's, docs/export.md)
+    "specdec/serving/ray_local.py": {"", "0.0.0.0", "[::]"},  # the wildcard addresses a gRPC server may bind
     "specdec/runtime/limits.py": {"memory"},  # /proc/self/cgroup's name of a cgroup controller
     "specdec/runtime/generator.py": {"\0"},  # the NUL character, which no path may hold
     "specdec/serving/app.py": {"http.disconnect",  # an ASGI message type
@@ -59,9 +64,7 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/serving/web.py": {"http", "http.disconnect",  # ASGI scope and message types
                                "POST", "bearer", "]",  # an HTTP method, an Authorization scheme, a Host's [IPv6]
                                "localhost", "127.0.0.1", "[::1]",  # a Host header's loopback names
-                               "json_invalid", "missing", "body",  # pydantic's error types and locations
-                               "str", "int", "float", "bool", "list", "dict", "none", "function-after",
-                               "literal_error"},  # pydantic's validator names in an error's location
+                               "json_invalid", "missing", "body"},  # pydantic's error types and locations
     "specdec/bench/report.py": {"identical", "token_agreement"},  # column names
     "specdec/calibration/quality.py": {"model"},  # a column name
     "specdec/bench/config.py": {"max_new_tokens"},  # an option's name
