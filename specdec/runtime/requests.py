@@ -112,6 +112,15 @@ class RequestLayer:
         no bound (then the prompt is tokenized, and its tokens counted)."""
         return self.codec.max_text_bytes(self.manifest.target.max_seq_len)
 
+    @property
+    def root(self):
+        """The bundle's directory, whose tokenizer files a prompt worker opens (the server's prompt workers too)."""
+        return self.codec.root
+
+    def room(self, prompt_len: int) -> int:
+        """Tokens that S leaves after a prompt of `prompt_len` tokens (at least 1)."""
+        return max(1, self.manifest.target.max_seq_len - prompt_len)
+
     def _check_bytes(self, size: int, what: str) -> None:
         bound = self.max_text_bytes
         if bound is not None and size > bound:
