@@ -61,7 +61,8 @@ def measure_acceptance(gen, config: GammaConfig, gamma_max: int) -> tuple[np.nda
     accepted = np.zeros(gamma_max)
     rounds = 0
     chat = config.chat and gen.codec.has_chat_template  # raw-text prompts where the tokenizer has no chat template
-    run = GenerationConfig(max_new_tokens=config.max_new_tokens, drafter="model", gamma=gamma_max, chat=chat)
+    run = GenerationConfig(max_new_tokens=config.max_new_tokens, temperature=0.0, drafter="model", gamma=gamma_max,
+                           chat=chat)
     for prompt in tqdm(config.prompts, disable=not config.progress, desc="acceptance", unit="prompt"):
         stats = gen.generate(prompt, run).stats
         count = len(stats.position_proposed)

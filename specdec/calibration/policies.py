@@ -45,8 +45,9 @@ def compare_policies(bundle: Path, prompts, max_new_tokens: int = 64, progress: 
     results = []
     with load(bundle, verify=False) as gen:
         chat = gen.codec.has_chat_template
-        config = GenerationConfig(max_new_tokens=max_new_tokens, drafter="model", chat=chat)
-        plain = [gen.generate(p, GenerationConfig(max_new_tokens=max_new_tokens, drafter="none", chat=chat)).token_ids
+        config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, drafter="model", chat=chat)
+        plain = [gen.generate(p, GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, drafter="none",
+                                               chat=chat)).token_ids
                  for p in prompts]
         record = gen.manifest.draft.calibration.gamma
         defaults = gen.manifest.defaults

@@ -91,8 +91,9 @@ def acceptance(bundle: Path, prompts, gamma: int | None = None, max_new_tokens: 
 
     with load(bundle, verify=False) as gen:
         chat = gen.codec.has_chat_template
-        model = GenerationConfig(max_new_tokens=max_new_tokens, drafter="model", gamma=gamma, chat=chat)
-        plain = GenerationConfig(max_new_tokens=max_new_tokens, drafter="none", chat=chat)
+        model = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, drafter="model", gamma=gamma,
+                                 chat=chat)
+        plain = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, drafter="none", chat=chat)
         gen.generate(prompts[0], GenerationConfig(max_new_tokens=8, drafter="model", chat=chat))
         totals = {"proposed": 0, "accepted": 0, "emitted": 0, "passes": 0, "spec_s": 0.0, "plain_s": 0.0}
         for prompt in prompts:

@@ -28,7 +28,7 @@ def measure(generator, modes, new_tokens: int, repeats: int) -> dict:
     for _ in range(repeats):
         for prompt in PROMPTS:
             for mode in modes:
-                config = GenerationConfig(max_new_tokens=new_tokens, drafter=mode, chat=True)
+                config = GenerationConfig(max_new_tokens=new_tokens, temperature=0.0, drafter=mode, chat=True)
                 result = generator.generate(prompt, config)
                 stats = result.stats
                 decode_s = stats.total_s - stats.prefill_s

@@ -15,9 +15,10 @@ def add_generate_parser(commands) -> None:
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the bundle's chat template")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    parser.add_argument("--top-k", type=int, default=0, help="0 turns top-k off (default)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1.0 turns top-p off (default)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="0 is greedy (default: the bundle's, greedy unless its manifest says otherwise)")
+    parser.add_argument("--top-k", type=int, default=None, help="0 turns top-k off (default: the bundle's, off)")
+    parser.add_argument("--top-p", type=float, default=None, help="1.0 turns top-p off (default: the bundle's, off)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--gamma", type=int, default=None, help="draft length (default: the bundle's)")
     parser.add_argument("--gamma-policy", choices=GAMMA_POLICIES, default=GammaPolicyName.FIXED,

@@ -128,7 +128,7 @@ def _member(name: str, value, kinds: type[StrEnum]) -> StrEnum:
 
 INT_OPTIONS = (  # (name, minimum, whether None is allowed, hint) of the integer options
     ("max_new_tokens", 1, False, "pass max_new_tokens=1 or more"),
-    ("top_k", 0, False, "use 0 to turn top-k off"),
+    ("top_k", 0, True, "use 0 to turn top-k off, or None for the bundle's default"),
     ("seed", 0, True, "pass a seed >= 0, or None for fresh randomness"),
     ("gamma", 1, True, "pass gamma=1 or more, or None for the default"),
     ("lookup_ngram", 1, False, "use lookup_ngram=3"),
@@ -136,12 +136,20 @@ INT_OPTIONS = (  # (name, minimum, whether None is allowed, hint) of the integer
 )
 
 
+BUNDLE_DEFAULTS = ("temperature", "top_k", "top_p")  # options None leaves to the manifest's defaults (same names)
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
+    """The options of one request. None leaves an option to the bundle: temperature, top_k and top_p take the
+    manifest's defaults (the request layer fills them in: RequestLayer.config), γ the bundle's (its γ policy's),
+    eos_token_ids the bundle's EOS ids. A value passed is kept, whatever it is (temperature=0 is greedy on a bundle
+    whose default samples)."""
+
     max_new_tokens: int = 128
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1: off
+    temperature: float | None = None  # None: the bundle's default (greedy unless its manifest says so); 0: greedy
+    top_k: int | None = None  # None: the bundle's default; 0: off
+    top_p: float | None = None  # None: the bundle's default; 1: off
     seed: int | None = None
     gamma: int | None = None  # None: the bundle's calibrated default
     gamma_policy: GammaPolicyName = GammaPolicyName.FIXED  # ADAPTIVE: from running per-position acceptance;
@@ -160,15 +168,7 @@ class GenerationConfig:
         for name, minimum, optional, hint in INT_OPTIONS:
             if not (optional and getattr(self, name) is None):
                 self._set(name, checked_int(name, getattr(self, name), minimum, hint))
-        self._set("temperature", _real("temperature", self.temperature, "a finite number", "use 0 for greedy decoding"))
-        if self.temperature < 0:
-            raise OptionError(f"temperature must be >= 0, got {self.temperature}", "use 0 for greedy decoding",
-                              "temperature must be >= 0", "temperature")
-        rule = "in (0, 1]"
-        self._set("top_p", _real("top_p", self.top_p, rule, "use 1.0 to turn top-p off"))
-        if not 0 < self.top_p <= 1:
-            raise OptionError(f"top_p must be {rule}, got {self.top_p!r}", "use 1.0 to turn top-p off",
-                              f"top_p must be {rule}", "top_p")
+        self._check_sampling()
         self._set("gamma_policy", _member("gamma_policy", self.gamma_policy, GammaPolicyName))
         self._set("coupling", _member("coupling", self.coupling, Coupling))
         self._set("drafter", _member("drafter", self.drafter, DrafterName))
@@ -183,6 +183,20 @@ class GenerationConfig:
 
     def _set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)
+
+    def _check_sampling(self) -> None:
+        """temperature and top_p, where set (None: the bundle's default, checked when the bundle was read)."""
+        if self.temperature is not None:
+            hint = "use 0 for greedy decoding, or None for the bundle's default"
+            self._set("temperature", _real("temperature", self.temperature, "a finite number", hint))
+            if self.temperature < 0:
+                raise OptionError(f"temperature must be >= 0, got {self.temperature}", hint,
+                                  "temperature must be >= 0", "temperature")
+        if self.top_p is not None:
+            rule, hint = "in (0, 1]", "use 1.0 to turn top-p off, or None for the bundle's default"
+            self._set("top_p", _real("top_p", self.top_p, rule, hint))
+            if not 0 < self.top_p <= 1:
+                raise OptionError(f"top_p must be {rule}, got {self.top_p!r}", hint, f"top_p must be {rule}", "top_p")
 
     def _check_eos(self) -> None:
         if self.eos_token_ids is None:
@@ -199,7 +213,18 @@ class GenerationConfig:
         self._set("eos_token_ids", tuple(checked_int("an eos_token_id", token, 0, hint) for token in tokens))
 
     @property
+    def unset(self) -> tuple:
+        """The options left to the bundle's defaults (None): names of BUNDLE_DEFAULTS."""
+        return tuple(name for name in BUNDLE_DEFAULTS if getattr(self, name) is None)
+
+    @property
     def greedy(self) -> bool:
+        """Whether the request decodes greedily: a question for its effective options (RequestLayer.config), since
+        an unset temperature is the bundle's."""
+        if self.temperature is None:
+            raise ConfigError("this GenerationConfig leaves temperature to the bundle (None), so whether it is greedy "
+                              "depends on the bundle", "ask the bundle's request layer for the effective options: "
+                              "generator.requests.config(config)")
         return self.temperature == 0
 
     @property

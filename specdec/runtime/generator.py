@@ -187,8 +187,9 @@ class Generator:
         return self.requests.policy(config)
 
     def request(self, prompts: list, config: GenerationConfig | None = None, policy=None) -> Request:
-        """A Request for `prompts` (texts or token-id lists); `policy` overrides the config's γ policy."""
-        config = checked_config(config)
+        """A Request for `prompts` (texts or token-id lists) with its effective options (the bundle's defaults where
+        the config leaves them unset: RequestLayer.config); `policy` overrides the config's γ policy."""
+        config = self.requests.config(checked_config(config))
         if not isinstance(prompts, (list, tuple)):
             raise ConfigError(f"prompts must be a list of prompts, not {type(prompts).__name__}: {shown(prompts)}",
                               "pass a list: generator.run(['Hello', 'Hi'])")

@@ -6,6 +6,8 @@ each option's own range already):
   specdec.runtime.prompt_worker), UTF-8 bytes, or token ids (integers, not bools or floats); at least one
   token; every id inside the target's vocabulary, the ids a text prompt's tokenizer gives included (a tokenizer.json
   that does not belong to the models gives ids they do not have); at most S tokens;
+- the bundle's defaults: temperature, top_k and top_p a request leaves unset (None) take the manifest's defaults
+  (`config`), so the library, `specdec generate` and the server decode one bundle alike; a value set is kept;
 - γ: the request's own, else the bundle's, at most the bundle's γ_max (`serve --gamma` goes through the same check);
 - the drafter: a kind this generator can run (`model` needs a draft model).
 
@@ -17,6 +19,7 @@ Refusals are OptionError / RequestCapacityError, whose `public` text a server se
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 
 import numpy as np
@@ -109,6 +112,15 @@ class RequestLayer:
         no bound (then the prompt is tokenized, and its tokens counted)."""
         return self.codec.max_text_bytes(self.manifest.target.max_seq_len)
 
+    @property
+    def root(self):
+        """The bundle's directory, whose tokenizer files a prompt worker opens (the server's prompt workers too)."""
+        return self.codec.root
+
+    def room(self, prompt_len: int) -> int:
+        """Tokens that S leaves after a prompt of `prompt_len` tokens (at least 1)."""
+        return max(1, self.manifest.target.max_seq_len - prompt_len)
+
     def _check_bytes(self, size: int, what: str) -> None:
         bound = self.max_text_bytes
         if bound is not None and size > bound:
@@ -139,7 +151,22 @@ class RequestLayer:
                                        f"the prompt is longer than this model's context of {size} tokens", "prompt")
         return ids
 
-    # --- γ, drafter, policy, gate ------------------------------------------------------------------------------
+    # --- options: the bundle's defaults, γ, drafter, policy, gate ------------------------------------------------
+    def config(self, config: GenerationConfig) -> GenerationConfig:
+        """A request's effective options, checked against this bundle (check): with_defaults, then check. What the
+        library, `specdec generate` and the server decode with."""
+        config = self.with_defaults(config)
+        self.check(config)
+        return config
+
+    def with_defaults(self, config: GenerationConfig) -> GenerationConfig:
+        """`config` with each option it leaves unset (None) among temperature, top_k and top_p taken from the
+        manifest's defaults; a value it sets is kept, whatever it is. γ stays as given: None lets the request's γ
+        policy (or the server's controller) choose, starting from the bundle's γ (`gamma`); a number caps it."""
+        defaults = self.manifest.defaults
+        unset = {name: getattr(defaults, name) for name in config.unset}
+        return dataclasses.replace(config, **unset) if unset else config
+
     def gamma(self, gamma: int | None) -> int:
         """γ of a request or of `serve --gamma` (None: the bundle's): the one check against the bundle's γ_max."""
         defaults = self.manifest.defaults
@@ -167,7 +194,7 @@ class RequestLayer:
     def policy(self, config: GenerationConfig):
         """The γ policy of a request. Adaptive starts from the bundle's γ calibration; without one, greedy requests
         start from what the generator measured (its gate), sampled ones from fixed priors (seeds reproduce)."""
-        alpha, cost = DEFAULT_ALPHA, DEFAULT_COST
+        config, alpha, cost = self.with_defaults(config), DEFAULT_ALPHA, DEFAULT_COST
         if config.greedy:
             alpha, cost = self.gate.alpha, self.gate.cost_ratio or DEFAULT_COST
         start = GammaStart(self.gamma(config.gamma), self.manifest.defaults.gamma_max, self.gamma_record, alpha, cost)
@@ -176,11 +203,11 @@ class RequestLayer:
     def own_policy(self, config: GenerationConfig):
         """The γ policy a request keeps to itself where others share an engine: a seeded sampled request's (its
         tokens depend on γ); None for the rest, whose γ the engine may choose."""
-        return self.policy(config) if config.seeded_sample else None
+        return self.policy(config) if self.with_defaults(config).seeded_sample else None
 
     def gate_for(self, config: GenerationConfig) -> ModelGate:
         """The `auto` gate of a request: the measured one for greedy requests, a fixed one of its own otherwise."""
-        if config.greedy:
+        if self.with_defaults(config).greedy:
             return self.gate
         record = self.gamma_record
         return ModelGate(cost_ratio=record.cost_ratio if record is not None else DEFAULT_COST)
@@ -206,8 +233,8 @@ class RequestLayer:
         return rows if max_batch is None else max_batch
 
     def rows(self, prompts: list, config: GenerationConfig) -> list:
-        """The rows of a request of one or more prompts, on slots 0..n-1."""
-        self.check(config)
+        """The rows of a request of one or more prompts, on slots 0..n-1, with its effective options (config)."""
+        config = self.config(config)
         if not prompts:
             raise OptionError("the batch is empty", "pass at least one prompt", "the batch is empty", "prompt")
         if len(prompts) > self.max_rows:
@@ -218,7 +245,9 @@ class RequestLayer:
                 for index, prompt in enumerate(prompts)]
 
     def row(self, ids: list, config: GenerationConfig, slot: int, index: int = 0) -> Row:
-        """Row `index` of a request, on KV slot `slot`; its random stream and noise come from (seed, index)."""
+        """Row `index` of a request, on KV slot `slot`, with its options and the bundle's defaults (with_defaults);
+        its random stream and noise come from (seed, index)."""
+        config = self.with_defaults(config)
         return Row(tokens=list(ids), prompt_len=len(ids), rng=row_rng(config.seed, index), config=config, slot=slot,
                    gate=self.gate_for(config), noise_key=_noise_key(config, index), drafter=config.drafter_kind)
 

@@ -20,21 +20,24 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 def warp(logits: np.ndarray, config: GenerationConfig) -> np.ndarray:
     """Temperature, then top-k, then top-p; returns probabilities [..., V] (float64). The maximum is subtracted
     before dividing, so a tiny temperature gives a point mass on the argmax, never an overflow. logits may be a
-    device backend's (specdec.cuda.logits.DeviceLogits): they are read to the host here."""
+    device backend's (specdec.cuda.logits.DeviceLogits): they are read to the host here. `config`: a row's effective
+    options (RequestLayer.config); where top_k or top_p is unset (None: a config no bundle's defaults filled), it is
+    off."""
     logits = np.asarray(logits)
+    top_k, top_p = config.top_k or 0, 1.0 if config.top_p is None else config.top_p
     shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
     with np.errstate(over="ignore", divide="ignore"):
         scaled = shifted / config.temperature  # <= 0; -inf where a tiny temperature overflows
     vocab = scaled.shape[-1]
-    if 0 < config.top_k < vocab:
-        kth = np.partition(scaled, vocab - config.top_k, axis=-1)[..., vocab - config.top_k, None]
+    if 0 < top_k < vocab:
+        kth = np.partition(scaled, vocab - top_k, axis=-1)[..., vocab - top_k, None]
         scaled = np.where(scaled < kth, -np.inf, scaled)
     probs = softmax(scaled)
-    if config.top_p < 1.0:
+    if top_p < 1.0:
         order = np.argsort(-probs, axis=-1, kind="stable")
         sorted_probs = np.take_along_axis(probs, order, axis=-1)
         before = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass strictly above each token
-        keep_sorted = before < config.top_p  # keeps the smallest prefix whose mass reaches top_p
+        keep_sorted = before < top_p  # keeps the smallest prefix whose mass reaches top_p
         keep = np.empty_like(keep_sorted)
         np.put_along_axis(keep, order, keep_sorted, axis=-1)
         probs = np.where(keep, probs, 0.0)

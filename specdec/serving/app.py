@@ -44,7 +44,7 @@ def build_app(options: ServeOptions, engine: Engine | None = None, replica: str 
             app.state.engine = await asyncio.to_thread(lambda: Engine.from_options(options, metrics).start())
         try:
             if app.state.prompts is None:
-                app.state.prompts = await PromptPool(app.state.engine.gen.codec.root, options.prompt_budget).start()
+                app.state.prompts = await PromptPool(app.state.engine.requests.root, options.prompt_budget).start()
             yield
         finally:
             if app.state.prompts is not None:
@@ -156,7 +156,7 @@ def _refuse(exc: SpecDecError) -> ApiError:
 async def _prompt_ids(request: Request, engine: Engine, prompt) -> list:
     """Token ids of a completion's prompt: a long text prompt is tokenized by a prompt worker, never holding up the
     event loop or (the tokenizer holds the GIL) the engine; anything else on a worker thread."""
-    layer, pool = engine.gen.requests, request.app.state.prompts
+    layer, pool = engine.requests, request.app.state.prompts
     with _refusals():
         if isinstance(prompt, str) and len(prompt) > INLINE_CHARS and pool is not None:
             return layer.text_ids(await pool.text_ids(layer.prompt_text(prompt)))
@@ -165,7 +165,7 @@ async def _prompt_ids(request: Request, engine: Engine, prompt) -> list:
 
 async def _chat_ids(request: Request, engine: Engine, messages: list) -> list:
     """Token ids of a conversation, rendered by the chat template and tokenized by a prompt worker, on its budget."""
-    layer, pool = engine.gen.requests, request.app.state.prompts
+    layer, pool = engine.requests, request.app.state.prompts
     with _refusals():
         if pool is None:  # an app whose lifespan did not run: the generator's own prompt worker, on its budget
             return await asyncio.to_thread(layer.chat_ids, messages)
@@ -193,21 +193,16 @@ def _refusals():
 
 
 def _config(engine: Engine, body, prompt_len: int, default_max: int | None, alt_max: int | None = None):
-    """The request's GenerationConfig: what the body sets, the bundle's defaults for what it leaves out (a value
-    it sets, top_k 0 included, is never replaced by a default)."""
-    defaults, size = engine.gen.manifest.defaults, engine.gen.manifest.target.max_seq_len
+    """The request's effective GenerationConfig: what the body sets; what it leaves out (null) is left unset, and
+    the request layer gives it the bundle's default, as it does offline (a value set, top_k 0 included, is kept)."""
     ext = body.specdec or SpecdecOptions()
-    max_tokens = body.max_tokens or alt_max or default_max or max(1, size - prompt_len)
+    max_tokens = body.max_tokens or alt_max or default_max or engine.requests.room(prompt_len)
     try:
-        config = GenerationConfig(
+        return engine.requests.config(GenerationConfig(
             max_new_tokens=max_tokens, seed=body.seed, gamma=ext.gamma, drafter=ext.drafter or "auto",
-            temperature=defaults.temperature if body.temperature is None else body.temperature,
-            top_k=defaults.top_k if ext.top_k is None else ext.top_k,
-            top_p=defaults.top_p if body.top_p is None else body.top_p, stop=tuple(body.stop or ()))
-        engine.gen.requests.check(config)
+            temperature=body.temperature, top_k=ext.top_k, top_p=body.top_p, stop=tuple(body.stop or ())))
     except SpecDecError as exc:
         raise _refuse(exc) from None
-    return config
 
 
 def _submit(engine: Engine, ids: list, config: GenerationConfig, stream: bool):

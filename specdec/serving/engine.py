@@ -1,10 +1,11 @@
 """The engine: one thread owns the backends and runs rounds over the running batch (continuous batching).
 
-HTTP handlers prepare a request through the generator's request layer (`Generator.requests`: prompt ids, options,
-checks), call `submit` (which only enqueues) and await the `Ticket`'s events; the engine thread admits waiting
-requests at round boundaries while KV slots are free (each joiner is prefilled alone, on its own slot), runs one
-speculative round over every active row, delivers text deltas and finish events, and frees the slots of rows that
-finished or whose client went away. γ per round comes from `GoodputGamma`. `drain` ends it all gracefully.
+HTTP handlers prepare a request through the engine's request layer (`Engine.requests`, the generator's: prompt ids,
+the effective options with the bundle's defaults, checks), call `submit` (which only enqueues) and await the
+`Ticket`'s events; the engine thread admits waiting requests at round boundaries while KV slots are free (each joiner
+is prefilled alone, on its own slot), runs one speculative round over every active row, delivers text deltas and
+finish events, and frees the slots of rows that finished or whose client went away. γ per round comes from
+`GoodputGamma`. `drain` ends it all gracefully.
 
 Exactness: greedy rows' output does not depend on γ or on their batch-mates. A seeded sampled request keeps the γ
 policy and the `auto` gate it would have offline (`RequestLayer.own_policy`, `RequestLayer.gate_for`), its own
@@ -27,6 +28,7 @@ from specdec.manifest import Role
 from specdec.runtime.config import GenerationConfig
 from specdec.runtime.forward import Observed
 from specdec.runtime.generator import Generator, load
+from specdec.runtime.requests import RequestLayer
 from specdec.runtime.state import Finish, Row
 from specdec.runtime.text import StopStrings
 from specdec.serving.batching import ServingLoop
@@ -200,9 +202,15 @@ class Engine:
                 and self._drain_deadline is None)
 
     # --- the HTTP side -------------------------------------------------------------------------------------
+    @property
+    def requests(self) -> RequestLayer:
+        """What the HTTP side prepares a request with before `submit`: the request layer offline generation uses
+        (specdec.runtime.requests): prompt ids, chat prompts' checks, the effective options (`config`)."""
+        return self.gen.requests
+
     def submit(self, prompt_ids: list, config: GenerationConfig, stream: bool) -> Ticket:
-        """Enqueue a request (from the event loop's thread) whose prompt and options the generator's request layer
-        prepared and checked; raises QueueFullError or EngineClosedError."""
+        """Enqueue a request (from the event loop's thread) whose prompt and options the request layer prepared and
+        checked (`requests`); raises QueueFullError or EngineClosedError."""
         queue = asyncio.Queue()
         job = Job(list(prompt_ids), config, stream, _deliverer(asyncio.get_running_loop(), queue))
         with self._cond:

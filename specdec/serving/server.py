@@ -164,7 +164,7 @@ def serve(options: ServeOptions) -> None:
     prompts = None
     try:
         engine.start()
-        prompts = PromptPool(engine.gen.codec.root, options.prompt_budget).open()
+        prompts = PromptPool(engine.requests.root, options.prompt_budget).open()
         _server(options, build_app(options, engine, prompts=prompts)).run()
     finally:
         if prompts is not None:

@@ -95,7 +95,7 @@ def test_token_ids_are_integers_not_bools_floats_or_other_things(gen, prompt, se
 @pytest.mark.parametrize("fields, message, hint", [
     (dict(max_new_tokens="5"), "max_new_tokens must be an integer >= 1, got '5'", "max_new_tokens=1"),
     (dict(max_new_tokens=True), "max_new_tokens must be an integer >= 1, got True", "max_new_tokens=1"),
-    (dict(temperature=None), "temperature must be a finite number, got None", "use 0 for greedy"),
+    (dict(temperature=[0.5]), "temperature must be a finite number, got [0.5]", "use 0 for greedy"),
     (dict(temperature="0.5"), "temperature must be a finite number, got '0.5'", "use 0 for greedy"),
     (dict(seed=1.5), "seed must be an integer >= 0, got 1.5", "pass a seed >= 0"),
     (dict(seed=False), "seed must be an integer >= 0, got False", "pass a seed >= 0"),

@@ -207,9 +207,19 @@ def _private_generator_members(path: Path) -> list:
     return found
 
 
+def _generator_reached(path: Path) -> list:
+    """`engine.gen`, `self.gen` and any other `.gen` in a source file: the engine's generator, reached through."""
+    return [f"{path.name}:{node.lineno}: .gen" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute) and node.attr == "gen"]
+
+
 def test_serving_uses_only_the_generators_public_api_and_checks_no_request_option_itself():
     private = [hit for path in sorted(SERVING.glob("*.py")) for hit in _private_generator_members(path)]
     assert private == []
+    # the app and the server prepare requests through the engine's request layer (Engine.requests), never its generator
+    reached = [hit for path in sorted(SERVING.glob("*.py")) if path.name != "engine.py"
+               for hit in _generator_reached(path)]
+    assert reached == []
     own_checks = []  # request options are refused by GenerationConfig and the request layer, not by serving code
     for path in sorted(SERVING.glob("*.py")):
         if path.name in ("options.py", "ray_app.py"):  # the server's and the deployment's own options

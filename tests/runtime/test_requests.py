@@ -1,6 +1,7 @@
 """Bad requests, stops, capacity, and the generate CLI."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,11 +16,27 @@ from specdec.cli import main
 from specdec.errors import CapacityError, ConfigError, ManifestError
 from tests.conftest import GAMMA_MAX, MAX_SEQ_LEN
 
+SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 5, "top_p": 0.9}  # a bundle whose manifest samples by default
+
+
+def bundle_with_defaults(bundle, copy, **defaults):
+    """A copy of `bundle` whose manifest's defaults hold `defaults` (SAMPLING_DEFAULTS unless given)."""
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["defaults"].update(defaults or SAMPLING_DEFAULTS)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
 
 @pytest.fixture(scope="module")
 def gen(int4_bundle):
     with specdec.load(int4_bundle) as generator:
         yield generator
+
+
+@pytest.fixture(scope="module")
+def sampling_bundle(int4_bundle, tmp_path_factory):
+    return bundle_with_defaults(int4_bundle, tmp_path_factory.mktemp("defaults") / "sampling")
 
 
 @pytest.mark.parametrize("prompt", ["", []])
@@ -136,3 +153,48 @@ def test_runtime_never_imports_torch_or_transformers(int4_bundle):
                           env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert proc.returncode == 0, proc.stderr
     assert "LOADED:\n" in proc.stdout
+
+
+# --- the bundle's sampling defaults: filled in by the request layer, for what a config leaves unset ---------------
+def test_a_config_leaves_sampling_to_the_bundle_until_it_sets_a_value():
+    config = GenerationConfig(max_new_tokens=4)
+    assert config.unset == ("temperature", "top_k", "top_p")
+    assert dataclasses.replace(config, seed=3).unset == config.unset  # replace keeps what was left unset
+    assert GenerationConfig(temperature=0.0, top_k=0, top_p=1.0).unset == ()
+    with pytest.raises(ConfigError, match="leaves temperature to the bundle") as info:
+        config.greedy  # noqa: B018 - whether it samples is the bundle's to say
+    assert "generator.requests.config(config)" in info.value.hint
+    for bad in (dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-1)):
+        with pytest.raises(ConfigError, match="or None for the bundle's default"):
+            GenerationConfig(**bad)
+
+
+def test_the_request_layer_fills_the_bundles_defaults_and_keeps_every_value_set(sampling_bundle, gen):
+    with specdec.load(sampling_bundle) as sampling:
+        layer = sampling.requests
+        assert dataclasses.asdict(layer.config(GenerationConfig())) == dataclasses.asdict(
+            GenerationConfig(**SAMPLING_DEFAULTS))
+        explicit = layer.config(GenerationConfig(temperature=0.0, top_k=0, top_p=1.0))  # the library's own defaults
+        assert (explicit.temperature, explicit.top_k, explicit.top_p) == (0.0, 0, 1.0) and explicit.greedy
+        partly = layer.config(GenerationConfig(temperature=0.3))
+        assert (partly.temperature, partly.top_k, partly.top_p) == (0.3, 5, 0.9)
+        assert gen.requests.config(GenerationConfig()).greedy  # a bundle exported with no sampling defaults
+        unset = GenerationConfig(max_new_tokens=12, seed=7, eos_token_ids=())
+        sampled = sampling.generate("The quick", unset)
+        assert sampled.token_ids == sampling.generate("The quick", GenerationConfig(
+            max_new_tokens=12, seed=7, eos_token_ids=(), **SAMPLING_DEFAULTS)).token_ids
+        greedy = sampling.generate("The quick", dataclasses.replace(unset, temperature=0.0))
+    assert greedy.token_ids == gen.generate("The quick", dataclasses.replace(unset, seed=None)).token_ids
+    assert sampled.token_ids != greedy.token_ids
+
+
+def test_generate_cli_takes_the_bundles_defaults_and_its_own_options_over_them(sampling_bundle, capsys):
+    command = ["generate", str(sampling_bundle), "--prompt", "The quick", "--max-new-tokens", "12", "--seed", "7"]
+    with specdec.load(sampling_bundle) as generator:
+        expected = [generator.generate("The quick", GenerationConfig(max_new_tokens=12, seed=7, **extra)).text
+                    for extra in ({}, {"temperature": 0.0})]
+    got = []
+    for extra in ([], ["--temperature", "0"]):
+        assert main(command + extra) == 0
+        got.append(capsys.readouterr().out[:-1])  # the text, then a newline
+    assert got == expected and expected[0] != expected[1]

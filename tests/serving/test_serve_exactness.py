@@ -7,9 +7,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from openai import NOT_GIVEN
 
 import specdec
 from specdec import GenerationConfig
+from tests.runtime.test_requests import bundle_with_defaults
 from tests.serving.conftest import KEY, client, metric, start
 
 MODEL = "gqa"  # the bundle directory's name
@@ -116,3 +118,22 @@ def test_stop_strings_and_drafters_equal_offline(served, offline):
             want = _expected(offline, prompt, stop=(stop,), drafter=drafter, gamma=2)
             assert got == want, (drafter, prompt)
             assert stop not in got[0]
+
+
+def test_a_bundles_sampling_defaults_are_served_as_generated_offline(gqa_int4_bundle, tmp_path):
+    """A bundle whose manifest samples by default (temperature, top_k, top_p): a request that leaves them out gets
+    them from the one request layer, served as offline; a value it sets wins, temperature 0 and top_k 0 included."""
+    bundle = bundle_with_defaults(gqa_int4_bundle, tmp_path / MODEL)
+    cases = [  # (what the client sends, the GenerationConfig offline)
+        ({"seed": 5, "temperature": NOT_GIVEN}, {"seed": 5}),
+        ({"seed": 5, "temperature": 0}, {"seed": 5, "temperature": 0.0}),
+        ({"seed": 6, "temperature": NOT_GIVEN, "top_p": 1.0, "extra_body": {"specdec": {"top_k": 0}}},
+         {"seed": 6, "top_p": 1.0, "top_k": 0}),
+    ]
+    with specdec.load(bundle) as offline:
+        expected = [_expected(offline, PROMPTS[0], **config) for _, config in cases]
+    with start(bundle) as server:
+        api = client(server, key="unused")
+        for stream in (False, True):
+            assert [_complete(api, PROMPTS[0], stream, **sent) for sent, _ in cases] == expected, stream
+    assert expected[0] != expected[1]  # the bundle's default sampled; the client's temperature 0 did not
