@@ -24,6 +24,7 @@ ALLOWED = {  # file -> the literals it may compare with, and why none of them is
     "specdec/export/tiny.py": {"lm_head"},  # in a transformers module name
     "specdec/calibration/data.py": {".jsonl", ".parquet"},  # file suffixes
     "specdec/export/sources.py": {".gguf"},
+    "specdec/export/head_import.py": {"silu"},  # a transformers config's hidden_act
     "specdec/manifest.py": {"None", "int", "float",  # type names in a dataclass field's annotation
                             "..", "\\"},  # a path that leaves the bundle
     "specdec/native/model.py": {"iu"},  # numpy's dtype.kind codes of integers

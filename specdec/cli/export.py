@@ -48,6 +48,10 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
                         help="the target graph also returns the hidden states of these layers (e.g. 1,14,26), for a "
                              "trained draft head on onnxruntime; 'head': the three an EAGLE-3 head reads (default: none; "
                              "the native and cuda engines return any layer's without it)")
+    parser.add_argument("--head", metavar="DIR",
+                        help="an EAGLE-3 draft head checkpoint (SpecForge's or vllm-project/speculators' layout) to "
+                             "give the bundle, as `specdec calibrate head --from DIR` does (docs/heads.md); with it, "
+                             "--feature-layers defaults to the layers it reads")
     parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
     _add_quantize_args(parser)
     engines = parser.add_argument_group("engines (on the GPU that will run them)")
@@ -117,8 +121,16 @@ def _export_config(args, quantize) -> ExportConfig:
         max_prefill_chunk=args.max_prefill_chunk, dtype=args.dtype, weights=args.weights, overwrite=args.overwrite,
         lowering=args.lowering or ("plain" if args.engine else "gqa"),
         check_parity=not args.skip_parity, progress=sys.stderr.isatty() or args.verbose,
-        feature_layers=args.feature_layers,
+        feature_layers=_head_layers(args.head) if args.head is not None and args.feature_layers == () else
+        args.feature_layers,
     )
+
+
+def _head_layers(checkpoint: str) -> tuple | None:
+    """The target layers the --head checkpoint reads (None: the three a head reads by default)."""
+    from specdec.export.head_import import pinned_layers
+
+    return pinned_layers(checkpoint)
 
 
 def check_quantized_export(config: ExportConfig, quantize) -> str:
@@ -190,6 +202,8 @@ def run_export(args) -> int:
         _check_tensorrt()
     if config is not None:
         _export(config, quantize)
+        if args.head is not None:
+            _attach_head(args.out, args.head)
     if args.engine == TENSORRT:
         _build_engines(args)
     return 0
@@ -203,6 +217,13 @@ def _export(config: ExportConfig, quantize) -> None:
         return
     out, source = export_quantized(config, quantize)
     print(f"wrote bundle {out} ({quantize.role} = {source} quantized with {quantize.method})", file=sys.stderr)
+
+
+def _attach_head(out: str, checkpoint: str) -> None:
+    from specdec.export.head_import import attach_checkpoint
+
+    record = attach_checkpoint(out, checkpoint)
+    print(f"attached the draft head of {checkpoint} (target layers {record.feature_layers})", file=sys.stderr)
 
 
 def _build_engines(args) -> None:
