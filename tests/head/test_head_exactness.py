@@ -76,3 +76,15 @@ def test_a_stream_interrupted_by_another_request_drafts_the_same(mirror_head_bun
         gen.generate(PROMPTS[0], GenerationConfig(max_new_tokens=8, drafter="head"))
         pieces += list(stream)
     assert "".join(pieces) == alone
+
+
+def test_greedy_equality_beside_the_cuda_backend_on_its_numpy_references(mirror_head_bundle):
+    """The cuda backend returns any layer's hidden states; the head runs in numpy beside it (here the backend's
+    orchestration on the CPU references of its kernels)."""
+    from specdec.cuda.reference import ReferenceKernels
+    from specdec.runtime.cuda_backend import CudaOptions
+    from specdec.runtime.generator import load_cuda
+
+    with load_cuda(mirror_head_bundle, CudaOptions(kernels=ReferenceKernels)) as gen:
+        proposed, accepted = _check_equality(gen, PROMPTS[:2])
+    assert accepted > 0
