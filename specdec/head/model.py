@@ -90,6 +90,13 @@ class HeadModel:
         """[V'] the target token id of each draft-vocabulary row."""
         return self.weights.draft_ids
 
+    def to_target(self, logits: np.ndarray) -> np.ndarray:
+        """logits [..., V'] over the draft vocabulary -> [..., V] over the target's, -inf (q = 0) where the head scores
+        no token."""
+        full = np.full((*logits.shape[:-1], self.record.vocab_size), -np.inf, np.float32)
+        full[..., self.draft_ids] = logits
+        return full
+
     def reserve(self, slots: int) -> None:
         """KV for at least `slots` slots; the slots it held keep their contents."""
         held = 0 if self.keys is None else len(self.keys)

@@ -145,7 +145,7 @@ class HeadDrafter:
         for step in range(max(limits[b] for b in ready)):
             for b in ready:
                 if step < limits[b]:
-                    token, q = ModelDrafter._choose(self._target_logits(last[b][0]), rows[b], step)
+                    token, q = ModelDrafter._choose(self.head.to_target(last[b][0]), rows[b], step)
                     drafts[b].append(token)
                     dists[b].append(q)
             feeding = [b for b in ready if step + 1 < limits[b]]
@@ -185,12 +185,6 @@ class HeadDrafter:
         logits, prenorm = self.head.forward(tokens, hidden, [rows[b].head.length + step for b in feeding],
                                             [rows[b].slot for b in feeding], last_only=True)
         return {b: (logits[i, -1], prenorm[i, -1]) for i, b in enumerate(feeding)}
-
-    def _target_logits(self, logits: np.ndarray) -> np.ndarray:
-        """logits [V'] over the draft vocabulary -> [V] over the target's, -inf where the head scores nothing."""
-        full = np.full(self.head.record.vocab_size, -np.inf, np.float32)
-        full[self.head.draft_ids] = logits
-        return full
 
     @staticmethod
     def _proposal(row: Row, drafts: list, dists: list) -> Proposal:

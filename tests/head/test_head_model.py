@@ -54,6 +54,9 @@ def test_the_kernels_agree_with_the_numpy_reference(random_head_bundle):
     assert _worst(native, reference) <= SAME_BLOCKS
     assert _worst(native, exact) <= QUANTIZED
     assert [np.argmax(a, -1).tolist() for a in native] == [np.argmax(a, -1).tolist() for a in reference]
+    full = blocks.to_target(native[0])  # [2, 1, V]: -inf (q = 0) outside the draft vocabulary
+    assert np.array_equal(full[..., blocks.draft_ids], native[0])
+    assert np.isneginf(full).sum() == 2 * (blocks.record.vocab_size - len(blocks.draft_ids))
 
 
 def test_the_whole_sequence_equals_its_last_position_and_rollback_recomputes(random_head_bundle):
