@@ -58,6 +58,10 @@ def add_calibrate_parser(commands) -> None:
     policies.add_argument("bundle")
     _add_run_args(policies)
     policies.set_defaults(run=run_policies)
+    _add_head_parser(actions)
+
+
+def _add_head_parser(actions) -> None:
     head = actions.add_parser("head", help="give BUNDLE a trained draft head (EAGLE-3 style): --from a checkpoint")
     head.add_argument("bundle")
     head.add_argument("--from", dest="checkpoint", metavar="DIR",

@@ -48,11 +48,8 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
                         help="the target graph also returns the hidden states of these layers (e.g. 1,14,26), for a "
                              "trained draft head on onnxruntime; 'head': the three an EAGLE-3 head reads (default: none; "
                              "the native and cuda engines return any layer's without it)")
-    parser.add_argument("--head", metavar="DIR",
-                        help="an EAGLE-3 draft head checkpoint (SpecForge's or vllm-project/speculators' layout) to "
-                             "give the bundle, as `specdec calibrate head --from DIR` does (docs/heads.md); with it, "
-                             "--feature-layers defaults to the layers it reads")
     parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
+    _add_head_args(parser)
     _add_quantize_args(parser)
     engines = parser.add_argument_group("engines (on the GPU that will run them)")
     engines.add_argument("--engine", choices=[TENSORRT], help="also build TensorRT plans; with an existing --out "
@@ -60,6 +57,13 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     engines.add_argument("--version-compatible", action="store_true", help="plans that run on later TensorRT")
     engines.add_argument("--hardware-compatibility", choices=HARDWARE_COMPATIBILITY, default="none",
                          help="TensorRT hardware compatibility level (default none)")
+
+
+def _add_head_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--head", metavar="DIR",
+                        help="an EAGLE-3 draft head checkpoint (SpecForge's or vllm-project/speculators' layout) to "
+                             "give the bundle, as `specdec calibrate head --from DIR` does (docs/heads.md); with it, "
+                             "--feature-layers defaults to the layers it reads")
 
 
 def _add_quantize_args(parser: argparse.ArgumentParser) -> None:

@@ -39,7 +39,8 @@ def _edited(bundle, tmp_path, edit) -> object:
 
 def test_a_bundle_without_a_head_writes_and_reads_the_manifest_as_before(random_head_bundle):
     manifest = read_manifest(random_head_bundle)
-    assert manifest.head is not None and manifest.head.files == {HEAD_PATH: sha256_file(random_head_bundle / HEAD_PATH)}
+    head_file = random_head_bundle / HEAD_PATH
+    assert manifest.head is not None and manifest.head.files == {HEAD_PATH: sha256_file(head_file)}
     assert manifest_from_json(json_from_manifest(manifest)) == manifest
     plain = dataclasses.replace(manifest, head=None)
     assert "head" not in json.loads(json_from_manifest(plain))
