@@ -206,8 +206,8 @@ def run_export(args) -> int:
         _check_tensorrt()
     if config is not None:
         _export(config, quantize)
-        if args.head is not None:
-            _attach_head(args.out, args.head)
+    if args.head is not None:  # the new bundle's, or an existing one's whose plans are (re)built
+        _attach_head(args.out, args.head)
     if args.engine == TENSORRT:
         _build_engines(args)
     return 0
