@@ -240,6 +240,27 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class HeadRecord:
+    """A trained draft head (EAGLE-3 style) beside the target (specdec.head): one decoder layer over the target's hidden
+    states at `feature_layers` and the next token's embedding (the target's, shared), a trimmed vocabulary."""
+
+    format: int  # specdec.head.format.FORMAT_VERSION of the writer
+    path: str  # its weights (numpy .npz), relative to the bundle; also in `files` with its sha256
+    files: dict  # relative path -> sha256
+    hidden_size: int  # H: the target's
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the target's vocabulary, which the draft vocabulary maps into
+    draft_vocab_size: int  # V': the rows its LM head scores
+    feature_layers: list  # the target layers whose outputs it fuses, in its fc's order (outputs of layer l, 0-based)
+    epsilon: float  # its RMSNorms'
+    norm_before_residual: bool = False  # the fused feature normed before it becomes the residual (a config flag)
+    source: str = ""  # where it came from: a checkpoint directory, or how it was made
+
+
+@dataclass(frozen=True)
 class Defaults:
     gamma: int
     gamma_max: int
@@ -267,6 +288,7 @@ class Manifest:
     tokenizer: TokenizerInfo
     models: dict  # role -> ModelEntry
     defaults: Defaults
+    head: HeadRecord | None = None  # a trained draft head, where the bundle has one
 
     @property
     def target(self) -> ModelEntry:
@@ -278,7 +300,7 @@ class Manifest:
 
 
 _NESTED = {cls.__name__: cls for cls in (ModelDims, SourceRecord, CalibrationRecord, GammaRecord, TokenizerInfo,
-                                         Defaults, NativeRecord)}  # type name -> dataclass, for nested records
+                                         Defaults, NativeRecord, HeadRecord)}  # type name -> dataclass, for nested records
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
@@ -290,7 +312,10 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
 
 
 def json_from_manifest(manifest: Manifest) -> str:
-    return json.dumps(asdict(manifest), indent=2, sort_keys=False) + "\n"
+    data = asdict(manifest)
+    if data["head"] is None:  # a bundle without a head writes the manifest it always did
+        del data["head"]
+    return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
 
 def _require(data: dict, key: str, where: str) -> Any:
@@ -377,6 +402,7 @@ def manifest_from_json(text: str) -> Manifest:
         tokenizer=_build(TokenizerInfo, _require(data, "tokenizer", "manifest"), "tokenizer"),
         models={role: _model_from_dict(models[role], role) for role in models},
         defaults=_build(Defaults, _require(data, "defaults", "manifest"), "defaults"),
+        head=_typed(data.get("head"), "HeadRecord | None", "head"),
     )
     validate_manifest(manifest)
     return manifest
@@ -401,6 +427,9 @@ def _check_paths(manifest: Manifest) -> None:
             _inside(record.path, f"models.{role}.engines.path")
         if entry.native is not None:
             _inside(entry.native.path, f"models.{role}.native.path")
+    if manifest.head is not None:
+        for rel in [manifest.head.path, *manifest.head.files]:
+            _inside(rel, "head.files")
 
 
 def validate_manifest(manifest: Manifest) -> None:
@@ -518,6 +547,8 @@ def listed_files(manifest: Manifest) -> dict:
     expected = dict(manifest.tokenizer.files)
     for entry in manifest.models.values():
         expected.update(entry.files)
+    if manifest.head is not None:
+        expected.update(manifest.head.files)
     return expected
 
 

@@ -40,6 +40,7 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
                                     "text"},  # the default column of a JSONL or parquet file
     "specdec/cli/calibrate.py": {"text"},  # ... as --field's default
     "specdec/export/sources.py": {".gguf"},
+    "specdec/export/head_import.py": {"silu"},  # a transformers config's hidden_act
     "specdec/manifest.py": {"None", "int", "float",  # type names in a dataclass field's annotation
                             "..", "\\"},  # a path that leaves the bundle
     "specdec/native/model.py": {"iu",  # numpy's dtype.kind codes of integers

@@ -8,7 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "specdec"
-LOW = ("specdec.runtime", "specdec.native", "specdec.cuda", "specdec.blocks", "specdec.errors", "specdec.manifest")
+LOW = ("specdec.runtime", "specdec.native", "specdec.cuda", "specdec.blocks", "specdec.errors", "specdec.manifest",
+       "specdec.head")
 UPPER = ("specdec.calibration", "specdec.export", "specdec.cli", "specdec.serving")  # engines: the TensorRT glue
 BACKENDS = ("specdec.runtime.ort_backend", "specdec.runtime.native_backend", "specdec.runtime.trt_backend",
             "specdec.runtime.cuda_backend")

@@ -73,7 +73,7 @@ class BenchConfig:
                               f"use one of {', '.join(NAMED_BACKENDS)}")
         bad = [d for d in self.drafters if d not in DRAFTERS or not DRAFTER_KINDS[d].drafts]
         if bad:
-            raise ConfigError(f"drafter {bad[0]!r} is unknown", "choose from model, prompt_lookup, auto")
+            raise ConfigError(f"drafter {bad[0]!r} is unknown", "choose from model, prompt_lookup, auto, head")
         if any(not isinstance(g, int) or g < 1 for g in self.gammas):
             raise ConfigError(f"every gamma must be an integer >= 1, got {self.gammas!r}", "e.g. --gammas 1,2,4,8")
         if self.temperature < 0:
@@ -87,12 +87,15 @@ class BenchConfig:
         return cls(bundle=bundle, out=out, **base)
 
 
-def plan_modes(config: BenchConfig, has_draft: bool, gamma_default: int, gamma_max: int) -> list:
-    """Target-only, each drafter at the bundle's γ, and the γ sweep (γ ≤ γ_max) of the drafters that run the draft
-    model: model and auto (the default drafter, whose best γ need not be the model's)."""
+def plan_modes(config: BenchConfig, has_draft: bool, gamma_default: int, gamma_max: int,
+               has_head: bool = False) -> list:
+    """Target-only, each drafter at the bundle's γ (head only where the bundle has a draft head), and the γ sweep
+    (γ ≤ γ_max) of the drafters that run the draft model: model and auto (the default drafter, whose best γ need not
+    be the model's)."""
     modes = [Mode(BASELINE, DrafterName.NONE)]
     for drafter in config.drafters:
-        if DRAFTER_KINDS[drafter].needs_model and not has_draft:
+        kind = DRAFTER_KINDS[drafter]
+        if kind.needs_model and not has_draft or kind.needs_head and not has_head:
             continue
         modes.append(Mode(f"{drafter} γ={gamma_default}", drafter, gamma_default))
     swept = [d for d in (DrafterName.MODEL, DrafterName.AUTO) if d in config.drafters] if has_draft else []

@@ -104,7 +104,8 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
         room = manifest.target.max_seq_len - config.max_new_tokens - 1
         ids = prompt_ids(generator, every, room if config.truncate else None)
         prompts = select_prompts(every, {k: len(v) for k, v in ids.items()}, config.per_class, room)
-        modes = plan_modes(config, generator.draft is not None, manifest.defaults.gamma, manifest.defaults.gamma_max)
+        modes = plan_modes(config, generator.draft is not None, manifest.defaults.gamma, manifest.defaults.gamma_max,
+                           generator.head is not None)
         log.info("%d prompts x %d modes x %d repeats", len(prompts), len(modes), config.repeats)
         records = run_requests(generator, config, modes, prompts, ids)
         pair = describe_pair(manifest)

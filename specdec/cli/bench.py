@@ -35,7 +35,8 @@ def add_bench_parser(commands) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--drafters", type=_names, default=BENCH_DRAFTERS,
-                        help=f"comma-separated drafters besides target-only (default {','.join(BENCH_DRAFTERS)})")
+                        help=f"comma-separated drafters besides target-only (default {','.join(BENCH_DRAFTERS)}; "
+                             "head: the bundle's draft head)")
     parser.add_argument("--gammas", type=_ints, default=(1, 2, 4, 6, 8), help="γ sweep of the model and auto drafters")
     parser.add_argument("--gamma-policies", type=_names, default=(),
                         help="γ policies of the model drafter to add: adaptive,heuristic (default none)")

@@ -1,4 +1,5 @@
-"""`specdec calibrate quantize | gamma | report | policies`: quantized bundles, γ calibration, quality tables."""
+"""`specdec calibrate quantize | gamma | report | policies | head`: quantized bundles, γ calibration, quality tables,
+a draft head."""
 from __future__ import annotations
 
 import argparse
@@ -60,6 +61,16 @@ def add_calibrate_parser(commands) -> None:
     policies.add_argument("bundle")
     _add_run_args(policies)
     policies.set_defaults(run=run_policies)
+    _add_head_parser(actions)
+
+
+def _add_head_parser(actions) -> None:
+    head = actions.add_parser("head", help="give BUNDLE a trained draft head (EAGLE-3 style): --from a checkpoint")
+    head.add_argument("bundle")
+    head.add_argument("--from", dest="checkpoint", metavar="DIR",
+                      help="an EAGLE-3 checkpoint directory in SpecForge's or vllm-project/speculators' layout "
+                           "(config.json and safetensors); the bundle's head is replaced (docs/heads.md)")
+    head.set_defaults(run=run_head)
 
 
 def _add_report_parser(actions) -> None:
@@ -151,4 +162,16 @@ def run_policies(args) -> int:
     for r in results:
         print(f"| {r.name} | {r.tokens_per_s:.1f} | {r.acceptance_rate:.3f} | {r.mean_acceptance_length:.2f} | "
               f"{'yes' if r.matches_plain else 'NO'} |")
+    return 0
+
+
+def run_head(args) -> int:
+    if args.checkpoint is None:
+        raise ConfigError("specdec calibrate head trains no head yet: it attaches one",
+                          "pass --from DIR, an EAGLE-3 checkpoint directory (docs/heads.md)")
+    from specdec.export.head_import import attach_checkpoint
+
+    record = attach_checkpoint(args.bundle, args.checkpoint)
+    print(f"wrote the draft head of {args.bundle} ({record.draft_vocab_size} draft tokens, target layers "
+          f"{record.feature_layers}); generate with --drafter head", file=sys.stderr)
     return 0

@@ -50,6 +50,7 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
                              "trained draft head on onnxruntime; 'head': the three an EAGLE-3 head reads (default: none; "
                              "the native and cuda engines return any layer's without it)")
     parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
+    _add_head_args(parser)
     _add_quantize_args(parser)
     engines = parser.add_argument_group("engines (on the GPU that will run them)")
     engines.add_argument("--engine", choices=[TENSORRT], help="also build TensorRT plans; with an existing --out "
@@ -57,6 +58,13 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     engines.add_argument("--version-compatible", action="store_true", help="plans that run on later TensorRT")
     engines.add_argument("--hardware-compatibility", choices=HARDWARE_COMPATIBILITY, default=HardwareCompatibility.NONE,
                          help="TensorRT hardware compatibility level (default none)")
+
+
+def _add_head_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--head", metavar="DIR",
+                        help="an EAGLE-3 draft head checkpoint (SpecForge's or vllm-project/speculators' layout) to "
+                             "give the bundle, as `specdec calibrate head --from DIR` does (docs/heads.md); with it, "
+                             "--feature-layers defaults to the layers it reads")
 
 
 def _add_quantize_args(parser: argparse.ArgumentParser) -> None:
@@ -119,8 +127,16 @@ def _export_config(args, quantize) -> ExportConfig:
         max_prefill_chunk=args.max_prefill_chunk, dtype=args.dtype, weights=args.weights, overwrite=args.overwrite,
         lowering=args.lowering or (LoweringName.PLAIN if args.engine else LoweringName.GQA),
         check_parity=not args.skip_parity, progress=sys.stderr.isatty() or args.verbose,
-        feature_layers=args.feature_layers,
+        feature_layers=_head_layers(args.head) if args.head is not None and args.feature_layers == () else
+        args.feature_layers,
     )
+
+
+def _head_layers(checkpoint: str) -> tuple | None:
+    """The target layers the --head checkpoint reads (None: the three a head reads by default)."""
+    from specdec.export.head_import import pinned_layers
+
+    return pinned_layers(checkpoint)
 
 
 def check_quantized_export(config: ExportConfig, quantize) -> str:
@@ -192,6 +208,8 @@ def run_export(args) -> int:
         _check_tensorrt()
     if config is not None:
         _export(config, quantize)
+    if args.head is not None:  # the new bundle's, or an existing one's whose plans are (re)built
+        _attach_head(args.out, args.head)
     if args.engine == TENSORRT:
         _build_engines(args)
     return 0
@@ -205,6 +223,13 @@ def _export(config: ExportConfig, quantize) -> None:
         return
     out, source = export_quantized(config, quantize)
     print(f"wrote bundle {out} ({quantize.role} = {source} quantized with {quantize.method})", file=sys.stderr)
+
+
+def _attach_head(out: str, checkpoint: str) -> None:
+    from specdec.export.head_import import attach_checkpoint
+
+    record = attach_checkpoint(out, checkpoint)
+    print(f"attached the draft head of {checkpoint} (target layers {record.feature_layers})", file=sys.stderr)
 
 
 def _build_engines(args) -> None:

@@ -48,6 +48,7 @@ class DrafterName(StrEnum):
     MODEL = "model"
     PROMPT_LOOKUP = "prompt_lookup"
     NONE = "none"
+    HEAD = "head"  # a trained draft head (EAGLE-3 style) over the target's hidden states; `auto` never picks it
 
 
 AUTO_BACKEND = BackendName.AUTO  # the default of every backend= option
@@ -62,22 +63,25 @@ COUPLINGS = tuple(coupling.value for coupling in Coupling)
 
 @dataclass(frozen=True)
 class DrafterKind:
-    """One `drafter=` choice, the registry entry of its DrafterName. `build(drafters, lookup, model)` makes its drafter
-    from the module specdec.runtime.drafters (handed in: that module imports this one), a generator's prompt-lookup
-    drafter and its model drafter (None without a draft model); it returns None where rows of this kind are never
-    drafted for."""
+    """One `drafter=` choice. `build(drafters, lookup, model, head)` makes its drafter from the module
+    specdec.runtime.drafters (handed in: that module imports this one), a generator's prompt-lookup drafter, its
+    model drafter (None without a draft model) and its head drafter (None without a draft head); it returns None where
+    rows of this kind are never drafted for."""
 
     name: DrafterName
     build: Callable
     needs_model: bool = False  # refused on a bundle without a draft model
     drafts: bool = True  # False: rows of this kind verify one token per round
+    needs_head: bool = False  # refused on a bundle without a draft head
+    reads_features: bool = False  # the target's passes over its rows return hidden states to its drafter (observe)
 
 
 DRAFTER_KINDS = {kind.name: kind for kind in (
-    DrafterKind(DrafterName.AUTO, lambda drafters, lookup, model: drafters.ChainDrafter(lookup, model)),
-    DrafterKind(DrafterName.MODEL, lambda drafters, lookup, model: model, needs_model=True),
-    DrafterKind(DrafterName.PROMPT_LOOKUP, lambda drafters, lookup, model: lookup),
-    DrafterKind(DrafterName.NONE, lambda drafters, lookup, model: None, drafts=False),
+    DrafterKind(DrafterName.AUTO, lambda drafters, lookup, model, head: drafters.ChainDrafter(lookup, model)),
+    DrafterKind(DrafterName.MODEL, lambda drafters, lookup, model, head: model, needs_model=True),
+    DrafterKind(DrafterName.PROMPT_LOOKUP, lambda drafters, lookup, model, head: lookup),
+    DrafterKind(DrafterName.NONE, lambda drafters, lookup, model, head: None, drafts=False),
+    DrafterKind(DrafterName.HEAD, lambda drafters, lookup, model, head: head, needs_head=True, reads_features=True),
 )}
 DRAFTERS = tuple(name.value for name in DRAFTER_KINDS)
 

@@ -28,6 +28,7 @@ from specdec.runtime.backend import cpu_count
 from specdec.runtime.config import AUTO_BACKEND, GenerationConfig
 from specdec.runtime.drafters import ModelGate
 from specdec.runtime.forward import Observed
+from specdec.runtime.head_drafter import feature_problem, open_head
 from specdec.runtime.loop import SpeculativeLoop
 from specdec.runtime.prompt_worker import PromptBudget, PromptWorker
 from specdec.runtime.registry import open_backends
@@ -131,7 +132,14 @@ def generator_of(bundle: str | os.PathLike, verify: bool, open_models,
         check_bundle_files(root, manifest, TextCodec.files_read(root))
     codec = TextCodec(root).open()
     target, draft, backend, note = open_models(root, manifest)
-    generator = Generator(manifest, codec, target, draft, prompt_budget)
+    try:
+        head = open_head(root, manifest, target, verify)
+    except BaseException:
+        target.close()
+        if draft is not None:
+            draft.close()
+        raise
+    generator = Generator(manifest, codec, target, draft, prompt_budget, head)
     generator.backend, generator.backend_note = backend, note
     return generator
 
@@ -165,15 +173,17 @@ class Request:
 
 class Generator:
     def __init__(self, manifest: Manifest, codec: TextCodec, target, draft=None,
-                 prompt_budget: PromptBudget | None = None):
+                 prompt_budget: PromptBudget | None = None, head=None):
         self.manifest = manifest
         self.codec = codec
         self.target = Observed(target)
         self.draft = Observed(draft) if draft is not None else None
+        self.head = head  # the bundle's draft head (specdec.head.model.HeadModel), or None
         self.gate = ModelGate()  # measured α and c of this bundle's draft on this machine (greedy requests)
         self.prompt_worker = PromptWorker(codec.root, prompt_budget)  # renders chat prompts (started at the first)
         self.requests = RequestLayer(manifest, codec, self.gate, has_draft=draft is not None,
-                                     prompts=self.prompt_worker)
+                                     prompts=self.prompt_worker, head=head,
+                                     head_problem=None if head is None else feature_problem(head, self.target))
         self.last_stats: Stats | None = None  # of the latest request
         self._lock = threading.RLock()
         self._owner = None  # the Request whose KV the backends hold

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from specdec.runtime.config import DrafterName
 from specdec.runtime.drafters import EMPTY, Proposal
 from specdec.runtime.sampling import accept_greedy, accept_sampled, gumbel_choice, warp
 from specdec.runtime.state import Finish, Round, Row, RowRound, feed_chunks, forward_rows
@@ -39,10 +40,12 @@ class SpeculativeLoop:
         fresh = [row.active and row.generated == 0 for row in rows]
         seqs = [None if not row.active else row.tokens if new else row.tokens[:-1] for row, new in zip(rows, fresh)]
         starts = [self.reusable(row, seq) if seq else 0 for row, seq in zip(rows, seqs)]
+        starts = [0 if row.drafter.reads_features else start for row, start in zip(rows, starts)]  # (a drafter that
+        # reads the target's hidden states needs them at every position: no prefill is skipped for its rows)
         for row, start in zip(rows, starts):
             row.reused = start
         logits = feed_chunks(self.target, rows, [seq[start:] if seq else seq for seq, start in zip(seqs, starts)],
-                             starts, self.chunk)  # [V] of each row's last
+                             starts, self.chunk, self.tap(rows, seqs))  # [V] of each row's last
         records = []
         for row, new, last in zip(rows, fresh, logits):
             row.target_len, row.draft_len, row.kv_copied = len(row.tokens) - 1, 0, 0
@@ -86,7 +89,15 @@ class SpeculativeLoop:
     def verify(self, rows: list, proposals: list) -> list:
         # -> per active row: logits [k + 1, V] for [last token, drafts...]
         seqs = [[row.tokens[-1]] + prop.tokens.tolist() if row.active else None for row, prop in zip(rows, proposals)]
-        return forward_rows(self.target, rows, seqs, [row.target_len for row in rows])
+        return forward_rows(self.target, rows, seqs, [row.target_len for row in rows], tap=self.tap(rows, seqs))
+
+    def tap(self, rows: list, seqs: list):
+        """The drafter that reads the target's hidden states (the head drafter), where a row this pass feeds drafts
+        with it; else None, and the pass asks for logits alone."""
+        for row, seq in zip(rows, seqs):
+            if seq and row.drafter.reads_features and row.drafter in self.drafters:
+                return self.drafters[row.drafter]
+        return None
 
     @staticmethod
     def accept(row: Row, prop: Proposal, logits: np.ndarray) -> tuple[int, int]:
@@ -150,7 +161,7 @@ class SpeculativeLoop:
         which no row verified drafts (a one-token pass)."""
         runs = {}  # per gate: (gate, [(proposed, accepted) of each of its rows])
         for row, row_record in zip(rows, record.rows):
-            if row_record is not None and row.gate is not None and row_record.from_model:
+            if row_record is not None and row.gate is not None and row_record.source is DrafterName.MODEL:
                 runs.setdefault(id(row.gate), (row.gate, []))[1].append((row_record.proposed, row_record.accepted))
         for gate, pairs in runs.values():
             gate.observe(sum(p for p, _ in pairs), sum(a for _, a in pairs), record.verify_s, pairs)

@@ -9,7 +9,7 @@ each option's own range already):
 - the bundle's defaults: temperature, top_k and top_p a request leaves unset (None) take the manifest's defaults
   (`config`), so the library, `specdec generate` and the server decode one bundle alike; a value set is kept;
 - γ: the request's own, else the bundle's, at most the bundle's γ_max (`serve --gamma` goes through the same check);
-- the drafter: a kind this generator can run (`model` needs a draft model).
+- the drafter: a kind this generator can run (`model` needs a draft model, `head` a draft head its target can feed).
 
 Rows are built here: tokens, config, KV slot, drafter kind, the `auto` gate, the random stream row_rng(seed, row)
 and the Gumbel noise key. A seeded sampled request gets a gate of its own (fixed bundle data) and a γ policy of its
@@ -31,6 +31,7 @@ from specdec.runtime import drafters as drafter_classes
 from specdec.runtime.adaptive_gamma import GammaStart
 from specdec.runtime.config import DRAFTER_KINDS, GenerationConfig, OptionError, RequestCapacityError
 from specdec.runtime.drafters import ModelDrafter, ModelGate, PromptLookupDrafter
+from specdec.runtime.head_drafter import HeadDrafter
 from specdec.runtime.state import Finish, Row, row_rng
 from specdec.runtime.text import TextCodec, holdback
 
@@ -42,12 +43,15 @@ class RequestLayer:
     """The request preparation of one generator: its bundle's manifest and tokenizer, whether it has a draft model,
     and its measured gate (which greedy requests share: their tokens do not depend on it)."""
 
-    def __init__(self, manifest: Manifest, codec: TextCodec, gate: ModelGate, has_draft: bool, *, prompts):
+    def __init__(self, manifest: Manifest, codec: TextCodec, gate: ModelGate, has_draft: bool, *, prompts,
+                 head=None, head_problem: OptionError | None = None):
         self.manifest = manifest
         self.codec = codec
         self.gate = gate
         self.has_draft = has_draft
         self.prompts = prompts  # the PromptWorker that renders conversations on a budget
+        self.head = head  # the bundle's draft head (specdec.head.model.HeadModel), or None
+        self.head_problem = head_problem  # why its target cannot feed it (head_drafter.feature_problem), or None
 
     # --- the prompt ------------------------------------------------------------------------------------------
     def prompt_ids(self, prompt, chat: bool = False) -> list:
@@ -184,6 +188,14 @@ class RequestLayer:
             raise OptionError(f"drafter {config.drafter!r} needs a draft model, and this bundle has no draft model",
                               "use drafter 'prompt_lookup', 'auto' or 'none', or re-export with a draft",
                               "this model has no draft model", "drafter")
+        if config.drafter_kind.needs_head:
+            if self.head is None:
+                raise OptionError(f"drafter {config.drafter!r} needs a trained draft head, and this bundle has none",
+                                  "use drafter 'auto', 'model' or 'prompt_lookup', or attach a head: specdec calibrate "
+                                  "head BUNDLE --from CHECKPOINT (docs/heads.md)", "this model has no draft head",
+                                  "drafter")
+            if self.head_problem is not None:
+                raise self.head_problem
 
     @property
     def gamma_record(self):
@@ -255,11 +267,13 @@ class RequestLayer:
         """DrafterKind -> drafter for every kind that drafts here. `draft`: the draft backend as the caller times or
         meters it, or None; `target`: the target backend, whose KV a derived draft may copy."""
         lookup = PromptLookupDrafter()
-        model = None
+        model = head = None
         if draft is not None:
             model = ModelDrafter(draft, self.manifest.defaults.max_prefill_chunk, self.gate.observe_draft_step,
                                  kv_source=target)
-        built = {kind: kind.build(drafter_classes, lookup, model) for kind in DRAFTER_KINDS.values()}
+        if self.head is not None:
+            head = HeadDrafter(self.head, self.manifest.defaults.max_prefill_chunk)
+        built = {kind: kind.build(drafter_classes, lookup, model, head) for kind in DRAFTER_KINDS.values()}
         return {kind: drafter for kind, drafter in built.items() if drafter is not None}
 
     # --- text ----------------------------------------------------------------------------------------------------

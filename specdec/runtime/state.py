@@ -8,6 +8,7 @@ import numpy as np
 
 from specdec.lowering import PAD_ID
 from specdec.runtime.config import DrafterName, GenerationConfig
+from specdec.runtime.forward import ForwardRequest
 from specdec.runtime.sampling import gumbel_noise
 
 
@@ -18,6 +19,9 @@ class Finish(StrEnum):
     MAX_NEW_TOKENS = "max_new_tokens"
     STOP = "stop"  # a stop string
     LENGTH = "length"  # the bundle's max_seq_len
+
+
+MODEL_SOURCES = (DrafterName.MODEL, DrafterName.HEAD)  # drafts of a model, whose acceptance γ policies learn
 
 
 def row_rng(seed: int | None, row: int) -> np.random.Generator:
@@ -48,6 +52,7 @@ class Row:
     noise_key: tuple | None = None  # (seed, row) of the Gumbel noise under Coupling.GUMBEL
     noise_cache: dict = field(default_factory=dict, repr=False)  # position -> noise, drafted but not yet verified
     drafter: object = None  # the DrafterKind of config.drafter (specdec.runtime.config.DRAFTER_KINDS)
+    head: object = None  # the head drafter's state of this row (specdec.runtime.head_drafter.HeadState), or None
 
     def __post_init__(self):
         if self.drafter is None:
@@ -85,8 +90,9 @@ class RowRound:
 
     @property
     def from_model(self) -> bool:
-        """Whether the draft model proposed this row's drafts: what γ policies and gates learn acceptance from."""
-        return self.source == DrafterName.MODEL
+        """Whether a model (the draft model or a draft head) proposed this row's drafts: what γ policies learn
+        acceptance from (the `auto` gate learns from the draft model's alone)."""
+        return self.source in MODEL_SOURCES
 
 
 @dataclass(frozen=True)
@@ -114,10 +120,12 @@ def common_prefix(first: list, second: list) -> int:
     return n
 
 
-def forward_rows(backend, rows: list, seqs: list, starts: list, last_only: bool = False) -> list:
+def forward_rows(backend, rows: list, seqs: list, starts: list, last_only: bool = False, tap=None) -> list:
     """One forward of the rows whose seqs[b] is a token list, padded to a common T, on their slots.
     -> per row: logits [T_b, V] (or [1, V] of its last position when last_only), None for rows not fed.
-    Pads land beyond each row's own tokens, where they are masked and later overwritten."""
+    Pads land beyond each row's own tokens, where they are masked and later overwritten. tap: a drafter that reads the
+    target's hidden states (HeadDrafter), or None: the call asks for its `feature_layers` and hands each fed row's
+    [T_b, F, H] to its observe(row, start, features)."""
     fed = [b for b, seq in enumerate(seqs) if seq]
     out = [None] * len(rows)
     if not fed:
@@ -128,17 +136,23 @@ def forward_rows(backend, rows: list, seqs: list, starts: list, last_only: bool 
         ids[i, : len(seqs[b])] = seqs[b]
     cache_len = np.asarray([starts[b] for b in fed], dtype=np.int64)
     slots = np.asarray([rows[b].slot for b in fed], dtype=np.int64)
-    logits = backend.forward(ids, cache_len, last_only, slots)  # [n, T or 1, V]
+    if tap is None:
+        logits = backend.forward(ids, cache_len, last_only, slots)  # [n, T or 1, V]
+    else:
+        result = backend.run(ForwardRequest(ids, cache_len, last_only, slots, tap.feature_layers))
+        logits = result.logits
+        for i, b in enumerate(fed):
+            tap.observe(rows[b], starts[b], result.features[i, : len(seqs[b])])  # [T_b, F, H]
     for i, b in enumerate(fed):
         out[b] = logits[i] if last_only else logits[i, : len(seqs[b])]
     return out
 
 
-def feed_chunks(backend, rows: list, seqs: list, starts: list, chunk: int) -> list:
+def feed_chunks(backend, rows: list, seqs: list, starts: list, chunk: int, tap=None) -> list:
     """Feed token lists (any lengths, None for rows not fed) in chunks; -> per row the logits [V] of its last fed
     token (None if not fed). Rows whose pieces have the same length share a call, and only the last position's
     logits are computed (a ragged batch padded to one T would need every position's: [B, T, V], 100 MB for two rows
-    of a 256-token chunk of a 49k vocabulary). Every row's writes stay within S."""
+    of a 256-token chunk of a 49k vocabulary). Every row's writes stay within S. tap: as forward_rows'."""
     starts, pos = list(starts), [0] * len(seqs)
     last = [None] * len(seqs)
     while any(s and p < len(s) for s, p in zip(seqs, pos)):
@@ -149,7 +163,7 @@ def feed_chunks(backend, rows: list, seqs: list, starts: list, chunk: int) -> li
                 pieces.setdefault(steps, []).append(b)
         for steps, group in sorted(pieces.items()):
             part = [seqs[b][pos[b] : pos[b] + steps] if b in group else None for b in range(len(seqs))]
-            logits = forward_rows(backend, rows, part, starts, last_only=True)
+            logits = forward_rows(backend, rows, part, starts, last_only=True, tap=tap)
             for b in group:
                 last[b] = logits[b][-1]
                 starts[b] += steps

@@ -84,7 +84,7 @@ class ServingLoop(SpeculativeLoop):
         groups = self._groups(rows, [(Calls.SHARED, len(seq)) if seq is not None else None for seq in seqs])
         for members in groups.values():
             group = [seqs[b] if b in members else None for b in range(len(rows))]
-            for b, logits in enumerate(forward_rows(self.target, rows, group, starts)):
+            for b, logits in enumerate(forward_rows(self.target, rows, group, starts, tap=self.tap(rows, group))):
                 if logits is not None:
                     out[b] = logits
         return out

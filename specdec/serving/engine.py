@@ -159,7 +159,7 @@ class Engine:
         record = requests.gamma_record
         self.controller = GoodputGamma(costs, defaults.gamma_max, self.options.speculation,
                                        requests.gamma(self.options.gamma), (record.alphas if record else None) or 0.7,
-                                       gen.draft is not None,
+                                       gen.draft is not None or gen.head is not None,  # (a head step counts as free)
                                        gen.draft is not None and gen.draft.takes_kv_from(gen.target))
         observe = self.controller.observe_call
         draft = Observed(gen.draft, functools.partial(observe, Role.DRAFT)) if gen.draft is not None else None

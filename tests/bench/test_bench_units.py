@@ -38,6 +38,9 @@ def test_plan_and_rotation(tmp_path):
     assert [m.name for m in plan_modes(config, False, 4, 8)] == [BASELINE, "prompt_lookup γ=4", "auto γ=4"]
     only_auto = BenchConfig(bundle=str(tmp_path), out=str(tmp_path / "o"), drafters=("auto",), gammas=(8,))
     assert [m.name for m in plan_modes(only_auto, True, 4, 8)] == [BASELINE, "auto γ=4", "auto γ=8"]
+    with_head = BenchConfig(bundle=str(tmp_path), out=str(tmp_path / "o"), drafters=("head", "auto"), gammas=())
+    assert [m.name for m in plan_modes(with_head, False, 4, 8, has_head=True)] == [BASELINE, "head γ=4", "auto γ=4"]
+    assert [m.name for m in plan_modes(with_head, False, 4, 8)] == [BASELINE, "auto γ=4"]  # no head in the bundle
     assert rotated([1, 2, 3], 1) == [2, 3, 1] and rotated([1, 2, 3], 3) == [1, 2, 3]
 
 
