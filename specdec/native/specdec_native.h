@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #define SPECDEC_ABI_VERSION 6
-#define SPECDEC_FORMAT_VERSION 3
+#define SPECDEC_FORMAT_VERSION 4
 #define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
 

@@ -26,13 +26,14 @@ Layouts (the manifest's NativeRecord.layout):
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (BLOCK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, Pages, TensorEntry, check_format, nonfinite,
-                            read_tensors)
+from specdec.blocks import (BLOCK, CHUNK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, Pages, check_extent, check_format,
+                            index_from, nonfinite, read_tensors)
 from specdec.errors import BackendError
 from specdec.manifest import Activation, Method, ModelDims, ModelEntry, NativeRecord
 
@@ -117,28 +118,71 @@ def _tensors(root: Path, record: NativeRecord, role: str, pages: str) -> dict:
     except ValueError as exc:
         raise BackendError(str(exc), HINT) from None
     try:
-        index = {name: TensorEntry(spec["kind"], tuple(spec["shape"]), int(spec["offset"]))
-                 for name, spec in record.tensors.items()}
-        tensors = read_tensors(root / record.path, index, pages)
-        check_finite(root / record.path, tensors)
+        tensors = read_tensors(root / record.path, index_from(record.tensors), pages)
+        check_values(root / record.path, tensors)
         return tensors
     except (KeyError, TypeError, ValueError, OSError) as exc:
         raise BackendError(f"the {role}'s native weights {record.path} cannot be read: {exc}", HINT) from exc
 
 
-_FINITE = {}  # (path, size, mtime) of each weights file found finite in this process: checked once
+def check_file(root: Path, record: NativeRecord | None, role: str) -> None:
+    """BackendError where the native weights file is padded or cut short (its size against its header's: two small
+    reads), so load(verify=True) refuses it before hashing it; ManifestError where it is not a regular file."""
+    if record is None or not os.path.lexists(root / record.path):  # missing: the hash check says so
+        return
+    try:
+        check_extent(root / record.path)
+    except (ValueError, OSError) as exc:
+        raise BackendError(f"the {role}'s native weights {record.path} cannot be read: {exc}", HINT) from exc
 
 
-def check_finite(path: Path, tensors: dict) -> None:
-    """ValueError naming the first tensor that holds NaN or inf (once per file and version per process)."""
+# The largest |value| a float the kernels read may hold: float16's largest. A GGUF keeps every block's scale and
+# minimum in fp16 (a K-quant's sub-block scales of 6 bits multiply them, for weights no model comes near), and the
+# norm gains, biases and positions of every checkpoint export reads run in fp16 or bf16 elsewhere, far below it (the
+# default model's largest gain is 3.4). A value past it is damage: one flipped high exponent bit multiplies a scale
+# by 2**64 or 2**128, and a gain near float32's limit turns every logit to NaN or one token.
+LIMIT = 65504.0
+BOUNDED = frozenset({"input_norm", "post_norm", "final_norm", "q_norm", "k_norm", "input_norm_bias", "post_norm_bias",
+                     "final_norm_bias", "qkv_bias", "o_bias", "gate_up_bias", "down_bias", "positions", "cos", "sin"})
+SCALES = ("d", "m")  # the float32 fields of blk4, blk5, blk8 and blk6 (blk4p's h is fp16: bounded by its format)
+_CHECKED = {}  # (path, size, mtime) of each weights file found sound in this process: checked once
+
+
+def check_values(path: Path, tensors: dict) -> None:
+    """ValueError naming the first tensor that holds NaN or inf where the kernels read a float, or a block scale or
+    minimum, norm gain, bias, position or rotary value beyond ±LIMIT (once per file and version per process)."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key in _FINITE:
+    if key in _CHECKED:
         return
     for name, array in tensors.items():
-        if nonfinite(array):
+        fields = [field for field in SCALES if field in (array.dtype.names or ())]
+        bounded = fields or (name.rpartition(".")[2] in BOUNDED and array.dtype == np.float32)
+        parts = [(f" (its blocks' {field})", array[field]) for field in fields] or [("", array)]
+        if not bounded and nonfinite(array):  # rows, embeddings, blk4p's fp16 scales: finite, of any size
             raise ValueError(f"tensor {name} holds NaN or inf")
-    _FINITE[key] = True
+        for where, values in parts if bounded else []:
+            top = largest(values)
+            if not np.isfinite(top):
+                raise ValueError(f"tensor {name} holds NaN or inf{where}")
+            if top > LIMIT:
+                raise ValueError(f"tensor {name} holds {top:.4g}{where}, beyond ±{LIMIT:g}: no model's weights come "
+                                 "near it")
+    _CHECKED[key] = True
+
+
+def largest(values: np.ndarray) -> float:
+    """The largest |value| of a float32 array (NaN where one is NaN, inf where one is infinite), a chunk at a time
+    through one buffer."""
+    flat = np.ascontiguousarray(values).reshape(-1)
+    out, top = np.empty(min(CHUNK, flat.size), np.float32), 0.0
+    for start in range(0, flat.size, CHUNK):
+        part = out[: min(CHUNK, flat.size - start)]
+        most = float(np.abs(flat[start : start + CHUNK], out=part).max())  # NaN where one is
+        if np.isnan(most):
+            return most
+        top = max(top, most)
+    return top
 
 
 def _expect(tensors: dict, name: str, kind: np.dtype | tuple, shape: tuple, role: str) -> np.ndarray:

@@ -75,6 +75,11 @@ class Backend:
         native = entry.native.path if entry.native is not None else None
         return list(dict.fromkeys([entry.onnx_path, *(rel for rel in entry.files if rel != native)]))
 
+    @classmethod
+    def check_files(cls, root: Path, entry: ModelEntry) -> None:
+        """Cheap checks of the files it reads of `entry` (their sizes against what they say of themselves), which
+        load(verify=True) runs before it hashes them: a file refused here is never read whole. None by default."""
+
     @property
     def kv_layout(self) -> str | None:
         """The lowering whose KV layout this backend's driver holds in numpy (a KV source for copy_kv), or None."""
