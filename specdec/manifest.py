@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from specdec.errors import ManifestError
+from specdec.files import open_regular, read_regular
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -258,8 +259,9 @@ _NESTED = {cls.__name__: cls for cls in (ModelDims, SourceRecord, CalibrationRec
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """The sha256 of `path`, a regular file (specdec.files: a FIFO or a device is refused, never read)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with os.fdopen(open_regular(path), "rb") as handle:
         for block in iter(lambda: handle.read(chunk), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -459,13 +461,13 @@ def read_manifest(bundle: str | os.PathLike) -> Manifest:
             "pass the --out directory of specdec-export (run `make demo` to build the default bundle)",
         )
     manifest_path = path / MANIFEST_NAME
-    if not manifest_path.is_file():
+    if not os.path.lexists(manifest_path):
         raise ManifestError(
             f"{str(manifest_path)!r} is missing: {str(path)!r} is not a specdec bundle",
             "pass the --out directory of specdec-export",
         )
     try:
-        text = manifest_path.read_text(encoding="utf-8")
+        text = read_regular(manifest_path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
         raise ManifestError(f"cannot read {str(manifest_path)!r}: {why}", "re-export the bundle") from None
@@ -512,9 +514,12 @@ def check_bundle_files(bundle: str | os.PathLike, manifest: Manifest, only: list
         expected = {rel: digest for rel, digest in expected.items() if rel in set(only)}
     for rel, digest in expected.items():
         path = root / rel
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ManifestError(f"bundle file {rel!r} is missing from {str(root)!r}", "re-export the bundle")
-        actual = sha256_file(path)
+        try:
+            actual = sha256_file(path)  # refuses a FIFO, a device, a socket or a directory before reading
+        except FileNotFoundError:  # a dangling link
+            raise ManifestError(f"bundle file {rel!r} is missing from {str(root)!r}", "re-export the bundle") from None
         if actual != digest:
             raise ManifestError(
                 f"bundle file {rel!r} has sha256 {actual[:12]}…, the manifest records {digest[:12]}…",

@@ -1,11 +1,13 @@
 """The onnxruntime CPU backend: one session per model, driven by its lowering's driver (specdec.lowering)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
 from specdec.errors import BackendError, ConfigError, missing_dependency
+from specdec.files import check_regular
 from specdec.lowering import kv_numpy_dtype, lowering_for
 from specdec.manifest import ModelEntry, Role
 from specdec.runtime.backend import Backend, session_options, steady_malloc, unwrapped
@@ -43,6 +45,9 @@ class OrtBackend(Backend):
             raise BackendError(f"{self.entry.role} has KV dtype {self.entry.kv_dtype}, which the CPU backend does "
                                "not run", exc.hint) from exc
         path = self.root / self.entry.onnx_path
+        for rel in self.files_read(self.entry):  # onnxruntime opens them itself: never a FIFO or a device
+            if os.path.exists(self.root / rel):  # a missing one: onnxruntime's own message
+                check_regular(self.root / rel)
         steady_malloc()
         try:
             self.session = ort.InferenceSession(str(path), session_options(self.threads), providers=["CPUExecutionProvider"])

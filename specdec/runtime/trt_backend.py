@@ -20,6 +20,7 @@ import numpy as np
 from specdec.engines.trt_config import INPUT_NAMES, OUTPUT_NAMES, PROFILE_NAMES, profile_for, token_limits
 from specdec.engines.trt_select import check_plan_file, rebuild_hint, select_engine
 from specdec.errors import BackendError
+from specdec.files import read_regular
 from specdec.lowering import PAD_ID
 from specdec.manifest import Dtype, ModelEntry
 from specdec.runtime.backend import Backend
@@ -93,7 +94,7 @@ class TrtBackend(Backend):
 
         self.logger = create_logger(trt)
         self.runtime = create_runtime(trt, self.logger, bool(self.record.version_compatible))
-        self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
+        self.engine = self.runtime.deserialize_cuda_engine(read_regular(path))
         if self.engine is None:
             raise BackendError(f"TensorRT could not load {self.record.path} (see the log)", rebuild_hint(self.root))
         names = {self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)}
