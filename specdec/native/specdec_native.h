@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SPECDEC_ABI_VERSION 6
+#define SPECDEC_ABI_VERSION 7
 #define SPECDEC_FORMAT_VERSION 4
 #define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
@@ -121,7 +121,9 @@ typedef struct {
                                   // sin are NULL (no rotary: GPT-2's); or NULL
 } model_t;
 
-// Status codes: 0, or what was wrong with the arguments. Nothing is written where a call fails its checks.
+// Status codes: 0, or what was wrong with the arguments (nothing is written where a call fails its checks), or
+// SPECDEC_E_NONFINITE: a forward ran, and a row of logits it wrote holds NaN or has no finite largest logit (+inf, or
+// all -inf): corrupt weights, or values that overflow.
 enum {
     SPECDEC_OK = 0,
     SPECDEC_E_NULL = 1,      // a pointer the call needs is NULL
@@ -130,6 +132,8 @@ enum {
     SPECDEC_E_POSITION = 4,  // pos < 0, pos + T > S, or past the rotary tables
     SPECDEC_E_SCRATCH = 5,   // the scratch is smaller than specdec_scratch_bytes asks
     SPECDEC_E_THREADS = 6,   // threads outside 1..SPECDEC_MAX_THREADS
+    SPECDEC_E_NONFINITE = 7, // specdec_forward: a row of logits holds NaN or +inf, or is all -inf (logits and K/V
+                             // are written)
 };
 
 int specdec_abi_version(void);
@@ -141,7 +145,8 @@ long specdec_layout_size(int which);
 long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads);
 
 // B rows of T tokens each; row b at positions pos[b].. of its own KV (keys[b], values[b]: [L][Hkv, S, D], layer l at
-// + l * layer_stride floats) -> logits [B][T or 1 (last_only)][V]. K/V land at [pos[b], pos[b] + T).
+// + l * layer_stride floats) -> logits [B][T or 1 (last_only)][V]. K/V land at [pos[b], pos[b] + T). Every logit is
+// checked: SPECDEC_E_NONFINITE where a row holds NaN or has no finite largest logit.
 int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
                     const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
                     int last_only, int quant, int threads, float *logits);

@@ -10,7 +10,7 @@ from specdec.errors import BackendError, ConfigError, missing_dependency
 from specdec.files import check_regular
 from specdec.lowering import kv_numpy_dtype, lowering_for
 from specdec.manifest import ModelEntry, Role
-from specdec.runtime.backend import Backend, session_options, steady_malloc, unwrapped
+from specdec.runtime.backend import Backend, check_logits, session_options, steady_malloc, unwrapped
 from specdec.runtime.config import BackendName
 
 
@@ -85,7 +85,8 @@ class OrtBackend(Backend):
         self.driver.reset(batch)
 
     def _forward(self, input_ids, cache_len, last_only: bool, slots: np.ndarray) -> np.ndarray:
-        return self.driver.run(input_ids, cache_len, last_only, slots)
+        logits = self.driver.run(input_ids, cache_len, last_only, slots)
+        return check_logits(logits, self.entry.role, cache_len, input_ids.shape[1], last_only)
 
     def close(self) -> None:
         self.session = self.driver = None

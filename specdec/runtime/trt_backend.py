@@ -23,7 +23,7 @@ from specdec.errors import BackendError
 from specdec.files import read_regular
 from specdec.lowering import PAD_ID
 from specdec.manifest import Dtype, ModelEntry
-from specdec.runtime.backend import Backend
+from specdec.runtime.backend import Backend, check_logits
 from specdec.runtime.config import BackendName, Device
 
 KV_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -162,7 +162,7 @@ class TrtBackend(Backend):
         logits = logits[slots, -1:] if last_only else logits[slots]  # a copy: the pinned buffer is reused
         if graph is None and self.options.cuda_graphs:
             self.graphs[(batch, steps)] = self.cuda.capture(lambda: self._enqueue(batch, steps))
-        return logits
+        return check_logits(logits, self.entry.role, cache_len, steps, last_only)
 
     # --- GPU glue ------------------------------------------------------------------------------------------
     def _bind(self, profile: int, batch: int, steps: int) -> None:

@@ -4,7 +4,8 @@ file as long as its header says (padding or a cut refused before it is hashed or
 kernels read a float (rows, norms, block scales and minima), and no block scale or minimum, norm gain, bias or table
 value beyond ±65504; and every file a backend or the tokenizer reads must be listed in the manifest (dropping an entry
 does not turn its hash check off). A file that fails makes `auto` fall back to onnxruntime with the reason, and
-`backend="native"` raise it."""
+`backend="native"` raise it. What passes every check and still overflows at run time ends in a NumericError naming
+the model and the position, never in a token."""
 from __future__ import annotations
 
 import json
@@ -15,12 +16,13 @@ import shutil
 import numpy as np
 import pytest
 
+from specdec import GenerationConfig
 from specdec.blocks import BF16, BLOCK4, nonfinite
-from specdec.errors import BackendError, ManifestError
+from specdec.errors import BackendError, ManifestError, NumericError
 from specdec.manifest import sha256_file
 from specdec.native import build
 from specdec.runtime import load
-from tests.native.faults import edit_manifest, flip_scale, poke, swap_offsets
+from tests.native.faults import edit_manifest, flip_scale, overflowing, poke, swap_offsets
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
@@ -154,3 +156,47 @@ def test_a_padded_weights_file_is_refused_before_it_is_read(bundle, verify):
     edit_manifest(bundle, lambda m: m["models"]["target"]["files"].update({"target/native.bin": sha256_file(path)}))
     with pytest.raises(BackendError, match=f"has {size - 100} bytes; its header says it ends at byte {size}"):
         load(bundle, backend="native", verify=verify)
+
+
+@pytest.mark.parametrize("drafter,temperature", [("none", 0.0), ("auto", 0.0), ("model", 0.0), ("model", 0.8),
+                                                 ("auto", 0.8)])
+def test_logits_that_overflow_end_in_an_error_not_a_token(bundle, drafter, temperature):
+    """Weights within every bound whose products overflow: each forward's logits are checked, so generation ends in
+    a NumericError naming the model and the position (greedy or sampled, plain, drafted or auto), where it emitted
+    token 0 (argmax of all-NaN) or one fixed sampled token."""
+    overflowing(bundle)
+    with load(bundle, backend="native") as gen:
+        config = GenerationConfig(max_new_tokens=6, temperature=temperature, drafter=drafter, seed=1)
+        with pytest.raises(NumericError, match=r"the target's logits at position \d+ of row 0 hold NaN or inf") as \
+                caught:
+            gen.generate("The quick brown fox", config)
+    assert "re-export" in caught.value.hint and isinstance(caught.value, BackendError)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_draft_whose_logits_overflow_ends_in_an_error_not_a_proposal(q41_bundle, tmp_path, temperature):
+    """The native draft's own blocks (fp16 scales, within their format) overflowing: the model drafter raises the
+    draft's NumericError rather than propose argmax's token 0 or a sample of NaN."""
+    shutil.copytree(q41_bundle, tmp_path / "b")
+    overflowing(tmp_path / "b", "draft")
+    with load(tmp_path / "b", backend="native") as gen:
+        config = GenerationConfig(max_new_tokens=6, temperature=temperature, drafter="model", seed=1)
+        with pytest.raises(NumericError, match=r"the draft's logits at position \d+ of row 0 hold NaN or inf"):
+            gen.generate("The quick brown fox", config)
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_a_kv_that_turned_nan_is_named_with_its_position(q41_bundle, role):
+    """NaN in the KV of one position (the draft reads its target's): the next forward of that row says which model
+    and which position, and the logits of the other rows were fine."""
+    with load(q41_bundle, backend="native") as gen:
+        target, draft = gen.target.backend, gen.draft.backend
+        target.reset(2)
+        draft.reset(2)
+        target.forward(np.array([[5, 6, 7, 8], [9, 10, 11, 12]]), np.array([0, 0]))
+        target.model.keys[0, 1, :, 2] = np.nan  # layer 0, slot 1, position 2
+        model = target if role == "target" else draft
+        with pytest.raises(NumericError, match=f"the {role}'s logits at position 4 of row 1 hold NaN or inf "
+                           r"\(2 of the call's 4 positions\)"):
+            model.forward(np.array([[13, 14], [15, 16]]), np.array([4, 4]))
+        assert np.isfinite(model.forward(np.array([[13]]), np.array([4]), slots=np.array([0]))).all()
