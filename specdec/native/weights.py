@@ -136,37 +136,43 @@ def check_file(root: Path, record: NativeRecord | None, role: str) -> None:
         raise BackendError(f"the {role}'s native weights {record.path} cannot be read: {exc}", HINT) from exc
 
 
-# The largest |value| a float the kernels read may hold: float16's largest. A GGUF keeps every block's scale and
-# minimum in fp16 (a K-quant's sub-block scales of 6 bits multiply them, for weights no model comes near), and the
-# norm gains, biases and positions of every checkpoint export reads run in fp16 or bf16 elsewhere, far below it (the
-# default model's largest gain is 3.4). A value past it is damage: one flipped high exponent bit multiplies a scale
-# by 2**64 or 2**128, and a gain near float32's limit turns every logit to NaN or one token.
-LIMIT = 65504.0
-BOUNDED = frozenset({"input_norm", "post_norm", "final_norm", "q_norm", "k_norm", "input_norm_bias", "post_norm_bias",
-                     "final_norm_bias", "qkv_bias", "o_bias", "gate_up_bias", "down_bias", "positions", "cos", "sin"})
+# The largest |value| a float the kernels read may hold. LIMIT, float16's largest, for block scales and minima, biases,
+# learned positions and rotary tables: a GGUF keeps every block's scale and minimum in fp16 (a K-quant's 6-bit
+# sub-block scales multiply them, for weights no model comes near), and the biases and positions of the checkpoints
+# export reads run in fp16 or bf16 elsewhere. GAIN_LIMIT for norm gains, which scale a row of unit RMS: a checkpoint's
+# are of order 1 (the default model's largest is 3.4, at most 15 times its vector's median), so 1e4 leaves three
+# orders of magnitude and refuses a gain that drowns every other input of the head (the default model's final norm
+# with one gain of 1e4 prints one token over and over). A value past either is damage or an edit: one flipped high
+# exponent bit multiplies a scale by 2**64 or 2**128, and a gain near float32's limit turns every logit to NaN. The
+# checks do not see an edit within them (one gain of 100 still changes the text): that is the hash's job.
+LIMIT, GAIN_LIMIT = 65504.0, 1e4
+BOUNDS = {**dict.fromkeys(("input_norm", "post_norm", "final_norm", "q_norm", "k_norm"), GAIN_LIMIT),
+          **dict.fromkeys(("input_norm_bias", "post_norm_bias", "final_norm_bias", "qkv_bias", "o_bias", "gate_up_bias",
+                           "down_bias", "positions", "cos", "sin"), LIMIT)}  # a tensor's name past "layers.{i}."
 SCALES = ("d", "m")  # the float32 fields of blk4, blk5, blk8 and blk6 (blk4p's h is fp16: bounded by its format)
 _CHECKED = {}  # (path, size, mtime) of each weights file found sound in this process: checked once
 
 
 def check_values(path: Path, tensors: dict) -> None:
-    """ValueError naming the first tensor that holds NaN or inf where the kernels read a float, or a block scale or
-    minimum, norm gain, bias, position or rotary value beyond ±LIMIT (once per file and version per process)."""
+    """ValueError naming the first tensor that holds NaN or inf where the kernels read a float, or a value past its
+    bound: a block's scale or minimum, a bias, position or rotary value beyond ±LIMIT, a norm gain beyond ±GAIN_LIMIT
+    (once per file and version per process)."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if key in _CHECKED:
         return
     for name, array in tensors.items():
         fields = [field for field in SCALES if field in (array.dtype.names or ())]
-        bounded = fields or (name.rpartition(".")[2] in BOUNDED and array.dtype == np.float32)
-        parts = [(f" (its blocks' {field})", array[field]) for field in fields] or [("", array)]
-        if not bounded and nonfinite(array):  # rows, embeddings, blk4p's fp16 scales: finite, of any size
+        bound = LIMIT if fields else BOUNDS.get(name.rpartition(".")[2]) if array.dtype == np.float32 else None
+        if bound is None and nonfinite(array):  # rows, embeddings, blk4p's fp16 scales: finite, of any size
             raise ValueError(f"tensor {name} holds NaN or inf")
-        for where, values in parts if bounded else []:
+        parts = ([(f" (its blocks' {f})", array[f]) for f in fields] or [("", array)]) if bound else []
+        for where, values in parts:
             top = largest(values)
             if not np.isfinite(top):
                 raise ValueError(f"tensor {name} holds NaN or inf{where}")
-            if top > LIMIT:
-                raise ValueError(f"tensor {name} holds {top:.4g}{where}, beyond ±{LIMIT:g}: no model's weights come "
+            if top > bound:
+                raise ValueError(f"tensor {name} holds {top:.4g}{where}, beyond ±{bound:g}: no model's weights come "
                                  "near it")
     _CHECKED[key] = True
 

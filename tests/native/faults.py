@@ -10,7 +10,7 @@ import numpy as np
 from specdec.blocks import DTYPES
 from specdec.manifest import sha256_file
 
-OVERFLOW = 60000.0  # within every bound at open (±65504), and a model of them overflows float32 in its first layers
+OVERFLOW, GAIN = 60000.0, 9000.0  # within the bounds at open (scales ±65504, gains ±1e4); a model of them overflows
 
 
 def edit_manifest(bundle, edit) -> None:
@@ -66,13 +66,13 @@ def swap_offsets(bundle, first: str, second: str) -> None:
 
 def overflowing(bundle, role: str = "target") -> None:
     """Each of the model's MLP blocks' scales at OVERFLOW (a target's blk4 d, a draft's blk4p fp16 d0 and d1), and a
-    target's norm gains too: every value within the bounds, and the products overflow float32 in the first layers
-    (a norm's sum of squares turns inf, which would zero its row)."""
+    target's norm gains at GAIN: every value within the bounds, and the products overflow float32 in the first
+    layers (a norm's sum of squares turns inf, which would zero its row)."""
     native = native_record(bundle, role)
     for name, spec in native["tensors"].items():
         kind, count = DTYPES[spec["kind"]], int(np.prod(spec["shape"]))
         if name.endswith("norm"):
-            edit_bytes(bundle, name, 0, np.full(count, OVERFLOW, np.float32).tobytes(), role)
+            edit_bytes(bundle, name, 0, np.full(count, GAIN, np.float32).tobytes(), role)
         elif name.endswith(("gate_up", "down", "gate_up_p", "down_p")):
             blocks = np.frombuffer((bundle / native["path"]).read_bytes(), kind, count, spec["offset"]).copy()
             if "d" in kind.names:
