@@ -35,17 +35,20 @@ def _refuse(path: Path, mode: int) -> ManifestError:
 
 def open_regular(path: str | os.PathLike) -> int:
     """A read-only, blocking descriptor of `path`, which must be a regular file (links followed); ManifestError
-    where it is something else, FileNotFoundError where it does not exist. The caller closes it."""
+    where it is something else or cannot be opened, FileNotFoundError where it does not exist. The caller closes
+    it."""
     path = Path(path)
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise _refuse(path, mode)
     try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise _refuse(path, mode)
         fd = os.open(path, FLAGS)
-    except OSError as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise ManifestError(f"bundle file {str(path)!r} cannot be opened: {exc.strerror}", HINT) from None
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a folder on the way it may not enter, a file it may not read
+        raise ManifestError(f"bundle file {str(path)!r} cannot be opened: {exc.strerror}",
+                            "the user running specdec must be able to read the bundle's files and enter its "
+                            "folders") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):  # replaced between the stat and the open

@@ -36,6 +36,9 @@ class TextCodec:
             text = read_regular(path).decode("utf-8")  # never a FIFO or a device
         except FileNotFoundError:
             raise ManifestError(f"{path} is missing", "re-export the bundle") from None
+        except OSError as exc:  # an error reading it
+            raise ManifestError(f"{path} cannot be read: {exc.strerror}", "re-export the bundle (or copy it "
+                                "again)") from None
         except UnicodeDecodeError:
             raise ManifestError(f"{path} is not UTF-8 text", "the file is truncated or corrupt; re-export the bundle "
                                 "(or copy it again)") from None
