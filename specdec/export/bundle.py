@@ -169,6 +169,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
         size_bytes=sum((root / rel).stat().st_size for rel in files),
         native=native,
         native_note=native_note,
+        sizes={rel: (root / rel).stat().st_size for rel in files},
     )
 
 

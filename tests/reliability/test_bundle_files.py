@@ -2,9 +2,11 @@
 forever. Every file the runtime reads (the manifest, the tokenizer's files, the ONNX graph and its data, the native
 weights) is refused when it is a FIFO, a directory, a socket or a device, with or without the hash checks, before it
 is opened for reading; `auto` runs onnxruntime when only native.bin is refused. Each call runs in a thread with a
-deadline: a reader that blocks fails the test (its FIFO then gets a writer, which lets it go) instead of hanging."""
+deadline: a reader that blocks fails the test (its FIFO then gets a writer, which lets it go) instead of hanging.
+And a model file padded to 4 GiB is refused from its recorded size before the hash reads it (issue 50, item 4)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -145,3 +147,37 @@ def test_a_swap_after_the_check_is_seen_on_the_open_file(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "open", swapping_open)
     with pytest.raises(ManifestError, match="is a FIFO"):
         _within_deadline(lambda: check_regular(path), path)
+
+
+def _read_bytes() -> int:
+    """Bytes this process has read through read(2) and its kin (Linux's /proc/self/io rchar)."""
+    for line in open("/proc/self/io", encoding="ascii"):
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="reads /proc/self/io")
+def test_a_padded_graph_file_is_refused_before_it_is_hashed(bundle):
+    """The manifest records each model file's size beside its sha256: 4 GiB of zeros after the graph's data (a
+    sparse file) is refused from its size, never read whole by the hash. onnxruntime itself reads only the ranges the
+    graph names, so without the hash checks the padding costs nothing. A bundle written before sizes were recorded
+    still opens, and a size that is no byte count is refused with the manifest."""
+    path = bundle / "target" / "model.onnx.data"
+    size = path.stat().st_size
+    os.truncate(path, 4 << 30)
+    before = _read_bytes()
+    with pytest.raises(ManifestError, match=f"model.onnx.data' has {4 << 30} bytes, the manifest records {size}"):
+        specdec.load(bundle, backend="onnxruntime")
+    assert _read_bytes() - before < 64 << 20
+    specdec.load(bundle, backend="onnxruntime", verify=False).close()
+    os.truncate(path, size)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["models"]["target"]["sizes"]["target/model.onnx.data"] == size
+    manifest["models"]["target"]["sizes"] = {}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    specdec.load(bundle, backend="onnxruntime").close()
+    manifest["models"]["target"]["sizes"] = {"target/model.onnx.data": -1}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match="models.target.sizes gives 'target/model.onnx.data' -1, not a byte count"):
+        specdec.load(bundle, backend="onnxruntime")
