@@ -12,14 +12,17 @@ so the kernels compute the exported graph's own function while reading 4.5 or 8.
 """
 from __future__ import annotations
 
+import json
 import mmap
 import os
+import struct
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 
+from specdec.files import open_regular
 from specdec.manifest import Role
 
 class TensorKind(StrEnum):
@@ -49,10 +52,10 @@ class LayoutName(StrEnum):
     Q41_DRAFT = "q41-draft"
 
 
-ABI_VERSION = 7  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
-FORMAT_VERSION = 3  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
-CHANGED_SINCE = {2: frozenset({TensorKind.BLK5})}  # an older format: the kinds whose layout changed since (3: blk5's
-# codes)
+ABI_VERSION = 8  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
+FORMAT_VERSION = 4  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
+CHANGED_SINCE = {2: frozenset({TensorKind.BLK5}), 3: frozenset()}  # an older format: the kinds whose layout changed
+# since (3: blk5's codes; 4: none, the file holds its own table and extent: read_tensors)
 BLOCK = 32  # weights per block along K
 BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1; qs[j] = q[j] | q[j + 16] << 4
 BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # blk8: Q8_0
@@ -401,6 +404,14 @@ def float_rows(rows: np.ndarray) -> np.ndarray:
 
 
 # ---- the native weights file -------------------------------------------------------------------------------------
+# The header: MAGIC, u32 format, u32 bytes of the table, u64 offset of the table. From format TABLE_SINCE the file
+# holds its own table of tensors after the last one (JSON: name -> {kind, shape, offset}, as the manifest's index):
+# it says where it ends (its size) and what each tensor is. Older files leave both words zero.
+HEADER = len(MAGIC) + 16
+TABLE_SINCE = 4
+MAX_TABLE = 1 << 24  # bytes a file's table may take (a model of a thousand layers takes about 1 MiB)
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     """Where one tensor lies in a native weights file."""
@@ -414,6 +425,13 @@ class TensorEntry:
         return int(np.prod(self.shape, dtype=np.int64)) * DTYPES[self.kind].itemsize
 
 
+def index_from(tensors: dict) -> dict:
+    """A manifest's (or a file's) {name: {"kind", "shape", "offset"}} -> {name: TensorEntry}; KeyError, TypeError or
+    ValueError where an entry is not of that form."""
+    return {name: TensorEntry(spec["kind"], tuple(spec["shape"]), int(spec["offset"]))
+            for name, spec in tensors.items()}
+
+
 def _kind_of(array: np.ndarray) -> TensorKind:
     for kind, dtype in DTYPES.items():
         if array.dtype == dtype:
@@ -422,10 +440,11 @@ def _kind_of(array: np.ndarray) -> TensorKind:
 
 
 def write_tensors(path: Path, tensors: dict) -> dict:
-    """Write `tensors` (name -> array of a DTYPES kind) to `path`, each aligned; -> {name: TensorEntry}."""
-    index, offset = {}, len(MAGIC) + 16
+    """Write `tensors` (name -> array of a DTYPES kind) to `path`, each aligned, then their table; -> {name:
+    TensorEntry}."""
+    index, offset = {}, HEADER
     with open(path, "wb") as handle:
-        handle.write(MAGIC + np.array([FORMAT_VERSION, 0, 0, 0], "<u4").tobytes())
+        handle.write(b"\0" * HEADER)  # the header last, once the table's place is known
         for name, array in tensors.items():
             offset = -(-offset // ALIGN) * ALIGN
             handle.write(b"\0" * (offset - handle.tell()))
@@ -433,17 +452,23 @@ def write_tensors(path: Path, tensors: dict) -> dict:
             index[name] = TensorEntry(_kind_of(data), tuple(int(n) for n in data.shape), offset)
             handle.write(data.tobytes())
             offset += data.nbytes
+        table = json.dumps({name: {"kind": entry.kind, "shape": list(entry.shape), "offset": entry.offset}
+                            for name, entry in index.items()}).encode()
+        handle.write(table)
+        handle.seek(0)
+        handle.write(MAGIC + struct.pack("<IIQ", FORMAT_VERSION, len(table), offset))
     return index
 
 
 def check_index(index: dict, size: int, name: str) -> None:
     """ValueError unless every tensor of `index` starts at a multiple of ALIGN past the header and ends inside the
-    file's `size` bytes, and no two overlap (a manifest that passes its hash can still point anywhere)."""
+    file's `size` bytes (before its table), and no two overlap (a manifest that passes its hash can still point
+    anywhere)."""
     spans = []
     for tensor, entry in index.items():
         if entry.kind not in DTYPES or any(not isinstance(n, int) or n < 0 for n in entry.shape):
             raise ValueError(f"{name}: tensor {tensor} has kind {entry.kind!r} and shape {list(entry.shape)}")
-        if entry.offset < len(MAGIC) + 16 or entry.offset % ALIGN:
+        if entry.offset < HEADER or entry.offset % ALIGN:
             raise ValueError(f"{name}: tensor {tensor} starts at byte {entry.offset}, not a multiple of {ALIGN} past "
                              "the header")
         if entry.offset + entry.nbytes > size:
@@ -499,14 +524,64 @@ def check_format(abi: int, kinds: set, name: str) -> None:
     if abi not in CHANGED_SINCE:
         raise ValueError(f"{name} holds native weights of format {abi}, this specdec reads format {FORMAT_VERSION}")
     changed = sorted(CHANGED_SINCE[abi] & set(kinds))
-    if changed:
+    if changed:  # the format that changed them: the first later one they are not changed since
+        at = min(v for v in range(abi + 1, FORMAT_VERSION + 1) if not CHANGED_SINCE.get(v, frozenset()) & set(changed))
         raise ValueError(f"{name} holds native weights of format {abi} with {', '.join(changed)} blocks, whose layout "
-                         f"changed in format {FORMAT_VERSION}")
+                         f"changed in format {at}")
+
+
+def _extent(fd: int, name: str) -> tuple[int, int, int]:
+    """(format, the table's offset, its bytes; both 0 before format TABLE_SINCE) of an open native weights file.
+    ValueError where it has no magic, or its size is not the one its header gives (padded or cut short): two small
+    reads and its size, before anything else is read."""
+    size, head = os.fstat(fd).st_size, os.pread(fd, HEADER, 0)
+    if head[: len(MAGIC)] != MAGIC:
+        raise ValueError(f"{name} is not a native weights file (no magic)")
+    if len(head) < HEADER:
+        raise ValueError(f"{name} has {size} bytes, fewer than its {HEADER}-byte header")
+    abi, table_bytes, table_at = struct.unpack("<IIQ", head[len(MAGIC) :])
+    if abi < TABLE_SINCE:
+        return abi, 0, 0
+    if table_at < HEADER or table_bytes > MAX_TABLE or table_at + table_bytes != size:
+        raise ValueError(f"{name} has {size} bytes; its header says it ends at byte {table_at + table_bytes} (a "
+                         f"table of {table_bytes} bytes at byte {table_at}): the file was padded or cut short")
+    return abi, table_at, table_bytes
+
+
+def check_extent(path: Path) -> None:
+    """_extent's checks alone: load(verify=True) runs them before it hashes the file."""
+    fd = open_regular(path)
+    try:
+        _extent(fd, str(path))
+    finally:
+        os.close(fd)
+
+
+def _table(fd: int, at: int, size: int, name: str) -> dict:
+    """The file's own table of tensors ({name: TensorEntry}), `size` bytes at byte `at`."""
+    try:
+        return index_from(json.loads(os.pread(fd, size, at).decode("utf-8")))
+    except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"{name}: its table of tensors (bytes {at}..{at + size}) cannot be read") from None
+
+
+def check_table(index: dict, table: dict, name: str) -> None:
+    """ValueError unless the manifest's `index` describes every tensor as the file's own `table` does: the same
+    names, each of the same kind and shape at the same offset (a manifest edited apart from its file, with offsets
+    swapped or a kind misread, points at the wrong bytes however its hash stands)."""
+    where = lambda e: "absent" if e is None else f"{e.kind} {list(e.shape)} at byte {e.offset}"  # noqa: E731
+    for tensor in sorted(set(index) | set(table)):
+        mine, theirs = index.get(tensor), table.get(tensor)
+        if mine != theirs:
+            raise ValueError(f"{name}: the manifest reads tensor {tensor} as {where(mine)}; the file's own table "
+                             f"holds it as {where(theirs)}")
 
 
 def read_tensors(path: Path, index: dict, pages: str = Pages.SHARED) -> dict:
     """Every tensor of `index` ({name: TensorEntry}) of `path`, read only. ValueError where the file is not a native
-    weights file of this format, or too short for the index.
+    weights file of this format, is padded or cut short, is shorter than the index needs, or holds its own table
+    (format TABLE_SINCE on) that the index contradicts; ManifestError where it is not a regular file. Only the bytes
+    up to the index's last tensor are mapped or copied.
 
     pages "shared": the file memory-mapped (the page cache's 4 KiB pages, shared with every process that maps it).
     "private": the file read into anonymous memory advised for transparent huge pages. Streaming a weight then crosses
@@ -515,30 +590,34 @@ def read_tensors(path: Path, index: dict, pages: str = Pages.SHARED) -> dict:
     the cost of a copy per process."""
     if pages not in PAGES:
         raise ValueError(f"pages {pages!r} is not one of {', '.join(PAGES)}")
-    size = os.path.getsize(path)
-    with open(path, "rb") as handle:
-        head = handle.read(len(MAGIC) + 4)
-    if head[: len(MAGIC)] != MAGIC:
-        raise ValueError(f"{path} is not a native weights file (no magic)")
-    abi = int(np.frombuffer(head[len(MAGIC) :], "<u4")[0]) if len(head) == len(MAGIC) + 4 else -1
-    check_format(abi, {entry.kind for entry in index.values()}, str(path))
-    check_index(index, size, str(path))
-    whole = _private_copy(path, size) if pages == Pages.PRIVATE else np.memmap(path, dtype=np.uint8, mode="r")
+    fd = open_regular(path)
+    try:
+        abi, table_at, table_bytes = _extent(fd, str(path))
+        check_format(abi, {entry.kind for entry in index.values()}, str(path))
+        check_index(index, table_at or os.fstat(fd).st_size, str(path))
+        if table_at:
+            check_table(index, _table(fd, table_at, table_bytes, str(path)), str(path))
+        need = max((entry.offset + entry.nbytes for entry in index.values()), default=HEADER)
+        whole = _private_copy(fd, need, path) if pages == Pages.PRIVATE else \
+            np.frombuffer(mmap.mmap(fd, need, access=mmap.ACCESS_READ), dtype=np.uint8)  # the map outlives fd
+    finally:
+        os.close(fd)
     return {name: whole[entry.offset : entry.offset + entry.nbytes].view(DTYPES[entry.kind]).reshape(entry.shape)
             for name, entry in index.items()}
 
 
-def _private_copy(path: Path, size: int) -> np.ndarray:
-    """`path` read into anonymous memory (page aligned, advised for huge pages where the kernel offers them), as a
-    read-only byte array that keeps the mapping alive. Read with readinto, so the file's pages are never mapped here
-    and the process's peak memory is the copy alone."""
+def _private_copy(fd: int, size: int, path: Path) -> np.ndarray:
+    """The first `size` bytes of the open file `fd` read into anonymous memory (page aligned, advised for huge pages
+    where the kernel offers them), as a read-only byte array that keeps the mapping alive. Read with readinto, so the
+    file's pages are never mapped here and the process's peak memory is the copy alone."""
     buffer = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             buffer.madvise(mmap.MADV_HUGEPAGE)
         except OSError:  # a kernel without transparent huge pages: 4 KiB pages, still correct
             pass
-    with memoryview(buffer) as view, open(path, "rb", buffering=0) as handle:
+    with memoryview(buffer) as view, open(fd, "rb", buffering=0, closefd=False) as handle:
+        handle.seek(0)
         done = 0
         while done < size:
             got = handle.readinto(view[done : min(size, done + READ_CHUNK)])

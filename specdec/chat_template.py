@@ -9,10 +9,12 @@ Depends on jinja2 only (a base dependency), so the runtime and export share it.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from pathlib import Path
 
 from specdec.errors import ConfigError, ManifestError, MissingDependencyError
+from specdec.files import read_regular
 
 SAFE_JINJA = (3, 1, 6)  # older releases have known sandbox escapes
 SAMPLE_CONVERSATION = [{"role": "user", "content": "Hello!"}]
@@ -142,8 +144,8 @@ def read_chat_template(root: str | Path) -> tuple[str | None, dict]:
     them: tokenizer_config.json's chat_template, else chat_template.jinja."""
     root = Path(root)
     config_path = root / "tokenizer_config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    try:  # read where present in any form: a FIFO or a device is refused (specdec.files), never read
+        config = json.loads(read_regular(config_path).decode("utf-8")) if os.path.exists(config_path) else {}
     except (ValueError, RecursionError) as exc:
         raise ManifestError(f"{config_path} is not valid UTF-8 JSON ({type(exc).__name__})",
                             "re-export the bundle") from None
@@ -155,9 +157,9 @@ def read_chat_template(root: str | Path) -> tuple[str | None, dict]:
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
     jinja_path = root / "chat_template.jinja"
-    if template is None and jinja_path.is_file():
+    if template is None and os.path.exists(jinja_path):
         try:
-            template = jinja_path.read_text(encoding="utf-8")
+            template = read_regular(jinja_path).decode("utf-8")
         except UnicodeDecodeError:
             raise ManifestError(f"{jinja_path} is not UTF-8 text", "re-export the bundle") from None
     return template or None, special

@@ -50,12 +50,31 @@ class ExposureError(SpecDecError):
     """A service would be reachable beyond what it was asked for (a local Ray instance's ports off loopback)."""
 
 
+class NumericError(BackendError):
+    """A model's forward gave logits with no distribution in them: a NaN, or no finite largest logit (+inf, or all
+    -inf). Its weights are damaged or were edited, or its values overflow. Every backend checks every logit of every
+    forward, so no such row is ever turned into a token."""
+
+
 def missing_dependency(module: str, extra: str) -> MissingDependencyError:
     """Build the error for an optional module that failed to import."""
     return MissingDependencyError(
         f"the optional dependency {module!r} is not installed",
         f"pip install 'specdec[{extra}]'",
     )
+
+
+def nonfinite_logits(role: str, finite: list, positions: list, steps: int, last_only: bool) -> NumericError:
+    """The error of a forward of rows at `positions` (each row's first; `steps` tokens a row) whose logits are not
+    all sound: `finite` holds, for each row, a flag per position scored (`steps` of them, or the last alone where
+    `last_only`): whether its logits are sound (no NaN, a finite largest logit)."""
+    bad = [(row, t) for row, flags in enumerate(finite) for t, ok in enumerate(flags) if not ok]
+    row, t = bad[0] if bad else (0, 0)
+    at = positions[row] + (steps - 1 if last_only else t)
+    more = f" ({len(bad)} of the call's {sum(map(len, finite))} positions)" if len(bad) > 1 else ""
+    return NumericError(f"the {role}'s logits at position {at} of row {row} hold NaN or inf{more}",
+                        "its weights are damaged or were edited (a hash recorded after the edit still passes): "
+                        "re-export the bundle; backend='onnxruntime' runs the graph's own copy of them")
 
 
 class Terminated(KeyboardInterrupt):

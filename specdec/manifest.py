@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from specdec.errors import ManifestError
+from specdec.files import open_regular, read_regular
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -235,6 +236,8 @@ class ModelEntry:
     calibration: CalibrationRecord = field(default_factory=CalibrationRecord)
     native: NativeRecord | None = None  # the native engine's weights, where export could write them
     native_note: str = ""  # why export wrote none for this model (its graph outside the native layout), or ""
+    sizes: dict = field(default_factory=dict)  # relative path -> bytes of each of `files`, checked before its hash
+    # (a padded file is refused without being read whole); {} in bundles written before it
     feature_layers: list = field(default_factory=list)  # the layers whose hidden states the graph's `features`
     # output holds, in its order (none: the graph returns logits and KV only)
 
@@ -303,11 +306,16 @@ _NESTED = {cls.__name__: cls for cls in (ModelDims, SourceRecord, CalibrationRec
                                          Defaults, NativeRecord, HeadRecord)}  # type name -> dataclass, for nested records
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+def sha256_file(path: str | os.PathLike) -> str:
+    """The sha256 of `path`, a regular file (specdec.files: a FIFO or a device is refused, never read)."""
+    with os.fdopen(open_regular(path), "rb") as handle:
+        return _sha256(handle)
+
+
+def _sha256(handle, chunk: int = 1 << 22) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(chunk), b""):
-            digest.update(block)
+    for block in iter(lambda: handle.read(chunk), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 
@@ -447,6 +455,10 @@ def validate_manifest(manifest: Manifest) -> None:
                 f"{role} has max_seq_len={entry.max_seq_len}, max_batch={entry.max_batch}",
                 "both must be positive; re-export the bundle",
             )
+        sizes = [rel for rel, n in entry.sizes.items() if isinstance(n, bool) or not isinstance(n, int) or n < 0]
+        if sizes:
+            raise ManifestError(f"manifest field models.{role}.sizes gives {sizes[0]!r} {entry.sizes[sizes[0]]!r}, not "
+                                "a byte count", "the manifest was edited; re-export the bundle")
         small = [name for name, value in asdict(entry.dims).items() if isinstance(value, int) and value < 1]
         if small:
             raise ManifestError(f"{role} dims.{small[0]} is {getattr(entry.dims, small[0])}", "dims are positive; "
@@ -512,13 +524,13 @@ def read_manifest(bundle: str | os.PathLike) -> Manifest:
             "pass the --out directory of specdec-export (run `make demo` to build the default bundle)",
         )
     manifest_path = path / MANIFEST_NAME
-    if not manifest_path.is_file():
+    if not os.path.lexists(manifest_path):
         raise ManifestError(
             f"{str(manifest_path)!r} is missing: {str(path)!r} is not a specdec bundle",
             "pass the --out directory of specdec-export",
         )
     try:
-        text = manifest_path.read_text(encoding="utf-8")
+        text = read_regular(manifest_path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
         raise ManifestError(f"cannot read {str(manifest_path)!r}: {why}", "re-export the bundle") from None
@@ -553,11 +565,12 @@ def listed_files(manifest: Manifest) -> dict:
 
 
 def check_bundle_files(bundle: str | os.PathLike, manifest: Manifest, only: list | None = None) -> None:
-    """Verify that every file the manifest lists (or every file of `only`: the files a reader is about to read) exists
-    and has the recorded sha256. A file of `only` that the manifest does not list is an error: dropping a file's
+    """Verify that every file the manifest lists (or every file of `only`: the files a reader is about to read) exists,
+    is a regular file, holds the recorded number of bytes (where the manifest records it: checked before the file is
+    read) and has the recorded sha256. A file of `only` that the manifest does not list is an error: dropping a file's
     entry must not turn its check off."""
     root = Path(bundle)
-    expected = listed_files(manifest)
+    expected, sizes = listed_files(manifest), {rel: n for e in manifest.models.values() for rel, n in e.sizes.items()}
     if only is not None:
         unlisted = sorted(set(only) - set(expected))
         if unlisted:
@@ -567,9 +580,19 @@ def check_bundle_files(bundle: str | os.PathLike, manifest: Manifest, only: list
         expected = {rel: digest for rel, digest in expected.items() if rel in set(only)}
     for rel, digest in expected.items():
         path = root / rel
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ManifestError(f"bundle file {rel!r} is missing from {str(root)!r}", "re-export the bundle")
-        actual = sha256_file(path)
+        try:
+            handle = os.fdopen(open_regular(path), "rb")  # refuses a FIFO, a device, a socket or a directory
+        except FileNotFoundError:  # a dangling link
+            raise ManifestError(f"bundle file {rel!r} is missing from {str(root)!r}", "re-export the bundle") from None
+        with handle:
+            held = os.fstat(handle.fileno()).st_size
+            if rel in sizes and held != sizes[rel]:
+                raise ManifestError(f"bundle file {rel!r} has {held} bytes, the manifest records {sizes[rel]}: its "
+                                    "sha256 cannot match (refused without reading it)", "the file was modified, "
+                                    "padded or truncated; re-export the bundle (or copy it again)")
+            actual = _sha256(handle)
         if actual != digest:
             raise ManifestError(
                 f"bundle file {rel!r} has sha256 {actual[:12]}…, the manifest records {digest[:12]}…",

@@ -75,6 +75,7 @@ def _entry_for(source: ModelEntry, root: Path, config: QuantizeConfig, record: C
         source, role=config.role, derived=derived, precision=config.precision, onnx_path=f"{config.role}/model.onnx",
         files=files, size_bytes=sum((root / rel).stat().st_size for rel in files), parity=[],
         parity_note="informational: quantized graph; see `specdec calibrate report`", engines=[], calibration=record,
+        sizes={rel: (root / rel).stat().st_size for rel in files},
     )
 
 

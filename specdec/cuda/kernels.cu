@@ -26,6 +26,7 @@ struct blk4p { u16 h[4]; u8 qs[32]; };        // 40 bytes: fp16 d0 d1 m0 m1; qs[
 #define ROWS 8          // rows a product kernel holds in registers at once
 #define ATT_WARPS 4
 #define NEG_INF __int_as_float(0xff800000)
+#define NAN_F __int_as_float(0x7fc00000)
 
 __device__ __forceinline__ float bf16_f(u16 h) { return __uint_as_float(((unsigned)h) << 16); }
 __device__ __forceinline__ float f16_f(u16 h) {
@@ -104,6 +105,12 @@ __device__ __forceinline__ float4 input4(const float *x, const float *gamma, int
     return make_float4(f.x * g.x, f.y * g.y, f.z * g.z, f.w * g.w);
 }
 
+// 1 / sqrt(mean + eps) of a norm's sum of squares, or NaN where it overflowed: 1 / sqrt(inf) is 0, which would turn
+// the row to zeros and the logits to one silent token; NaN reaches argmax's check of every logit instead
+__device__ __forceinline__ float norm_scale(float sum, int n, float eps) {
+    return isinf(sum) ? NAN_F : 1.f / sqrtf(sum / n + eps);
+}
+
 // y[M, N] (+)= in[M, K] . W^T: one warp a column; lane l sums groups l, l + 32, ... of each row in order, then the
 // warp adds its lanes by a fixed butterfly. accumulate: add to y (a residual stream) instead of overwriting it.
 // NORM: in = x * gamma and the sum is scaled by rsqrt(mean(x^2) + eps), the warp's own RMSNorm of the row.
@@ -124,7 +131,7 @@ __device__ void linear_body(const float *x, const float *gamma, float eps, int M
                     const float4 f = *(const float4 *)(x + (size_t)(r0 + r) * K + k);
                     s = fmaf(f.x, f.x, s), s = fmaf(f.y, f.y, s), s = fmaf(f.z, f.z, s), s = fmaf(f.w, f.w, s);
                 }
-                scale[r] = 1.f / sqrtf(warp_sum(s) / K + eps);
+                scale[r] = norm_scale(warp_sum(s), K, eps);
             }
         }
         for (int g = lane; g < groups; g += WARP) {
@@ -243,7 +250,7 @@ extern "C" __global__ void rmsnorm(const float *x, const float *gamma, float eps
     const float *in = x + ((size_t)blockIdx.x * step + offset) * H;
     float s = 0.f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) s = fmaf(in[i], in[i], s);
-    const float r = 1.f / sqrtf(block_sum(s, shared) / H + eps);
+    const float r = norm_scale(block_sum(s, shared), H, eps);
     for (int i = threadIdx.x; i < H; i += blockDim.x) out[(size_t)blockIdx.x * H + i] = in[i] * r * gamma[i];
 }
 
@@ -333,7 +340,8 @@ extern "C" __global__ void silu_mul(const float *gu, int M, int I, float *act) {
 
 // after one greedy draft step of B rows: row b's next input token (its argmax, mapped through a trimmed head's token
 // ids, where an unscored token's logit `fill` wins or ties: the first unscored id) into tokens[b] and chain[b], and its
-// position one on; the next step of the same graph reads both
+// position one on; the next step of the same graph reads both. A row whose logits were not all finite (best NaN:
+// argmax) gets -1 in chain[b], which the host refuses; its next input stays a valid id
 extern "C" __global__ void chain_next(const int *ids, const float *best, const int *head_rows, int mapped, float fill,
                                       int fill_token, int B, int *tokens, int *pos, int *chain) {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
@@ -341,19 +349,24 @@ extern "C" __global__ void chain_next(const int *ids, const float *best, const i
     int token = mapped ? head_rows[ids[b]] : ids[b];
     if (mapped && (best[b] < fill || (best[b] == fill && fill_token < token))) token = fill_token;
     tokens[b] = token;
-    chain[b] = token;
+    chain[b] = best[b] == best[b] ? token : -1;
     pos[b] += 1;
 }
 
-// ids[r], best[r]: the first index of row r's largest logit and that logit (numpy's argmax); one block a row
+// ids[r], best[r]: the first index of row r's largest logit and that logit (numpy's argmax); one block a row. best[r]
+// is NaN where a logit of the row is NaN or the largest is not finite (+inf, or all -inf): the check of every logit
+// rides on the read argmax makes anyway
 extern "C" __global__ void argmax(const float *x, int V, int *ids, float *best) {
     __shared__ float values[32];
     __shared__ int where[32];
     const float *row = x + (size_t)blockIdx.x * V;
     float v = NEG_INF;
-    int at = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += blockDim.x)
+    int at = 0x7fffffff, bad = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        bad |= row[i] != row[i];
         if (row[i] > v || at == 0x7fffffff) v = row[i], at = i;
+    }
+    bad = __syncthreads_or(bad);
     for (int o = WARP / 2; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, v, o);
         const int oa = __shfl_xor_sync(0xffffffffu, at, o);
@@ -365,6 +378,6 @@ extern "C" __global__ void argmax(const float *x, int V, int *ids, float *best) 
         for (int w = 1; w < (int)(blockDim.x / WARP); w++)
             if (values[w] > v || (values[w] == v && where[w] < at)) v = values[w], at = where[w];
         ids[blockIdx.x] = at;
-        best[blockIdx.x] = v;
+        best[blockIdx.x] = bad || !isfinite(v) ? NAN_F : v;
     }
 }

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdec.cuda.logits import DeviceLogits, DeviceResult
-from specdec.errors import BackendError
-from specdec.manifest import ModelDims
+from specdec.errors import BackendError, nonfinite_logits
+from specdec.manifest import ModelDims, Role
 from specdec.native.model import check_rows
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
 
@@ -120,6 +120,10 @@ class CudaModel:
         self._live = weakref.WeakSet()  # results whose logits may still be read
 
     # ---- opening ----
+    @property
+    def role(self) -> Role:
+        return Role.TARGET if self.draft is None else Role.DRAFT
+
     @property
     def mlp(self) -> int:
         return self.weights.mlp_width
@@ -229,7 +233,7 @@ class CudaModel:
         else:
             body()
         self.kernels.synchronize()
-        logits = self._result(ws, batch, steps, last_only)
+        logits = self._result(ws, batch, steps, last_only, pos)
         if not layers:
             return logits
         features = self.kernels.fetch(ws.features[:rows, : len(layers)])  # [B T, F, H]
@@ -270,7 +274,10 @@ class CudaModel:
         else:
             body()
         self.kernels.synchronize()
-        return ws.chain_host[: batch * steps].reshape(steps, batch).T.astype(np.int64)
+        chosen = ws.chain_host[: batch * steps].reshape(steps, batch).T.astype(np.int64)  # [B, steps]
+        if (chosen < 0).any():  # a step whose logits were not all finite (chain_next marks it -1)
+            raise nonfinite_logits(self.role, (chosen >= 0).tolist(), np.asarray(pos).tolist(), steps, False)
+        return chosen
 
     def _chain_pass(self, ws: Workspace, batch: int, steps: int, keys, values) -> None:
         k = self.kernels
@@ -283,10 +290,13 @@ class CudaModel:
                          ws.chain[step * batch : (step + 1) * batch])
         k.to_host(ws.chain_host, ws.chain)
 
-    def _result(self, ws: Workspace, batch: int, steps: int, last_only: bool) -> DeviceLogits:
+    def _result(self, ws: Workspace, batch: int, steps: int, last_only: bool, pos: np.ndarray) -> DeviceLogits:
         count = batch if last_only else batch * steps
         ids = ws.out[:count].copy()
         best = ws.out[ws.logits.shape[0] : ws.logits.shape[0] + count].view(np.float32).copy()
+        if np.isnan(best).any():  # argmax's NaN: a row whose logits are not all finite
+            finite = ~np.isnan(best).reshape(batch, -1)
+            raise nonfinite_logits(self.role, finite.tolist(), np.asarray(pos).tolist(), steps, last_only)
         draft = self.draft
         result = DeviceResult(self.kernels, ws.logits[:count], ids, best,
                               (batch, 1 if last_only else steps, self.dims.vocab_size),

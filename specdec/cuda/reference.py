@@ -173,7 +173,7 @@ class ReferenceKernels:
         self._run(_silu_mul, gu, out)
 
     def argmax(self, logits: np.ndarray, ids: np.ndarray, best: np.ndarray) -> None:
-        # logits: [R, V] -> ids [R] int32, best [R] float32
+        # logits: [R, V] -> ids [R] int32, best [R] float32 (NaN where a logit is NaN or the largest not finite)
         self._run(_argmax, logits, ids, best)
 
     def chain_next(self, ids, best, head_rows, mapped: bool, fill: float, fill_token: int, tokens, pos, chain) -> None:
@@ -188,9 +188,16 @@ def _embed(table, ids, out):
     out[...] = table[ids]
 
 
+def _norm_scale(x, eps):
+    # x: [M, K] -> 1 / sqrt(mean(x^2) + eps) [M], NaN where the mean square overflowed (kernels.cu's norm_scale)
+    with np.errstate(over="ignore"):
+        square = np.mean(x * x, axis=-1, dtype=np.float32)
+    return np.where(np.isinf(square), np.float32(np.nan), np.float32(1.0) / np.sqrt(square + eps)).astype(np.float32)
+
+
 def _rmsnorm(x, gamma, eps, out, step, offset):
     rows = x[offset::step][: len(out)]
-    scale = np.float32(1.0) / np.sqrt(np.mean(rows * rows, axis=-1, dtype=np.float32) + eps)
+    scale = _norm_scale(rows, eps)
     out[...] = rows * scale[:, None] * gamma
 
 
@@ -207,7 +214,7 @@ def _linear(x, w, out, accumulate, by_row):
 
 
 def _linear_norm(x, gamma, eps, w, out, accumulate, by_row):
-    scale = np.float32(1.0) / np.sqrt(np.mean(x * x, axis=-1, dtype=np.float32) + eps)  # [M]
+    scale = _norm_scale(x, eps)  # [M]
     product = np.zeros(out.shape, np.float32)
     _linear(x * gamma, w, product, False, by_row)
     product *= scale[:, None]
@@ -261,7 +268,8 @@ def _attention(q, keys, values, pos, slots, steps, scale, out):
 def _silu_mul(gu, out):
     width = out.shape[-1]
     g, u = gu[:, :width], gu[:, width:]
-    out[...] = g / (np.float32(1.0) + np.exp(-g)) * u
+    with np.errstate(over="ignore"):  # exp(-g) of a large negative g is inf, and g / inf the 0 the kernel gives
+        out[...] = g / (np.float32(1.0) + np.exp(-g)) * u
 
 
 def _chain_next(ids, best, head_rows, mapped, fill, fill_token, tokens, pos, chain):
@@ -269,11 +277,12 @@ def _chain_next(ids, best, head_rows, mapped, fill, fill_token, tokens, pos, cha
     if mapped:
         token = np.where((best < fill) | ((best == fill) & (fill_token < token)), fill_token, token)
     tokens[...] = token
-    chain[...] = token
+    chain[...] = np.where(np.isnan(best), -1, token)  # a row whose logits were not all finite
     pos += 1
 
 
 def _argmax(logits, ids, best):
     ids[...] = logits.argmax(axis=-1)
-    best[...] = logits[np.arange(len(logits)), ids]
+    top = logits.max(axis=-1)  # NaN where a logit is NaN; +inf, or -inf where all are
+    best[...] = np.where(np.isfinite(top), logits[np.arange(len(logits)), ids], np.nan)
 

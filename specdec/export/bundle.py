@@ -172,6 +172,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
         native=native,
         native_note=native_note,
         feature_layers=list(features),
+        sizes={rel: (root / rel).stat().st_size for rel in files},
     )
 
 

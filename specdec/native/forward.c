@@ -119,10 +119,14 @@ long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads) {
 }
 
 // ---- the forward pass ----
+// 1 / sqrt(mean + eps) of a norm's mean square, or NaN where the sum of squares overflowed: 1 / sqrt(inf) is 0,
+// which would turn the row to zeros and the logits to one silent token; NaN reaches the logits' check instead
+static float norm_scale(float sum, int H, float eps) { return isinf(sum) ? NAN : 1.f / sqrtf(sum / H + eps); }
+
 static void rmsnorm(const float *x, const float *gamma, float eps, int H, float *out) {
     float s = 0.f;
     for (int i = 0; i < H; i++) s += x[i] * x[i];
-    const float r = 1.f / sqrtf(s / H + eps);
+    const float r = norm_scale(s, H, eps);
     for (int i = 0; i < H; i++) out[i] = x[i] * r * gamma[i];
 }
 
@@ -131,7 +135,7 @@ static void layernorm(const float *x, const float *gamma, const float *beta, flo
     for (int i = 0; i < H; i++) s += x[i];
     const float mean = s / H;
     for (int i = 0; i < H; i++) v += (x[i] - mean) * (x[i] - mean);
-    const float r = 1.f / sqrtf(v / H + eps);
+    const float r = norm_scale(v, H, eps);
     for (int i = 0; i < H; i++) out[i] = (x[i] - mean) * r * gamma[i] + beta[i];
 }
 
@@ -324,6 +328,36 @@ static void score(const pass_t *p, int last_only, float *logits) {
            p->base + p->at.rounded);
 }
 
+// Whether every row of logits [rows, V] is sound: no NaN in it, and its largest logit finite (+inf, or a row all -inf,
+// leaves no distribution to take a token from; a -inf logit alone is a token of probability 0). Every logit is read:
+// one head row of a damaged block can make one logit NaN or inf and leave the rest finite, so the argmax alone would
+// not do. Four chains keep the max's latency off the loop: a read of values the head has just written, a small part
+// of a step.
+static int logits_sound(const float *logits, int rows, int V) {
+    for (int r = 0; r < rows; r++) {
+        const float *x = logits + (size_t)r * V;
+        __m256 top[4], nan = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) top[k] = _mm256_set1_ps(-INFINITY);
+        int i = 0;
+        for (; i + 32 <= V; i += 32)
+            for (int k = 0; k < 4; k++) {
+                const __m256 v = _mm256_loadu_ps(x + i + 8 * k);
+                top[k] = _mm256_max_ps(top[k], v);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            }
+        float most[8], m = -INFINITY;
+        _mm256_storeu_ps(most, _mm256_max_ps(_mm256_max_ps(top[0], top[1]), _mm256_max_ps(top[2], top[3])));
+        int bad = _mm256_movemask_ps(nan);
+        for (int k = 0; k < 8; k++) m = most[k] > m ? most[k] : m;
+        for (; i < V; i++) {
+            bad |= x[i] != x[i];
+            m = x[i] > m ? x[i] : m;
+        }
+        if (bad || !isfinite(m)) return 0;
+    }
+    return 1;
+}
+
 static int check_rows(const model_t *m, const int64_t *tokens, int B, int T, const int32_t *pos,
                       float *const *keys, float *const *values, long stride, int S) {
     if (stride < (long)m->Hkv * S * m->D) return SPECDEC_E_SHAPE;  // layers of one row must not overlap
@@ -375,7 +409,7 @@ int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const
         keep_features(&p, features, l);
     }
     score(&p, last_only, logits);
-    return SPECDEC_OK;
+    return logits_sound(logits, last_only ? B : B * T, m->V) ? SPECDEC_OK : SPECDEC_E_NONFINITE;
 }
 
 // ---- the products and the attention alone ----

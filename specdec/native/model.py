@@ -10,16 +10,17 @@ from enum import StrEnum
 import numpy as np
 
 from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK5, BLOCK6, BLOCK8, KINDS, WEIGHT_LAYOUTS
-from specdec.errors import BackendError
+from specdec.errors import BackendError, nonfinite_logits
 from specdec.lowering import Geometry
-from specdec.manifest import Activation, ModelDims
+from specdec.manifest import Activation, ModelDims, Role
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
 STATUS = {  # specdec_native.h's status codes
     1: "a pointer the kernels need is NULL", 2: "a count or size is out of range", 3: "a token id is outside the "
     "weights' vocabulary", 4: "a position is below 0 or past the static buffers", 5: "the scratch is too small",
-    6: "the thread count is out of range"}
+    6: "the thread count is out of range", 7: "a row of logits holds NaN or inf"}
+NONFINITE = 7  # specdec_native.h's SPECDEC_E_NONFINITE: the forward ran; a row of its logits has no distribution
 WEIGHT_KINDS = {BLOCK4: 0, BLOCK8: 1, BLOCK4P: 2, BF16: 3, np.dtype("<f2"): 4, np.dtype("<f4"): 5,
                 BLOCK6: 6, BLOCK5: 7}  # specdec_native.h's SPECDEC_W_*: specdec_matmul's kind, model_t.kinds
 
@@ -120,6 +121,10 @@ class NativeModel:
         self._lock = threading.Lock()  # one forward at a time: the scratch is this model's
         self.quant = draft is not None  # the draft's kernels (int8 activations, paired blocks); a test may turn
         # them off to see the draft's head on its target's fp32 products
+
+    @property
+    def role(self) -> Role:
+        return Role.TARGET if self.draft is None else Role.DRAFT
 
     @property
     def head(self) -> np.ndarray:
@@ -229,11 +234,13 @@ class NativeModel:
         with self._lock:
             need = self.kernels.specdec_scratch_bytes(ctypes.byref(self.struct), rows, steps, self.max_seq_len, threads)
             address, size = self.scratch.at_least(need)
-            raise_for(self.kernels.specdec_forward(
+            status = self.kernels.specdec_forward(
                 ctypes.byref(self.struct), address, size, tokens.ctypes.data, rows, steps, pos32.ctypes.data,
                 key_rows.ctypes.data, value_rows.ctypes.data, keys.strides[0] // 4, self.max_seq_len, last_only,
-                self.quant, threads, out.ctypes.data, None if wanted is None else ctypes.byref(wanted)),
-                f"a forward of {rows} x {steps} tokens at {pos32.tolist()}")
+                self.quant, threads, out.ctypes.data, None if wanted is None else ctypes.byref(wanted))
+        if status == NONFINITE:  # the kernels checked every logit; which positions, on this path alone
+            raise nonfinite_logits(self.role, np.isfinite(out.max(axis=-1)).tolist(), pos32.tolist(), steps, last_only)
+        raise_for(status, f"a forward of {rows} x {steps} tokens at {pos32.tolist()}")
         logits = out
         if self.draft is not None and self.draft.head_rows is not None:
             logits = np.full(out.shape[:2] + (self.dims.vocab_size,), self.draft.fill, np.float32)

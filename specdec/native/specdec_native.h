@@ -9,8 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SPECDEC_ABI_VERSION 7
-#define SPECDEC_FORMAT_VERSION 3
+#define SPECDEC_ABI_VERSION 8
+#define SPECDEC_FORMAT_VERSION 4
 #define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
 #define SPECDEC_MAX_FEATURES 16 // layers one forward may return the hidden states of
@@ -130,7 +130,9 @@ typedef struct {
     float *out;             // [B][T][n][H]: row b's token t, layers[f]'s hidden state at [b][t][f]
 } features_t;
 
-// Status codes: 0, or what was wrong with the arguments. Nothing is written where a call fails its checks.
+// Status codes: 0, or what was wrong with the arguments (nothing is written where a call fails its checks), or
+// SPECDEC_E_NONFINITE: a forward ran, and a row of logits it wrote holds NaN or has no finite largest logit (+inf, or
+// all -inf): corrupt weights, or values that overflow.
 enum {
     SPECDEC_OK = 0,
     SPECDEC_E_NULL = 1,      // a pointer the call needs is NULL
@@ -139,6 +141,8 @@ enum {
     SPECDEC_E_POSITION = 4,  // pos < 0, pos + T > S, or past the rotary tables
     SPECDEC_E_SCRATCH = 5,   // the scratch is smaller than specdec_scratch_bytes asks
     SPECDEC_E_THREADS = 6,   // threads outside 1..SPECDEC_MAX_THREADS
+    SPECDEC_E_NONFINITE = 7, // specdec_forward: a row of logits holds NaN or +inf, or is all -inf (logits and K/V
+                             // are written)
 };
 
 int specdec_abi_version(void);
@@ -152,7 +156,8 @@ long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads);
 
 // B rows of T tokens each; row b at positions pos[b].. of its own KV (keys[b], values[b]: [L][Hkv, S, D], layer l at
 // + l * layer_stride floats) -> logits [B][T or 1 (last_only)][V], and where features is not NULL, the hidden states
-// it names (every fed token's, last_only or not). K/V land at [pos[b], pos[b] + T).
+// it names (every fed token's, last_only or not). K/V land at [pos[b], pos[b] + T). Every logit is checked:
+// SPECDEC_E_NONFINITE where a row holds NaN or has no finite largest logit.
 int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
                     const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
                     int last_only, int quant, int threads, float *logits, const features_t *features);

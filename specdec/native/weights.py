@@ -26,13 +26,14 @@ Layouts (the manifest's NativeRecord.layout):
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (BLOCK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, LayoutName, Pages, TensorEntry,
-                            check_format, nonfinite, read_tensors)
+from specdec.blocks import (BLOCK, CHUNK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, LayoutName, Pages, TensorEntry,
+                            check_extent, check_format, index_from, nonfinite, read_tensors)
 from specdec.errors import BackendError
 from specdec.manifest import Activation, Method, ModelDims, ModelEntry, NativeRecord
 
@@ -116,28 +117,77 @@ def _tensors(root: Path, record: NativeRecord, role: str, pages: str) -> dict:
     except ValueError as exc:
         raise BackendError(str(exc), HINT) from None
     try:
-        index = {name: TensorEntry(spec["kind"], tuple(spec["shape"]), int(spec["offset"]))
-                 for name, spec in record.tensors.items()}
-        tensors = read_tensors(root / record.path, index, pages)
-        check_finite(root / record.path, tensors)
+        tensors = read_tensors(root / record.path, index_from(record.tensors), pages)
+        check_values(root / record.path, tensors)
         return tensors
     except (KeyError, TypeError, ValueError, OSError) as exc:
         raise BackendError(f"the {role}'s native weights {record.path} cannot be read: {exc}", HINT) from exc
 
 
-_FINITE = {}  # (path, size, mtime) of each weights file found finite in this process: checked once
+def check_file(root: Path, record: NativeRecord | None, role: str) -> None:
+    """BackendError where the native weights file is padded or cut short (its size against its header's: two small
+    reads), so load(verify=True) refuses it before hashing it; ManifestError where it is not a regular file."""
+    if record is None or not os.path.lexists(root / record.path):  # missing: the hash check says so
+        return
+    try:
+        check_extent(root / record.path)
+    except (ValueError, OSError) as exc:
+        raise BackendError(f"the {role}'s native weights {record.path} cannot be read: {exc}", HINT) from exc
 
 
-def check_finite(path: Path, tensors: dict) -> None:
-    """ValueError naming the first tensor that holds NaN or inf (once per file and version per process)."""
+# The largest |value| a float the kernels read may hold. LIMIT, float16's largest, for block scales and minima, biases,
+# learned positions and rotary tables: a GGUF keeps every block's scale and minimum in fp16 (a K-quant's 6-bit
+# sub-block scales multiply them, for weights no model comes near), and the biases and positions of the checkpoints
+# export reads run in fp16 or bf16 elsewhere. GAIN_LIMIT for norm gains, which scale a row of unit RMS: a checkpoint's
+# are of order 1 (the default model's largest is 3.4, at most 15 times its vector's median), so 1e4 leaves three
+# orders of magnitude and refuses a gain that drowns every other input of the head (the default model's final norm
+# with one gain of 1e4 prints one token over and over). A value past either is damage or an edit: one flipped high
+# exponent bit multiplies a scale by 2**64 or 2**128, and a gain near float32's limit turns every logit to NaN. The
+# checks do not see an edit within them (one gain of 100 still changes the text): that is the hash's job.
+LIMIT, GAIN_LIMIT = 65504.0, 1e4
+BOUNDS = {**dict.fromkeys(("input_norm", "post_norm", "final_norm", "q_norm", "k_norm"), GAIN_LIMIT),
+          **dict.fromkeys(("input_norm_bias", "post_norm_bias", "final_norm_bias", "qkv_bias", "o_bias", "gate_up_bias",
+                           "down_bias", "positions", "cos", "sin"), LIMIT)}  # a tensor's name past "layers.{i}."
+SCALES = ("d", "m")  # the float32 fields of blk4, blk5, blk8 and blk6 (blk4p's h is fp16: bounded by its format)
+_CHECKED = {}  # (path, size, mtime) of each weights file found sound in this process: checked once
+
+
+def check_values(path: Path, tensors: dict) -> None:
+    """ValueError naming the first tensor that holds NaN or inf where the kernels read a float, or a value past its
+    bound: a block's scale or minimum, a bias, position or rotary value beyond ±LIMIT, a norm gain beyond ±GAIN_LIMIT
+    (once per file and version per process)."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key in _FINITE:
+    if key in _CHECKED:
         return
     for name, array in tensors.items():
-        if nonfinite(array):
+        fields = [field for field in SCALES if field in (array.dtype.names or ())]
+        bound = LIMIT if fields else BOUNDS.get(name.rpartition(".")[2]) if array.dtype == np.float32 else None
+        if bound is None and nonfinite(array):  # rows, embeddings, blk4p's fp16 scales: finite, of any size
             raise ValueError(f"tensor {name} holds NaN or inf")
-    _FINITE[key] = True
+        parts = ([(f" (its blocks' {f})", array[f]) for f in fields] or [("", array)]) if bound else []
+        for where, values in parts:
+            top = largest(values)
+            if not np.isfinite(top):
+                raise ValueError(f"tensor {name} holds NaN or inf{where}")
+            if top > bound:
+                raise ValueError(f"tensor {name} holds {top:.4g}{where}, beyond ±{bound:g}: no model's weights come "
+                                 "near it")
+    _CHECKED[key] = True
+
+
+def largest(values: np.ndarray) -> float:
+    """The largest |value| of a float32 array (NaN where one is NaN, inf where one is infinite), a chunk at a time
+    through one buffer."""
+    flat = np.ascontiguousarray(values).reshape(-1)
+    out, top = np.empty(min(CHUNK, flat.size), np.float32), 0.0
+    for start in range(0, flat.size, CHUNK):
+        part = out[: min(CHUNK, flat.size - start)]
+        most = float(np.abs(flat[start : start + CHUNK], out=part).max())  # NaN where one is
+        if np.isnan(most):
+            return most
+        top = max(top, most)
+    return top
 
 
 def _expect(tensors: dict, name: str, kind: np.dtype | tuple, shape: tuple, role: str) -> np.ndarray:

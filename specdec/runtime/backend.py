@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.errors import BackendError, CapacityError
+from specdec.errors import BackendError, CapacityError, nonfinite_logits
 from specdec.manifest import ModelEntry
 from specdec.runtime.config import Device
 from specdec.runtime.forward import LOGITS_ONLY, Capabilities, ForwardRequest, ForwardResult, feature_order
@@ -78,6 +78,11 @@ class Backend:
         """The bundle files this backend reads of `entry` (load(verify=True) hashes these before opening it)."""
         native = entry.native.path if entry.native is not None else None
         return list(dict.fromkeys([entry.onnx_path, *(rel for rel in entry.files if rel != native)]))
+
+    @classmethod
+    def check_files(cls, root: Path, entry: ModelEntry) -> None:
+        """Cheap checks of the files it reads of `entry` (their sizes against what they say of themselves), which
+        load(verify=True) runs before it hashes them: a file refused here is never read whole. None by default."""
 
     @property
     def kv_layout(self) -> str | None:
@@ -277,6 +282,18 @@ def session_options(threads: int | None = None):
     # requests; without it step times stayed within the measurement's noise (README, "Memory stays flat")
     options.log_severity_level = 3
     return options
+
+
+def check_logits(logits: np.ndarray, role: str, cache_len: np.ndarray, steps: int, last_only: bool) -> np.ndarray:
+    """A host backend's logits [B, T or 1, V] of rows at cache_len [B], returned where every position's are sound: no
+    NaN, and a finite largest logit (+inf, or all -inf, leaves no distribution; a -inf logit alone is a token of
+    probability 0); else NumericError naming the first position that is not. One reduction meets every value: a
+    position's max is NaN where one of its logits is (`python benchmarks/step.py BUNDLE --backends onnxruntime`
+    measures it with the step)."""
+    top = logits.max(axis=-1) if logits.size else None
+    if top is not None and not np.isfinite(top).all():
+        raise nonfinite_logits(role, np.isfinite(top).tolist(), cache_len.tolist(), steps, last_only)
+    return logits
 
 
 def check_tokens(input_ids: np.ndarray, vocab: int, what: str = "the vocabulary") -> None:

@@ -26,7 +26,7 @@ from specdec.manifest import ModelEntry, Role
 from specdec.runtime.backend import Backend, SharedKvDraft, bounds, check_capacity, check_tokens
 from specdec.runtime.config import BackendName, Device
 from specdec.runtime.forward import Capabilities, ForwardRequest, ForwardResult, Output
-from specdec.native.weights import LINEARS, drafts_natively
+from specdec.native.weights import LINEARS, check_file, drafts_natively
 
 MAX_HEAD_DIM = 256  # kernels.cu's attention holds D / 32 values a lane in 8 registers
 MEMORY_MARGIN = 256 << 20  # left free on the GPU for the CUDA context, cuBLAS and CuPy's pool
@@ -70,6 +70,10 @@ class CudaBackend(SharedKvDraft, Backend):
     @classmethod
     def for_target(cls, root: Path, entry: ModelEntry, device: str, threads: int | None) -> "CudaBackend":
         return cls(root, entry, CudaOptions(device=device_index(device)))
+
+    @classmethod
+    def check_files(cls, root: Path, entry: ModelEntry) -> None:
+        check_file(root, entry.native, entry.role)  # native.bin's size against its header's, before it is hashed
 
     @classmethod
     def runs_draft(cls, draft: ModelEntry, target: Backend) -> bool:

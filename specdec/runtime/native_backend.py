@@ -22,7 +22,7 @@ import numpy as np
 
 from specdec.errors import BackendError
 from specdec.manifest import Dtype, Method, ModelEntry, Role
-from specdec.native.weights import drafts_natively
+from specdec.native.weights import check_file, drafts_natively
 from specdec.runtime.backend import Backend, SharedKvDraft, check_tokens, default_threads
 from specdec.runtime.config import BackendName, Device
 from specdec.runtime.forward import Capabilities, ForwardRequest, ForwardResult, Output
@@ -58,6 +58,10 @@ class NativeBackend(SharedKvDraft, Backend):
     def files_read(cls, entry: ModelEntry) -> list:
         """Only the native weights: the engine reads no ONNX."""
         return [entry.native.path] if entry.native is not None else []
+
+    @classmethod
+    def check_files(cls, root: Path, entry: ModelEntry) -> None:
+        check_file(root, entry.native, entry.role)  # native.bin's size against its header's, before it is hashed
 
     @classmethod
     def runs_draft(cls, draft: ModelEntry, target: Backend) -> bool:

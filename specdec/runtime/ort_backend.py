@@ -1,14 +1,16 @@
 """The onnxruntime CPU backend: one session per model, driven by its lowering's driver (specdec.lowering)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
 from specdec.errors import BackendError, ConfigError, missing_dependency
+from specdec.files import check_regular
 from specdec.lowering import kv_numpy_dtype, lowering_for
 from specdec.manifest import ModelEntry, Role
-from specdec.runtime.backend import Backend, session_options, steady_malloc, unwrapped
+from specdec.runtime.backend import Backend, check_logits, session_options, steady_malloc, unwrapped
 from specdec.runtime.config import BackendName
 from specdec.runtime.forward import LOGITS_ONLY, Capabilities, ForwardRequest, ForwardResult, Output
 
@@ -50,6 +52,9 @@ class OrtBackend(Backend):
             raise BackendError(f"{self.entry.role} has KV dtype {self.entry.kv_dtype}, which the CPU backend does "
                                "not run", exc.hint) from exc
         path = self.root / self.entry.onnx_path
+        for rel in self.files_read(self.entry):  # onnxruntime opens them itself: never a FIFO or a device
+            if os.path.exists(self.root / rel):  # a missing one: onnxruntime's own message
+                check_regular(self.root / rel)
         steady_malloc()
         try:
             self.session = ort.InferenceSession(str(path), session_options(self.threads), providers=["CPUExecutionProvider"])
@@ -88,11 +93,14 @@ class OrtBackend(Backend):
         self.driver.reset(batch)
 
     def _run(self, request: ForwardRequest, slots: np.ndarray, layers: tuple) -> ForwardResult:
+        ids, cache_len, last_only = request.input_ids, request.cache_len, request.last_only
         if not layers:
-            return ForwardResult(self.driver.run(request.input_ids, request.cache_len, request.last_only, slots))
-        logits, features = self.driver.run(request.input_ids, request.cache_len, request.last_only, slots, True)
+            logits = self.driver.run(ids, cache_len, last_only, slots)
+            return ForwardResult(check_logits(logits, self.entry.role, cache_len, ids.shape[1], last_only))
+        logits, features = self.driver.run(ids, cache_len, last_only, slots, True)
         order = [list(self.entry.feature_layers).index(layer) for layer in layers]  # the request's, of the graph's
-        return ForwardResult(logits, features[:, :, order])
+        return ForwardResult(check_logits(logits, self.entry.role, cache_len, ids.shape[1], last_only),
+                             features[:, :, order])
 
     def close(self) -> None:
         self.session = self.driver = None

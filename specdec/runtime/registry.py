@@ -53,6 +53,7 @@ def open_pair(cls: type[Backend], root: Path, manifest: Manifest, device: str, t
         raise BackendError(f"the native backend is turned off ({BACKEND_ENV}={os.environ[BACKEND_ENV]})",
                            f"unset {BACKEND_ENV}, or use backend='onnxruntime'")
     if verify:
+        cls.check_files(root, manifest.target)
         check_bundle_files(root, manifest, cls.files_read(manifest.target))
     target = (target or cls.for_target(root, manifest.target, device, threads)).open()
     if manifest.draft is None:
@@ -60,6 +61,7 @@ def open_pair(cls: type[Backend], root: Path, manifest: Manifest, device: str, t
     try:
         runner = next(c for c in (cls, FALLBACK) if c.runs_draft(manifest.draft, target))
         if verify:
+            runner.check_files(root, manifest.draft)
             check_bundle_files(root, manifest, runner.files_read(manifest.draft))
         return target, runner.for_draft(root, manifest.draft, threads, target).open()
     except BaseException:

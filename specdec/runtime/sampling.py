@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.errors import NumericError
 from specdec.runtime.config import GenerationConfig
 
 
@@ -25,7 +26,11 @@ def warp(logits: np.ndarray, config: GenerationConfig) -> np.ndarray:
     off."""
     logits = np.asarray(logits)
     top_k, top_p = config.top_k or 0, 1.0 if config.top_p is None else config.top_p
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    peak = logits.max(axis=-1, keepdims=True)  # NaN where a logit is NaN, inf where one is +inf
+    if not np.isfinite(peak).all():  # every backend refuses such logits first (NumericError); never sample them
+        raise NumericError(f"logits to sample from hold {float(peak[~np.isfinite(peak)][0])}",
+                           "a backend returned logits it did not check: report it with the bundle's manifest")
+    shifted = logits.astype(np.float64) - peak
     with np.errstate(over="ignore", divide="ignore"):
         scaled = shifted / config.temperature  # <= 0; -inf where a tiny temperature overflows
     vocab = scaled.shape[-1]

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from specdec.errors import ManifestError, missing_dependency
+from specdec.errors import ConfigError, ManifestError, missing_dependency
+from specdec.files import read_regular
 from specdec.runtime.state import Finish
 
 
@@ -22,7 +24,7 @@ class TextCodec:
         """The bundle files open() reads: tokenizer.json, and tokenizer_config.json and chat_template.jinja where
         present."""
         return ["tokenizer.json"] + [name for name in ("tokenizer_config.json", "chat_template.jinja")
-                                     if (Path(root) / name).is_file()]
+                                     if os.path.exists(Path(root) / name)]  # present in any form: read, checked
 
     def open(self) -> "TextCodec":
         try:
@@ -30,10 +32,18 @@ class TextCodec:
         except ImportError as exc:
             raise missing_dependency("tokenizers", "cpu") from exc
         path = self.root / "tokenizer.json"
-        if not path.is_file():
-            raise ManifestError(f"{path} is missing", "re-export the bundle")
         try:
-            self.tokenizer = Tokenizer.from_file(str(path))
+            text = read_regular(path).decode("utf-8")  # never a FIFO or a device
+        except FileNotFoundError:
+            raise ManifestError(f"{path} is missing", "re-export the bundle") from None
+        except OSError as exc:  # an error reading it
+            raise ManifestError(f"{path} cannot be read: {exc.strerror}", "re-export the bundle (or copy it "
+                                "again)") from None
+        except UnicodeDecodeError:
+            raise ManifestError(f"{path} is not UTF-8 text", "the file is truncated or corrupt; re-export the bundle "
+                                "(or copy it again)") from None
+        try:
+            self.tokenizer = Tokenizer.from_str(text)
         except Exception as exc:  # noqa: BLE001 - tokenizers raises a plain Exception for a damaged file
             raise ManifestError(f"{path} cannot be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
                                 "the file is truncated or corrupt; re-export the bundle (or copy it again)") from None

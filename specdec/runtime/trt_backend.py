@@ -20,9 +20,10 @@ import numpy as np
 from specdec.engines.trt_config import INPUT_NAMES, OUTPUT_NAMES, PROFILE_NAMES, profile_for, token_limits
 from specdec.engines.trt_select import check_plan_file, rebuild_hint, select_engine
 from specdec.errors import BackendError
+from specdec.files import read_regular
 from specdec.lowering import PAD_ID
 from specdec.manifest import Dtype, ModelEntry
-from specdec.runtime.backend import Backend
+from specdec.runtime.backend import Backend, check_logits
 from specdec.runtime.config import BackendName, Device
 
 KV_ITEMSIZE = {Dtype.FLOAT32: 4, Dtype.FLOAT16: 2, Dtype.BFLOAT16: 2}
@@ -93,7 +94,7 @@ class TrtBackend(Backend):
 
         self.logger = create_logger(trt)
         self.runtime = create_runtime(trt, self.logger, bool(self.record.version_compatible))
-        self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
+        self.engine = self.runtime.deserialize_cuda_engine(read_regular(path))
         if self.engine is None:
             raise BackendError(f"TensorRT could not load {self.record.path} (see the log)", rebuild_hint(self.root))
         names = {self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)}
@@ -161,7 +162,7 @@ class TrtBackend(Backend):
         logits = logits[slots, -1:] if last_only else logits[slots]  # a copy: the pinned buffer is reused
         if graph is None and self.options.cuda_graphs:
             self.graphs[(batch, steps)] = self.cuda.capture(lambda: self._enqueue(batch, steps))
-        return logits
+        return check_logits(logits, self.entry.role, cache_len, steps, last_only)
 
     # --- GPU glue ------------------------------------------------------------------------------------------
     def _bind(self, profile: int, batch: int, steps: int) -> None:

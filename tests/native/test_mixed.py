@@ -14,10 +14,13 @@ import pytest
 
 from specdec.blocks import (BLOCK4, BLOCK5, BLOCK6, BLOCK8, FORMAT_VERSION, MAGIC, GridError, TensorEntry, check_format,
                             float_gcd, float_rows, mixed_blocks, read_tensors)
+from specdec.cuda.reference import ReferenceKernels
 from specdec.errors import BackendError
 from specdec.manifest import read_manifest
 from specdec.native import build
 from specdec.runtime import load
+from specdec.runtime.cuda_backend import CudaOptions
+from specdec.runtime.generator import load_cuda
 from specdec.runtime.native_backend import NativeBackend
 from tests.native.conftest import with_q41
 from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only,
@@ -125,7 +128,6 @@ def test_sampling_matches_the_target_distribution(mixed_bundle):
 
 def test_the_cuda_backend_refuses_mixed_blocks_and_auto_stays_native(mixed_bundle):
     from specdec.cuda.reference import ReferenceKernels
-    from specdec.errors import BackendError
     from specdec.runtime.cuda_backend import CudaBackend, CudaOptions
 
     bundle, _ = mixed_bundle
@@ -159,14 +161,17 @@ def test_a_gguf_of_a_type_no_block_holds_is_named(tmp_path):
 
 
 def test_weights_of_the_older_format_are_read_only_without_the_blocks_it_changed(mixed_bundle, tmp_path):
-    """Format 3 changed blk5's layout alone: a format-2 file without blk5 reads as it did; one with blk5, a format-1
-    file, or a bundle recording either, is refused with what changed, and the backend's hint says to re-export."""
+    """Format 3 changed blk5's layout alone, format 4 no block (it added the file's own table): a format-3 file and a
+    format-2 file without blk5 read as they did; one with blk5, a format-1 file, or a bundle recording either, is
+    refused with what changed, and the backend's hint says to re-export."""
     bundle, q41 = mixed_bundle
-    assert FORMAT_VERSION == 3
+    assert FORMAT_VERSION == 4
     check_format(2, {"blk4", "blk8", "blk6", "f32"}, "w")
-    with pytest.raises(ValueError, match="w holds native weights of format 2 with blk5 blocks, whose layout changed"):
+    check_format(3, {"blk4", "blk5", "blk8", "blk6", "f32"}, "w")
+    with pytest.raises(ValueError, match="w holds native weights of format 2 with blk5 blocks, whose layout changed "
+                       "in format 3"):
         check_format(2, {"blk4", "blk5"}, "w")
-    with pytest.raises(ValueError, match="format 1, this specdec reads format 3"):
+    with pytest.raises(ValueError, match="format 1, this specdec reads format 4"):
         check_format(1, {"blk4"}, "w")
     for source, role, readable in ((bundle, "target", False), (q41, "draft", True)):  # blk5 in it, or none
         record = getattr(read_manifest(source), role).native
@@ -190,3 +195,23 @@ def test_weights_of_the_older_format_are_read_only_without_the_blocks_it_changed
     with pytest.raises(BackendError, match=r"\(the target's\) holds native weights of format 2 with blk5") as caught:
         NativeBackend(copy, read_manifest(copy).target, 2).open()
     assert "re-export" in caught.value.hint
+
+
+def test_a_manifest_that_reads_blk5_as_blk4_is_refused(mixed_bundle, tmp_path):
+    """The file holds its own table: a manifest whose kind for a tensor differs (blk5's 28-byte blocks read as blk4's
+    24, which fit inside the tensor's bytes and would pass every bound) is refused at open, and auto runs onnxruntime."""
+    bundle = tmp_path / "b"
+    shutil.copytree(mixed_bundle[0], bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    tensor = manifest["models"]["target"]["native"]["tensors"]["layers.0.qkv"]
+    assert tensor["kind"] == "blk5"
+    tensor["kind"] = "blk4"
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    message = "the manifest reads tensor layers.0.qkv as blk4 .* the file's own table holds it as blk5"
+    with pytest.raises(BackendError, match=message) as caught:
+        load(bundle, backend="native")
+    assert "re-export" in caught.value.hint
+    with load(bundle) as gen:
+        assert gen.backend == "onnxruntime" and "the file's own table holds it as blk5" in gen.backend_note
+    with pytest.raises(BackendError, match=message):  # cuda reads through the same reader (its CPU reference here)
+        load_cuda(bundle, CudaOptions(kernels=ReferenceKernels))
