@@ -71,7 +71,7 @@ def open_head(root: Path, manifest: Manifest, target, verify: bool) -> HeadModel
 def embedding_table(root: Path, entry: ModelEntry) -> np.ndarray:
     """The target's token embedding from the bundle's native weights (memory-mapped): its `embedding` rows, or its
     head's where the weights are tied."""
-    from specdec.blocks import Pages, TensorEntry, read_tensors
+    from specdec.blocks import Pages, index_from, read_tensors
 
     record = entry.native
     if record is None:
@@ -81,9 +81,8 @@ def embedding_table(root: Path, entry: ModelEntry) -> np.ndarray:
                            "native weights")
     name = "embedding" if record.tensors.get("embedding") is not None else "head"  # tied: the head holds it
     try:
-        spec = record.tensors[name]
-        index = {name: TensorEntry(spec["kind"], tuple(spec["shape"]), int(spec["offset"]))}
-        table = read_tensors(root / record.path, index, Pages.SHARED)[name]
+        index = index_from({key: spec for key, spec in record.tensors.items() if spec is not None})
+        table = read_tensors(root / record.path, index, Pages.SHARED)[name]  # mapped: the others cost no read
     except (KeyError, TypeError, ValueError, OSError) as exc:
         raise BackendError(f"the target's token embedding cannot be read from {record.path}: {exc}",
                            "re-export the bundle") from None
