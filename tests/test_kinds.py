@@ -43,8 +43,8 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/export/head_import.py": {"silu"},  # a transformers config's hidden_act
     "specdec/manifest.py": {"None", "int", "float",  # type names in a dataclass field's annotation
                             "..", "\\"},  # a path that leaves the bundle
-    "specdec/native/model.py": {"iu",  # numpy's dtype.kind codes of integers
-                                "head", "layers"},  # field names of specdec_native.h's model_t and features_t
+    "specdec/native/core.py": {"iu"},  # numpy's dtype.kind codes of integers
+    "specdec/native/model.py": {"head", "layers"},  # field names of specdec_native.h's model_t and features_t
     "specdec/native/build.py": {"1",  # SPECDEC_NATIVE_SANITIZE's value
                                 "avx2"},  # a flag of /proc/cpuinfo
     "specdec/cuda/device.py": {"cuda"},  # the kernel set's label in run records (benchmarks/cuda_check.py)

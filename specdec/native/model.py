@@ -12,7 +12,8 @@ import numpy as np
 from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK5, BLOCK6, BLOCK8, KINDS, WEIGHT_LAYOUTS
 from specdec.errors import BackendError, nonfinite_logits
 from specdec.lowering import Geometry
-from specdec.manifest import Activation, ModelDims, Role
+from specdec.manifest import Activation, ModelDims
+from specdec.native.core import KernelModel
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
@@ -65,23 +66,6 @@ def raise_for(status: int, what: str) -> None:
                            "this is a bug in specdec's call; report it with the bundle's manifest")
 
 
-def check_rows(rows: int, steps: int, pos, slots, held: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(positions int32 [rows], slots int64 [rows]) of a forward of `rows` x `steps` tokens over `held` KV slots of
-    `size` positions; BackendError where either is not one integer per row, a position or its last token falls
-    outside 0..size - 1 (never wrapped to 32 bits), or the slots are not distinct held slots."""
-    pos, slots = np.asarray(pos), np.asarray(slots)
-    if pos.shape != (rows,) or slots.shape != (rows,) or pos.dtype.kind not in "iu" or slots.dtype.kind not in "iu":
-        raise BackendError(f"a forward of {rows} rows got positions {pos.dtype} {list(pos.shape)} and slots "
-                           f"{slots.dtype} {list(slots.shape)}", "pass one integer position and one slot per row")
-    at, into = pos.tolist(), slots.tolist()
-    if any(p < 0 or p + steps > size for p in at):
-        raise BackendError(f"positions {at} with {steps} tokens fall outside the {size} positions of the KV",
-                           "end the row first (finish reason 'length'), or re-export with a larger --max-seq-len")
-    if any(s < 0 or s >= held for s in into) or len(set(into)) != rows:
-        raise BackendError(f"slots {into} are not distinct slots of 0..{held - 1}", "call reset with enough slots")
-    return pos.astype(np.int32), slots.astype(np.int64)
-
-
 class Scratch:
     """A growing, 64-byte aligned work buffer for the kernels."""
 
@@ -97,23 +81,17 @@ class Scratch:
         return self.buffer.ctypes.data, self.buffer.size
 
 
-class NativeModel:
-    """One model on the kernels. Also a KV source for the gqa driver's copy_kv (a draft taking this target's KV):
-    `geometry` and `buffers`, the per-layer keys then values [slots, Hkv, S, D], as GqaDriver holds its own.
-
-    draft: the paired weights and head of an int4-q41 draft (activations rounded to two int8 parts before each
-    weight: the draft's kernels; the target keeps fp32); it runs on `weights` (its target's norms and tables).
-    kv_owner: a model whose KV this one reads and writes (a draft beside its target), else its own.
-    """
+class NativeModel(KernelModel):
+    """One model on the CPU kernels (specdec.native.core.KernelModel). Also a KV source for the gqa driver's copy_kv
+    (a draft taking this target's KV): `geometry` and `buffers`, the per-layer keys then values [slots, Hkv, S, D], as
+    GqaDriver holds its own. A draft's products round its activations to two int8 parts before each weight (the
+    draft's kernels); the target keeps fp32. threads: the threads each call uses (the caller and its workers)."""
 
     def __init__(self, weights: NativeWeights, dims: ModelDims, kernels, max_seq_len: int,
-                 draft: DraftWeights | None = None, kv_owner: "NativeModel | None" = None):
-        self.weights = weights
-        self.dims = dims
+                 draft: DraftWeights | None = None, kv_owner: "NativeModel | None" = None, threads: int = 1):
+        super().__init__(weights, dims, max_seq_len, draft, kv_owner)
         self.kernels = kernels
-        self.max_seq_len = max_seq_len
-        self.draft = draft
-        self.kv_owner = kv_owner
+        self.threads = threads
         self.geometry = Geometry(dims, max_seq_len, "float32")
         self._keys = self._values = None  # [L, slots, Hkv, S, D]
         self.buffers = []
@@ -121,10 +99,6 @@ class NativeModel:
         self._lock = threading.Lock()  # one forward at a time: the scratch is this model's
         self.quant = draft is not None  # the draft's kernels (int8 activations, paired blocks); a test may turn
         # them off to see the draft's head on its target's fp32 products
-
-    @property
-    def role(self) -> Role:
-        return Role.TARGET if self.draft is None else Role.DRAFT
 
     @property
     def head(self) -> np.ndarray:
@@ -206,21 +180,15 @@ class NativeModel:
                 f"a product of {list(x.shape)} by {blocks.dtype.name} blocks {list(blocks.shape)}")
         return y
 
-    def forward(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool = False,
-                threads: int = 1) -> np.ndarray:
-        """tokens [B, T] of rows at positions pos[b].. of slots[b] -> logits [B, T or 1, V]; K/V land at
-        [pos[b], pos[b] + T) of each slot. One call for all rows: each weight is read once for all of them. Checks its
-        positions and slots (check_rows); NativeBackend, whose forward has checked them, calls compute."""
-        tokens = np.asarray(tokens)
-        rows, steps = tokens.shape if tokens.ndim == 2 else (0, 0)
-        if rows and steps and self.keys is not None:  # else compute says what is wrong
-            pos, slots = check_rows(rows, steps, pos, slots, self.keys.shape[1], self.max_seq_len)
-        return self.compute(tokens, pos, slots, last_only, threads)
+    def held_slots(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[1]
 
     def compute(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool = False,
-                threads: int = 1, layers: tuple = ()) -> np.ndarray | tuple:
-        """forward without check_rows: positions and slots already checked. With `layers` (indices 0..L-1) ->
-        (logits, features [B, T, len(layers), H]: every fed token's hidden state after each of those layers)."""
+                layers: tuple = ()) -> np.ndarray | tuple:
+        """forward without check_rows: every row in one kernel call (each weight read once for all of them). With
+        `layers` (indices 0..L-1) -> (logits, features [B, T, len(layers), H]: every fed token's hidden state after
+        each of those layers)."""
+        threads = self.threads
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
         rows, steps = tokens.shape if tokens.ndim == 2 else (0, 0)
         keys, values = self.keys, self.values
@@ -241,10 +209,7 @@ class NativeModel:
         if status == NONFINITE:  # the kernels checked every logit; which positions, on this path alone
             raise nonfinite_logits(self.role, np.isfinite(out.max(axis=-1)).tolist(), pos32.tolist(), steps, last_only)
         raise_for(status, f"a forward of {rows} x {steps} tokens at {pos32.tolist()}")
-        logits = out
-        if self.draft is not None and self.draft.head_rows is not None:
-            logits = np.full(out.shape[:2] + (self.dims.vocab_size,), self.draft.fill, np.float32)
-            logits[..., self.draft.head_rows] = out
+        logits = self.widen(out)
         return (logits, features) if layers else logits
 
     def _features(self, rows: int, steps: int, layers: tuple) -> tuple:

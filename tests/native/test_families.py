@@ -141,7 +141,7 @@ def test_the_cuda_backend_refuses_qwen3_and_auto_stays_native(qwen3_bundles):
     from specdec.runtime.cuda_backend import CudaBackend, CudaOptions
 
     bundle, _ = qwen3_bundles
-    with pytest.raises(BackendError, match="normalize q/k heads"):
+    with pytest.raises(BackendError, match="q/k heads normalized"):
         CudaBackend(bundle, read_manifest(bundle).target, CudaOptions(kernels=ReferenceKernels)).open()
     with load(bundle) as gen:
         assert gen.backend == "native"
