@@ -16,7 +16,7 @@ PACKAGE = ROOT / "specdec"
 OPERATORS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn)
 COLLECTIONS = (ast.Tuple, ast.List, ast.Set)
 ENUMS = {"Enum", "StrEnum"}
-NOT_KINDS = {("specdec/export/native_pack.py", "Op")}  # enums of another library's names (ONNX's op types)
+NOT_KINDS = set()  # enums of another library's names
 
 ALLOWED = {  # file -> the literals it may compare or hold, and why none of them is a kind
     "specdec/__init__.py": {"GenerationConfig", "GenerationResult", "Generator", "load"},  # lazy attributes (PEP 562)

@@ -14,8 +14,8 @@ import numpy as np
 
 from specdec.blocks import WEIGHT_LAYOUTS
 from specdec.errors import BackendError
-from specdec.manifest import ModelDims, Role
-from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
+from specdec.manifest import Activation, ModelDims, NormKind, PositionKind, Role
+from specdec.native.weights import DraftWeights, NativeWeights
 
 
 class FamilyFeature(StrEnum):
@@ -30,14 +30,14 @@ class FamilyFeature(StrEnum):
 
 
 def family_features(weights: NativeWeights) -> frozenset:
-    """The FamilyFeatures `weights` need of the kernels that run them."""
-    layer = weights.layers[0]
+    """The FamilyFeatures `weights` need of the kernels that run them (from its family record, and its layout)."""
+    family = weights.family
     found = {
-        FamilyFeature.GPT2_LAYOUT: weights.positions is not None or not weights.gated
-        or weights.final_norm_bias is not None,
-        FamilyFeature.PRODUCT_BIASES: any(getattr(layer, f"{name}_bias") is not None for name in LINEARS),
-        FamilyFeature.SLIDING_WINDOW: bool(weights.window),
-        FamilyFeature.QK_NORM: layer.q_norm is not None,
+        FamilyFeature.GPT2_LAYOUT: family.norm == NormKind.LAYER or family.positions == PositionKind.LEARNED
+        or family.activation != Activation.SILU_GATED,
+        FamilyFeature.PRODUCT_BIASES: bool(family.biases),
+        FamilyFeature.SLIDING_WINDOW: bool(family.window),
+        FamilyFeature.QK_NORM: family.qk_norm,
         FamilyFeature.MIXED_BLOCKS: WEIGHT_LAYOUTS[weights.layout].mixed,
     }
     return frozenset(feature for feature, needed in found.items() if needed)

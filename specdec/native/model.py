@@ -53,11 +53,23 @@ class FeaturesStruct(ctypes.Structure):
 
 
 MLPS = {Activation.SILU_GATED: 0, Activation.GELU_TANH: 1, Activation.GELU: 2}  # specdec_native.h's SPECDEC_MLP_*
-BIASES = ("input_norm_bias", "post_norm_bias", "o_bias", "gate_up_bias", "down_bias")  # model_t's [L] tables of them
+PER_LAYER = {"in_norm": "input_norm", "post_norm": "post_norm", **{name: name for name in LINEARS},
+             "qkv_bias": "qkv_bias", "q_norm": "q_norm", "k_norm": "k_norm", "in_norm_bias": "input_norm_bias",
+             "post_norm_bias": "post_norm_bias", "o_bias": "o_bias", "gate_up_bias": "gate_up_bias",
+             "down_bias": "down_bias"}  # model_t's [L] tables of pointers -> the Layer field each points to
 
 
 def _pointers(arrays: list) -> np.ndarray:
     return np.array([a.ctypes.data for a in arrays], dtype=np.uintp)
+
+
+def _per_layer(layers: list, name: str) -> np.ndarray | None:
+    """The [L] pointers to every layer's `name`, or None where the layers hold none (a family without it)."""
+    return None if getattr(layers[0], name) is None else _pointers([getattr(layer, name) for layer in layers])
+
+
+def _address(array) -> int | None:
+    return None if array is None else array.ctypes.data
 
 
 def raise_for(status: int, what: str) -> None:
@@ -107,41 +119,33 @@ class NativeModel(KernelModel):
 
     @functools.cached_property
     def struct(self) -> ModelStruct:
-        """specdec_native.h's model_t over the weights (built once; the arrays it points into live as long as
-        this)."""
-        weights, dims, layers = self.weights, self.dims, self.weights.layers
-        tables = [_pointers([getattr(layer, name) for layer in layers])
-                  for name in ("input_norm", "post_norm", *LINEARS)]
-        paired = [_pointers(list(column)) for column in zip(*self.draft.pairs)] if self.draft else []
-        biases = _pointers([layer.qkv_bias for layer in layers]) if layers[0].qkv_bias is not None else None
+        """specdec_native.h's model_t over the weights, every field by its name (built once; the arrays it points into
+        live as long as this)."""
+        weights, dims = self.weights, self.dims
+        tables = {field: _per_layer(weights.layers, name) for field, name in PER_LAYER.items()}
+        if self.draft:  # the draft's pairs, a column of [L] per linear; NULL for a target
+            tables.update({f"{name}_p": _pointers(list(column)) for name, column in zip(LINEARS, zip(*self.draft.pairs))})
         mixed = WEIGHT_LAYOUTS[weights.layout].mixed
-        kinds = np.array([[WEIGHT_KINDS[getattr(layer, name).dtype] for name in LINEARS] +
-                          [WEIGHT_KINDS[(layer.qkv_v if layer.qkv_v is not None else layer.qkv).dtype]]
-                          for layer in layers], np.int32) if mixed else None  # each linear's own blocks ("mixed")
-        split = [layer.qkv_v for layer in layers]  # a mixed layer's v rows apart, else NULL
-        v_rows = np.array([0 if v is None else v.ctypes.data for v in split], np.uintp) if any(
-            v is not None for v in split) else None
-        head_norms = [_pointers([getattr(layer, name) for layer in layers]) for name in ("q_norm", "k_norm")] \
-            if layers[0].q_norm is not None else [None, None]
-        more = [_pointers([getattr(layer, name) for layer in layers]) if getattr(layers[0], name) is not None else None
-                for name in BIASES]  # LayerNorm's biases, and those after o, gate_up and down (GPT-2's)
-        self._tables = tables + paired + [biases, kinds, v_rows, *head_norms, *more]  # kept alive with the struct
-        address = lambda array: None if array is None else array.ctypes.data  # noqa: E731
+        if mixed:  # each linear's own blocks, and its v rows' where a layer holds them apart
+            tables["kinds"] = np.array([[WEIGHT_KINDS[getattr(layer, name).dtype] for name in LINEARS] +
+                                        [WEIGHT_KINDS[(layer.qkv if layer.qkv_v is None else layer.qkv_v).dtype]]
+                                        for layer in weights.layers], np.int32)
+        if any(layer.qkv_v is not None for layer in weights.layers):
+            tables["qkv_v"] = np.array([0 if layer.qkv_v is None else layer.qkv_v.ctypes.data
+                                        for layer in weights.layers], np.uintp)
+        self._tables = tables  # kept alive with the struct
         rows = WEIGHT_LAYOUTS[weights.layout].rows  # rows: a tied embedding is the head itself
         embedding = weights.head if rows and weights.embedding is None else weights.embedding
+        arrays = {**tables, "embedding": embedding, "final_norm": weights.final_norm, "head": self.head,
+                  "cos": weights.cos, "sin": weights.sin, "final_norm_bias": weights.final_norm_bias,
+                  "position_table": weights.positions,
+                  "embedding_rows": weights.head if embedding is None else None}  # the whole head, not a draft's rows
         return ModelStruct(
-            dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim, weights.mlp_width,
-            len(self.head), weights.vocab, weights.max_position, KINDS[weights.layout], weights.epsilon, weights.scale,
-            None if embedding is None else embedding.ctypes.data, *(table.ctypes.data for table in tables),
-            *([table.ctypes.data for table in paired] or [None] * len(LINEARS)),  # NULL for a target
-            weights.final_norm.ctypes.data, self.head.ctypes.data, address(weights.cos), address(weights.sin),
-            weights.head.ctypes.data if embedding is None else None,  # the whole head, not a draft's rows
-            None if biases is None else biases.ctypes.data, None if kinds is None else kinds.ctypes.data,
-            None if v_rows is None else v_rows.ctypes.data,
-            *(None if table is None else table.ctypes.data for table in head_norms),
-            WEIGHT_KINDS[weights.head.dtype] if mixed else WEIGHT_KINDS[BLOCK8], weights.window,
-            MLPS[weights.activation], *(address(table) for table in more[:2]), address(weights.final_norm_bias),
-            *(address(table) for table in more[2:]), address(weights.positions))
+            L=dims.num_layers, H=dims.hidden_size, Hq=dims.num_heads, Hkv=dims.num_kv_heads, D=dims.head_dim,
+            I=weights.mlp_width, V=len(self.head), vocab=weights.vocab, positions=weights.max_position,
+            kind=KINDS[weights.layout], eps=weights.epsilon, scale=weights.scale, window=weights.window,
+            head_kind=WEIGHT_KINDS[weights.head.dtype] if mixed else WEIGHT_KINDS[BLOCK8],
+            mlp=MLPS[weights.activation], **{name: _address(array) for name, array in arrays.items()})
 
     @property
     def keys(self):
