@@ -34,7 +34,9 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/export/architectures.py": {"model", "layers",  # transformers' attribute names of a decoder's blocks
                                         "gelu"},  # a Hugging Face activation name (ACT2FN)
     "specdec/export/native_pack.py": {"qkv", "o", "gate_up", "down", "head"},  # tensor names of the native weights
-                                                                               # file
+    "specdec/export/native_family.py": {"final_norm_bias", "positions", "layers.0.q_norm"},  # tensor names of the
+                                                                                                # native weights file
+    "specdec/native/weights.py": {"final_norm_bias", "positions", "layers.0.q_norm"},  # ... the same
     "specdec/export/parity.py": {"prefill", "verify"},  # labels of the parity record's steps
     "specdec/calibration/data.py": {".txt", ".md", ".jsonl", ".parquet",  # file suffixes
                                     "text"},  # the default column of a JSONL or parquet file

@@ -12,10 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specdec.export.architectures import GeluApproximation
 from specdec.manifest import Activation, FamilyRecord, NormKind, PositionKind
 from specdec.native.weights import LINEARS
 
-GELU_ACTIVATIONS = {"tanh": Activation.GELU_TANH, "none": Activation.GELU}  # torch's approximation -> the engine's
+GELU_ACTIVATIONS = {GeluApproximation.TANH: Activation.GELU_TANH, GeluApproximation.NONE: Activation.GELU}
 
 
 class NativeSkipped(Exception):
