@@ -502,11 +502,11 @@ def twin_parity(kernels, shape: dict, positions: int) -> dict:
     weights, _ = twin_weights(shape)
     dims, size = twin_dims(shape), shape["positions"]
     cuda = CudaModel(kernels, weights, dims, size, 1, 8).open()
-    native = NativeModel(weights, dims, load_kernels(), size)
+    native = NativeModel(weights, dims, load_kernels(), size, threads=default_threads())
     ids = np.random.default_rng(4).integers(0, shape["vocab"], (4, positions))
-    slot, threads = np.zeros(1, np.int64), default_threads()
+    slot = np.zeros(1, np.int64)
     return _teacher_forced(lambda t, p: cuda.forward(t, p, slot, False),
-                           lambda t, p: native.forward(t, p, slot, False, threads), (cuda.reset, native.reset), ids)
+                           lambda t, p: native.forward(t, p, slot, False), (cuda.reset, native.reset), ids)
 
 
 def verdicts(results: dict) -> list:

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "specdec"
 OPERATORS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn)
 COLLECTIONS = (ast.Tuple, ast.List, ast.Set)
 ENUMS = {"Enum", "StrEnum"}
-NOT_KINDS = {("specdec/export/native_pack.py", "Op")}  # enums of another library's names (ONNX's op types)
+NOT_KINDS = set()  # enums of another library's names
 
 ALLOWED = {  # file -> the literals it may compare or hold, and why none of them is a kind
     "specdec/__init__.py": {"GenerationConfig", "GenerationResult", "Generator", "load"},  # lazy attributes (PEP 562)
@@ -34,7 +34,9 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/export/architectures.py": {"model", "layers",  # transformers' attribute names of a decoder's blocks
                                         "gelu"},  # a Hugging Face activation name (ACT2FN)
     "specdec/export/native_pack.py": {"qkv", "o", "gate_up", "down", "head"},  # tensor names of the native weights
-                                                                               # file
+    "specdec/export/native_family.py": {"final_norm_bias", "positions", "layers.0.q_norm"},  # tensor names of the
+                                                                                                # native weights file
+    "specdec/native/weights.py": {"final_norm_bias", "positions", "layers.0.q_norm"},  # ... the same
     "specdec/export/parity.py": {"prefill", "verify"},  # labels of the parity record's steps
     "specdec/calibration/data.py": {".txt", ".md", ".jsonl", ".parquet",  # file suffixes
                                     "text"},  # the default column of a JSONL or parquet file
@@ -43,8 +45,8 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/export/head_import.py": {"silu"},  # a transformers config's hidden_act
     "specdec/manifest.py": {"None", "int", "float",  # type names in a dataclass field's annotation
                             "..", "\\"},  # a path that leaves the bundle
-    "specdec/native/model.py": {"iu",  # numpy's dtype.kind codes of integers
-                                "head", "layers"},  # field names of specdec_native.h's model_t and features_t
+    "specdec/native/core.py": {"iu"},  # numpy's dtype.kind codes of integers
+    "specdec/native/model.py": {"head", "layers"},  # field names of specdec_native.h's model_t and features_t
     "specdec/native/build.py": {"1",  # SPECDEC_NATIVE_SANITIZE's value
                                 "avx2"},  # a flag of /proc/cpuinfo
     "specdec/cuda/device.py": {"cuda"},  # the kernel set's label in run records (benchmarks/cuda_check.py)

@@ -61,7 +61,7 @@ def open_head(root: Path, manifest: Manifest, target, verify: bool) -> HeadModel
 
         native = backend.model.weights
         table = native.embedding if native.embedding is not None else native.head
-        products = BlockProducts(matrices, backend.model.kernels, backend.workers) if blocks_fit(matrices) \
+        products = BlockProducts(matrices, backend.model.kernels, backend.model.threads) if blocks_fit(matrices) \
             else FloatProducts(matrices)
     else:
         table, products = embedding_table(root, manifest.target), FloatProducts(matrices)

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from specdec.errors import BackendError
-from specdec.manifest import Dtype, Method, ModelEntry, Role
-from specdec.native.weights import check_file, drafts_natively
-from specdec.runtime.backend import Backend, SharedKvDraft, check_tokens, default_threads
+from specdec.manifest import Dtype, ModelEntry
+from specdec.runtime.backend import Backend, default_threads
 from specdec.runtime.config import BackendName, Device
-from specdec.runtime.forward import Capabilities, ForwardRequest, ForwardResult, Output
+from specdec.runtime.forward import Capabilities, Output
+from specdec.runtime.kernel_backend import KernelBackend
 
 HINT = "use backend='onnxruntime'"
 PAGES_ENV = "SPECDEC_NATIVE_PAGES"  # "private" (default) or "shared": how the weights are held (specdec.blocks)
@@ -42,77 +42,54 @@ def pages() -> str:
     return value
 
 
-class NativeBackend(SharedKvDraft, Backend):
+class NativeBackend(KernelBackend):
     name = BackendName.NATIVE
     devices = (Device.CPU,)
     capabilities = Capabilities(frozenset({Output.LOGITS, Output.FEATURES}), feature_layers=None)  # any layer
+    exact_prefix_kv = True  # a position's result depends only on its position (docs/backends.md; tested)
 
     def __init__(self, root: Path, entry: ModelEntry, threads: int | None = None,
                  target: "NativeBackend | None" = None):
-        super().__init__(root, entry)
+        super().__init__(root, entry, target)
         self.threads = threads
-        self.target = target  # a native draft's target: its blocks and its KV
-        self.model = self.driver = None
-
-    @classmethod
-    def files_read(cls, entry: ModelEntry) -> list:
-        """Only the native weights: the engine reads no ONNX."""
-        return [entry.native.path] if entry.native is not None else []
-
-    @classmethod
-    def check_files(cls, root: Path, entry: ModelEntry) -> None:
-        check_file(root, entry.native, entry.role)  # native.bin's size against its header's, before it is hashed
-
-    @classmethod
-    def runs_draft(cls, draft: ModelEntry, target: Backend) -> bool:
-        """Whether this backend runs `draft` beside the open `target` (the pair planner asks)."""
-        return isinstance(target, cls) and drafts_natively(draft, target.entry)
+        self.driver = None
 
     @classmethod
     def for_draft(cls, root: Path, draft: ModelEntry, threads: int | None, target: Backend) -> "NativeBackend":
         return cls(root, draft, threads, target=target)
 
     def open(self) -> "NativeBackend":
-        from specdec.native.build import load_kernels
-        from specdec.native.model import NativeModel
-        from specdec.native.weights import check_layout, draft_weights, target_weights
-
-        role = Role.TARGET if self.target is None else Role.DRAFT
-        record = check_layout(self.entry.native, role, self.entry.native_note)  # export writes native weights for gqa graphs only
         if self.entry.kv_dtype != Dtype.FLOAT32:
-            raise BackendError(f"the {role} has KV dtype {self.entry.kv_dtype}; the native backend keeps fp32 KV",
-                               f"re-export with --dtype fp32, or {HINT}")
-        kernels = load_kernels()
-        if self.target is None:
-            weights = target_weights(self.root, record, self.entry.dims, pages())
-            self.model = NativeModel(weights, self.entry.dims, kernels, self.max_seq_len)
-        else:
-            if self.target.model is None or not drafts_natively(self.entry, self.target.entry):
-                raise BackendError(f"the native backend runs a {Method.INT4_Q41} draft of an open native target only",
-                                   "open the draft on onnxruntime (the pair planner chooses)")
-            target = self.target.model
-            draft = draft_weights(self.root, record, self.entry.dims, target.weights, pages())
-            self.model = NativeModel(target.weights, self.entry.dims, kernels, self.max_seq_len, draft=draft,
-                                     kv_owner=target)
+            raise BackendError(f"the {self.entry.role} has KV dtype {self.entry.kv_dtype}; the native backend keeps "
+                               f"fp32 KV", f"re-export with --dtype fp32, or {HINT}")
+        super().open()
         self.model.struct  # built and checked now, not on the first call
-        self.workers = self.threads or default_threads()  # once: it reads the cgroup quota's files
         self.driver = self.model  # what a draft's copy_kv reads (geometry, buffers)
         return self
+
+    def _open_target(self, record):
+        from specdec.native.build import load_kernels
+        from specdec.native.model import NativeModel
+        from specdec.native.weights import target_weights
+
+        weights = target_weights(self.root, record, self.entry.dims, pages())
+        self.check_family(weights)
+        return NativeModel(weights, self.entry.dims, load_kernels(), self.max_seq_len, threads=self._workers())
+
+    def _open_draft(self, record, target_model):
+        from specdec.native.model import NativeModel
+        from specdec.native.weights import draft_weights
+
+        draft = draft_weights(self.root, record, self.entry.dims, target_model.weights, pages())
+        return NativeModel(target_model.weights, self.entry.dims, target_model.kernels, self.max_seq_len, draft=draft,
+                           kv_owner=target_model, threads=self._workers())
+
+    def _workers(self) -> int:
+        return self.threads or default_threads()  # once, at open: it reads the cgroup quota's files
 
     @property
     def kv_layout(self) -> str | None:
         return self.entry.lowering  # the gqa driver's per-layer layout
 
-    exact_prefix_kv = True  # a position's result depends only on its position (docs/backends.md; tested)
-
-
-    def _run(self, request: ForwardRequest, slots: np.ndarray, layers: tuple) -> ForwardResult:
-        # input_ids: [B, T] -> logits [B, T or 1, V], features [B, T, F, H] of `layers`
-        check_tokens(request.input_ids, self.model.weights.vocab, "the weights' vocabulary")
-        out = self.model.compute(request.input_ids, request.cache_len, slots, request.last_only, self.workers,
-                                 layers)  # checked by run
-        return ForwardResult(*out) if layers else ForwardResult(out)
-
-    def close(self) -> None:
-        self.model = self.driver = None
-        self.batch = 0
+    def _release(self) -> None:
+        self.driver = None
