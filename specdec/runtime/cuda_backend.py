@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import WEIGHT_LAYOUTS, Pages
+from specdec.weight_kinds import WEIGHT_LAYOUTS
+from specdec.weights_file import Pages
 from specdec.errors import BackendError, CapacityError
 from specdec.manifest import ModelEntry, Role
 from specdec.runtime.backend import Backend, SharedKvDraft, bounds, check_capacity, check_tokens
