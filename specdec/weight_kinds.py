@@ -301,7 +301,7 @@ class WeightLayout:
 
     name: LayoutName
     role: Role  # the model it holds
-    kind: int  # specdec_native.h's model_t.kind (-1: a draft's, which runs on its target's model_t)
+    kind: int  # model_t.kind, a ModelKind (-1: a draft's, which runs on its target's model_t)
     linear: WeightKind | None  # the kind of its linear weights; None: each its own of MIXED_KINDS
     head: WeightKind | None  # ... of its head; None: its own of MIXED_KINDS
 
