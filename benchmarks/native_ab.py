@@ -52,7 +52,7 @@ def sources_of(old: str, into: Path) -> Path:
 def build_of(folder: Path, into: Path, flags: tuple):
     """OLD's sources in `folder` compiled with this specdec's compiler and `flags`, loaded and checked: refused where
     they read another weights format (the same bundle's blocks would mean other weights to them)."""
-    from specdec.blocks import FORMAT_VERSION
+    from specdec.weights_file import FORMAT_VERSION
     from specdec.native import build
 
     found = re.search(r"#define SPECDEC_FORMAT_VERSION (\d+)", (folder / "specdec_native.h").read_text())

@@ -231,7 +231,7 @@ class NativeRecord:
     """A model's weights as the native engine reads them: a file of blocks it memory-maps (specdec.blocks)."""
 
     layout: str  # a specdec.blocks layout name: "q41" (a target on the GGUF grids), "q41-draft" (its int4-q41 draft)
-    abi: int  # the weights' format version of the writer (specdec.blocks.FORMAT_VERSION)
+    abi: int  # the weights' format version of the writer (specdec.weights_file.FORMAT_VERSION)
     path: str  # relative to the bundle; also in the entry's files, with its sha256
     tensors: dict  # name -> {"kind", "shape", "offset"}
     epsilon: float = 0.0  # the norms' epsilon (RMSNorm's, or LayerNorm's where the tensors hold norm biases)

@@ -49,13 +49,18 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/native/model.py": {"head", "layers"},  # field names of specdec_native.h's model_t and features_t
     "specdec/native/build.py": {"1",  # SPECDEC_NATIVE_SANITIZE's value
                                 "avx2"},  # a flag of /proc/cpuinfo
+    "specdec/weight_kinds.py": {"float", "uint8_t", "int8_t", "uint16_t", "f16",  # specdec_kinds.h's C types, bound
+                                                                                   # to numpy's dtypes
+                                '"', "(", ")", ",",  # the C punctuation the header's reader splits a table's rows at
+                                "i64", "q41-draft"},  # the members of TensorKind and LayoutName that no row of the
+                                                      # header makes: defined where the enum is, as a class body would
     "specdec/cuda/device.py": {"cuda"},  # the kernel set's label in run records (benchmarks/cuda_check.py)
     "specdec/runtime/backend.py": {"0", "", "cpu", "max",  # /proc/self/cgroup's fields, a cgroup controller, cpu.max
                                    "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"},  # glibc's variables
     "specdec/runtime/trt_backend.py": {":",  # in a device="cuda:N"
                                        "logits"},  # the engine's output tensor name
     "specdec/lowering.py": {"logits"},  # the graphs' output name (the contract's, docs/export.md)
-    "specdec/serving/ray_local.py": {"", "0.0.0.0", "[::]"},  # the wildcard addresses a gRPC server may bind
+    "specdec/serving/ray_local.py": {"", "0.0.0.0", "[::]", "::"},  # the wildcard addresses a server may bind
     "specdec/runtime/limits.py": {"memory"},  # /proc/self/cgroup's name of a cgroup controller
     "specdec/runtime/generator.py": {"\0"},  # the NUL character, which no path may hold
     "specdec/serving/app.py": {"http.disconnect",  # an ASGI message type
@@ -76,7 +81,8 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/runtime/text.py": {"BPE", "Sequence", "ByteLevel", "Removed",  # tokenizer.json's model, normalizer and
                                 "Metaspace", "Digits", "Punctuation", "Split"},  # pre-tokenizer types, a Split
                                                                                  # behaviour
-    "specdec/serving/ray_app.py": {"Z"},  # /proc/PID/stat's state of a zombie
+    "specdec/serving/ray_app.py": {"Z",  # /proc/PID/stat's state of a zombie
+                                   "", "0.0.0.0", "[::]", "::"},  # the wildcard hosts, its API probed on loopback
 }
 
 
@@ -177,9 +183,17 @@ def kinds_held(tree: ast.Module, kinds: set) -> list:
     return found
 
 
+def table_names() -> set:
+    """The names of the kinds specdec.weight_kinds reads from specdec_kinds.h (its enums are made from the header's
+    table, so the source holds no class of them to read): every weight kind's, element's and layout's."""
+    from specdec.weight_kinds import LayoutName, TensorKind, WeightKind
+
+    return {kind.label for kind in WeightKind} | {str(kind) for kind in TensorKind} | {str(n) for n in LayoutName}
+
+
 TREES = {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
          for path in sorted(PACKAGE.rglob("*.py"))}
-KINDS, CONSTANTS = kind_names(TREES), constants(TREES)
+KINDS, CONSTANTS = kind_names(TREES) | table_names(), constants(TREES)
 FOUND = {rel: sorted(set(string_comparisons(tree, _names(tree, rel, CONSTANTS)) + kinds_held(tree, KINDS)))
          for rel, tree in TREES.items()}
 

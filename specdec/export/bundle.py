@@ -22,7 +22,7 @@ from specdec.export.sources import (
     resolve_source,
     rounded,
 )
-from specdec.blocks import DTYPES, WEIGHT_LAYOUTS
+from specdec.weight_kinds import DTYPES, WEIGHT_LAYOUTS
 from specdec.chat_template import read_chat_template
 from specdec.lowering import lowering_for
 from specdec.manifest import (

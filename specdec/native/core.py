@@ -12,7 +12,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from specdec.blocks import WEIGHT_LAYOUTS
+from specdec.weight_kinds import WEIGHT_LAYOUTS
 from specdec.errors import BackendError
 from specdec.manifest import Activation, ModelDims, NormKind, PositionKind, Role
 from specdec.native.weights import DraftWeights, NativeWeights

@@ -5,16 +5,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from enum import StrEnum
 
 import numpy as np
 
-from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK5, BLOCK6, BLOCK8, KINDS, WEIGHT_LAYOUTS
 from specdec.errors import BackendError, nonfinite_logits
 from specdec.lowering import Geometry
 from specdec.manifest import Activation, ModelDims
 from specdec.native.core import KernelModel
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
+from specdec.weight_kinds import KERNELS, KIND_OF, WEIGHT_LAYOUTS, Kernel, WeightKind
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
 STATUS = {  # specdec_native.h's status codes
@@ -22,19 +21,7 @@ STATUS = {  # specdec_native.h's status codes
     "weights' vocabulary", 4: "a position is below 0 or past the static buffers", 5: "the scratch is too small",
     6: "the thread count is out of range", 7: "a row of logits holds NaN or inf"}
 NONFINITE = 7  # specdec_native.h's SPECDEC_E_NONFINITE: the forward ran; a row of its logits has no distribution
-WEIGHT_KINDS = {BLOCK4: 0, BLOCK8: 1, BLOCK4P: 2, BF16: 3, np.dtype("<f2"): 4, np.dtype("<f4"): 5,
-                BLOCK6: 6, BLOCK5: 7}  # specdec_native.h's SPECDEC_W_*: specdec_matmul's kind, model_t.kinds
-
-
-class Kernel(StrEnum):
-    """A kernel of specdec_matmul (KERNELS: its code in specdec_native.h)."""
-
-    STEP = "step"  # a decode step's and a verify pass's
-    PROMPT = "prompt"  # a prompt's (fp32)
-    INT8 = "int8"  # the activations rounded to two int8 parts: the draft's
-
-
-KERNELS = {Kernel.STEP: 0, Kernel.PROMPT: 1, Kernel.INT8: 2}
+WEIGHT_KINDS = KIND_OF  # an array's dtype -> its WeightKind (specdec_matmul's kind, model_t.kinds)
 
 
 class ModelStruct(ctypes.Structure):
@@ -143,8 +130,8 @@ class NativeModel(KernelModel):
         return ModelStruct(
             L=dims.num_layers, H=dims.hidden_size, Hq=dims.num_heads, Hkv=dims.num_kv_heads, D=dims.head_dim,
             I=weights.mlp_width, V=len(self.head), vocab=weights.vocab, positions=weights.max_position,
-            kind=KINDS[weights.layout], eps=weights.epsilon, scale=weights.scale, window=weights.window,
-            head_kind=WEIGHT_KINDS[weights.head.dtype] if mixed else WEIGHT_KINDS[BLOCK8],
+            kind=WEIGHT_LAYOUTS[weights.layout].kind, eps=weights.epsilon, scale=weights.scale, window=weights.window,
+            head_kind=WEIGHT_KINDS[weights.head.dtype] if mixed else WeightKind.Q80,
             mlp=MLPS[weights.activation], **{name: _address(array) for name, array in arrays.items()})
 
     @property
@@ -165,21 +152,19 @@ class NativeModel(KernelModel):
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
     def matmul(self, x: np.ndarray, blocks: np.ndarray, kernel: Kernel = Kernel.STEP, threads: int = 1) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK5, BLOCK8, BLOCK6; BLOCK4P with Kernel.INT8) or
-        rows [N, K] (BF16, float16, float32), by `kernel` (a Kernel or its name); the products alone, for benchmarks
-        and tests."""
+        """x [M, K] -> [M, N] through weights [N, elements] of any WeightKind (blocks [N, K / 32], pairs, rows [N, K])
+        by `kernel` (a Kernel or its name) where the kind's table gives it that kernel; the products alone, for
+        benchmarks and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or blocks.ndim != 2 or blocks.dtype not in WEIGHT_KINDS:
             raise BackendError(f"matmul of {x.shape} by {blocks.dtype} {blocks.shape}", "pass x [M, K], blocks [N, nb]")
         kind = WEIGHT_KINDS[blocks.dtype]
-        rows = blocks.dtype.names is None  # rows [N, K]: K / 32 blocks of 32 a column
-        per_column = blocks.shape[1] // BLOCK if rows and blocks.shape[1] % BLOCK == 0 else -1 if rows else blocks.shape[1]
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
         need = self.kernels.specdec_matmul_scratch_bytes(x.shape[0], x.shape[1], KERNELS[kernel], threads)
         with self._lock:
             address, size = self.scratch.at_least(need)
             raise_for(self.kernels.specdec_matmul(
-                x.ctypes.data, x.shape[0], x.shape[1], blocks.ctypes.data, per_column, kind,
+                x.ctypes.data, x.shape[0], x.shape[1], blocks.ctypes.data, blocks.shape[1], kind,
                 KERNELS[kernel], y.ctypes.data, blocks.shape[0], address, size, threads),
                 f"a product of {list(x.shape)} by {blocks.dtype.name} blocks {list(blocks.shape)}")
         return y

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (BLOCK, CHUNK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, LayoutName, Pages, TensorEntry,
-                            check_extent, check_format, index_from, nonfinite, read_tensors)
 from specdec.errors import BackendError
 from specdec.manifest import (Activation, FamilyRecord, Method, ModelDims, ModelEntry, NativeRecord, NormKind,
                               PositionKind)
+from specdec.weight_kinds import MIXED_KINDS, WEIGHT_LAYOUTS, LayoutName
+from specdec.weights_file import CHUNK, Pages, check_extent, check_format, index_from, nonfinite, read_tensors
 
 HINT = "re-export the bundle with this specdec (specdec-export writes native weights), or use backend='onnxruntime'"
 LINEARS = ("qkv", "o", "gate_up", "down")
@@ -76,7 +76,7 @@ class NativeWeights:
     sin: np.ndarray | None
     epsilon: float
     scale: float  # attention scores' scale
-    layout: LayoutName = LayoutName.Q41  # a key of specdec.blocks.WEIGHT_LAYOUTS
+    layout: LayoutName = LayoutName.Q41  # a key of specdec.weight_kinds.WEIGHT_LAYOUTS
     window: int = 0  # keys a query sees, its own included (a sliding window), or 0: every earlier key
     final_norm_bias: np.ndarray | None = None  # [H]: LayerNorm's bias (GPT-2), or None
     positions: np.ndarray | None = None  # [positions, H]: learned positions added to the embedding (GPT-2), or None
@@ -253,8 +253,6 @@ def _layer_shapes(t: dict, family: FamilyRecord, dims: ModelDims, per: int, line
 def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str = Pages.SHARED) -> NativeWeights:
     """The weights of a target (layout "q41", "q80" or "mixed", or rows), each tensor's kind and shape checked against
     `dims` and its family record."""
-    from specdec.blocks import BLOCK8
-
     t = _tensors(root, record, "target", pages)
     family = family_of(record)
     _check_family(family, t)
@@ -266,8 +264,9 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
     if cos is None or cos.ndim != 2 or cos.shape[1] != columns or cos.dtype != f32:
         raise BackendError(f"the target's {table} table is {None if cos is None else list(cos.shape)}, not "
                            f"[positions, {columns}] f32", HINT)
-    per, linear, head_kind = (1, DTYPES[record.layout], DTYPES[record.layout]) if rows else \
-        (BLOCK, DTYPES[layout.linear] if layout.linear else MIXED_LINEARS, MIXED_LINEARS if layout.mixed else BLOCK8)
+    mixed = tuple(kind.dtype for kind in MIXED_KINDS)  # each weight of its own kind (None in the layout)
+    per, linear = layout.per, mixed if layout.linear is None else layout.linear.dtype
+    head_kind = mixed if layout.head is None else layout.head.dtype
     shapes, qkv = _layer_shapes(t, family, dims, per, linear), (dims.num_heads + 2 * dims.num_kv_heads) * D
     layer_list = []
     for i in range(dims.num_layers):
@@ -292,18 +291,17 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
 def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: NativeWeights,
                   pages: str = Pages.SHARED) -> DraftWeights:
     """The "q41-draft" weights of an int4-q41 draft of `target`."""
-    from specdec.blocks import BLOCK4P, BLOCK8
-
     t = _tensors(root, record, "draft", pages)
-    pairs, per = [], WEIGHT_LAYOUTS[target.layout].per
+    pairs, per, draft = [], WEIGHT_LAYOUTS[target.layout].per, WEIGHT_LAYOUTS[record.layout]
     for i, layer in enumerate(target.layers):
         shapes = [(layer.qkv_rows, layer.qkv.shape[1])] + [getattr(layer, name).shape for name in LINEARS[1:]]
         # [N, K / 32] blocks or [N, K] rows; a mixed layer's q/k/v whole, its v rows apart or not
-        pairs.append([_expect(t, f"layers.{i}.{name}_p", BLOCK4P, (n, (k * per // BLOCK + 1) // 2), "draft")
+        pairs.append([_expect(t, f"layers.{i}.{name}_p", draft.linear.dtype, (n, draft.linear.elements(k * per)),
+                              "draft")
                       for name, (n, k) in zip(LINEARS, shapes)])
     rows = t.get("head_rows")
     scored = len(rows) if rows is not None else dims.vocab_size
-    head = _expect(t, "head", BLOCK8, (scored, dims.hidden_size // BLOCK), "draft")
+    head = _expect(t, "head", draft.head.dtype, (scored, draft.head.elements(dims.hidden_size)), "draft")
     if rows is not None and (rows.dtype != np.int64 or rows.ndim != 1 or (rows.size and not (
             rows.min() >= 0 and rows.max() < dims.vocab_size and len(np.unique(rows)) == len(rows)))):
         raise BackendError("the draft's head_rows are not distinct token ids of its vocabulary", HINT)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import Pages
+from specdec.weights_file import Pages
 from specdec.errors import BackendError, CapacityError
 from specdec.manifest import ModelEntry
 from specdec.native.core import FamilyFeature

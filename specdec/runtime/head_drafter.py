@@ -71,7 +71,7 @@ def open_head(root: Path, manifest: Manifest, target, verify: bool) -> HeadModel
 def embedding_table(root: Path, entry: ModelEntry) -> np.ndarray:
     """The target's token embedding from the bundle's native weights (memory-mapped): its `embedding` rows, or its
     head's where the weights are tied."""
-    from specdec.blocks import Pages, index_from, read_tensors
+    from specdec.weights_file import Pages, index_from, read_tensors
 
     record = entry.native
     if record is None:

@@ -33,7 +33,7 @@ PAGES_ENV = "SPECDEC_NATIVE_PAGES"  # "private" (default) or "shared": how the w
 
 def pages() -> str:
     """How this process holds native weights: $SPECDEC_NATIVE_PAGES, else "private"."""
-    from specdec.blocks import PAGES, Pages
+    from specdec.weights_file import PAGES, Pages
 
     value = os.environ.get(PAGES_ENV, "").strip() or Pages.PRIVATE
     if value not in PAGES:

@@ -31,8 +31,8 @@ import threading
 import time
 
 from specdec.errors import ConfigError, missing_dependency
-from specdec.serving.options import ServeOptions, check_replicas
-from specdec.serving.ray_local import (LOOPBACK, can_list, listeners, local_ray_env, refuse_exposed,
+from specdec.serving.options import REPLICA_HEADER, ServeOptions, check_replicas
+from specdec.serving.ray_local import (LOOPBACK, WILDCARD_HOSTS, can_list, listeners, local_ray_env, refuse_exposed,
                                       replica_grpc_on_loopback)
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def _check_answering(options: ServeOptions) -> None:
     import urllib.error
     import urllib.request
 
-    host = LOOPBACK if options.host in ("0.0.0.0", "::", "") else options.host
+    host = LOOPBACK if options.host in WILDCARD_HOSTS else options.host
     url = f"http://{host}:{options.port}/health"
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
@@ -152,7 +152,7 @@ def _check_answering(options: ServeOptions) -> None:
     except OSError as exc:
         raise ConfigError(f"the Ray Serve replicas are deployed but {url} does not answer ({exc})",
                           hint="another process may hold the port: choose a free one with --port") from exc
-    if "x-specdec-replica" not in headers:
+    if REPLICA_HEADER not in headers:
         raise ConfigError(f"port {options.port} answers {url} without a specdec replica: another process holds it",
                           hint="choose a free port with --port (one below the kernel's ephemeral range, "
                                "/proc/sys/net/ipv4/ip_local_port_range, is never handed to Ray's own agents)")
