@@ -93,7 +93,9 @@ def train_head(bundle: str | Path, config: HeadTrainConfig, progress: bool = Fal
     data = make_data(bundle, manifest, config, work, _share(started, deadline, config), progress)
     trained, head = train_stage(bundle, manifest, config, work, deadline, progress)
     summary = {"data": data, "training": trained, "minutes": (time.monotonic() - started) / 60}
-    record = attach(bundle, config, head, work)
+    source = (f"trained by specdec calibrate head: {data['answer_tokens']} answer tokens, {trained['steps']} steps, "
+              f"seed {config.seed}")
+    record = attach(bundle, config, head, source)
     summary["head"] = dataclasses.asdict(record)
     run = json.loads((work / RUN).read_text(encoding="utf-8"))
     write_atomic(work / RUN, json.dumps(run | {"summary": summary}, indent=1, default=_plain))

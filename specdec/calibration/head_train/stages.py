@@ -60,8 +60,9 @@ def make_data(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work: P
             target.close()
     shards = Shards(work / "data")
     if not len(shards):
-        raise ConfigError("no training data was written: the budget ended before the first shard",
-                          "give the run more time (--minutes) or fewer answer tokens per prompt (--max-new-tokens)")
+        raise ConfigError(f"no training data was written: no prompt fits the {room} tokens the bundle's S = "
+                          f"{manifest.target.max_seq_len} leaves beside --max-new-tokens {config.max_new_tokens}",
+                          "pass a smaller --max-new-tokens, or use a bundle exported with a larger --max-seq-len")
     return {"answer_tokens": tokens, "sequences": len(shards), "all_tokens": int(sum(
         shards.length(s) for s in range(len(shards)))), "prompts_made": len(prompts),
         "seconds": time.monotonic() - started}
@@ -118,13 +119,14 @@ def train_stage(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work:
             "seconds": time.monotonic() - started}, (head.weights(), record)
 
 
-def attach(bundle: Path, config: HeadTrainConfig, head: tuple, work: Path):
-    """Attach the trained head to config.out (a copy of the bundle) or to the bundle; -> the record written."""
+def attach(bundle: Path, config: HeadTrainConfig, head: tuple, source: str):
+    """Attach the trained head to config.out (a copy of the bundle) or to the bundle, its record's source `source`;
+    -> the record written."""
     from specdec.calibration.head_train.pipeline import copy_bundle
     from specdec.head.format import attach_head
 
     weights, record = head
-    record = dataclasses.replace(record, source=f"trained by specdec calibrate head ({work})")
+    record = dataclasses.replace(record, source=source)
     if config.out is None:
         return attach_head(bundle, weights, record)
     written = []
