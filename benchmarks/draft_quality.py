@@ -22,7 +22,8 @@ skips one layer would agree. Needs the [export] extra and the bundle's source mo
 --head: the bundle's trained draft head, decoding for real (drafter="head", rows of --head-rows prompts a request,
 --continue new tokens each) at each γ of --head-gammas and each temperature of --temperatures: acceptance at each
 draft position, the acceptance rate and tokens per verify pass (the mean acceptance length); greedy runs are checked
-equal to target-only decoding. Acceptance, not speed: benchmarks/modes.py --modes none,head:3 times it.
+equal to target-only decoding; the record holds the training run's summary where its work folder is beside the
+bundle. Acceptance, not speed: benchmarks/modes.py --modes none,head:3 times it.
 
 Writes quality.md and record.json. A benchmark, not a test: it asserts nothing.
 """
@@ -253,6 +254,15 @@ def head_stats(generator, prompts: list, config, rows: int) -> tuple:
     return total, outputs
 
 
+def training_summary(bundle: Path) -> dict | None:
+    """The summary of the run that trained the bundle's head (specdec calibrate head --out BUNDLE: its work folder's
+    run.json, BUNDLE.head-train/ by default), where it is there."""
+    import json
+
+    path = bundle.with_name(bundle.name + ".head-train") / "run.json"
+    return json.loads(path.read_text(encoding="utf-8")).get("summary") if path.is_file() else None
+
+
 def head_text(generator, args) -> tuple[str, dict]:
     """The table of --head and its figures for the record."""
     from specdec.bench.prompts import read_prompts
@@ -326,6 +336,7 @@ def main(argv=None) -> int:
                 text, figures = head_text(generator, args)
                 texts.append(f"**{name}**: the draft head, decoding\n\n" + text)
                 settings[name]["head"] = figures
+                settings[name]["head_training"] = training_summary(Path(bundle))
                 continue
             if generator.draft is None and not args.layer_skip:
                 raise SystemExit(f"{bundle} has no draft model; export one (specdec-export) or pass --layer-skip")

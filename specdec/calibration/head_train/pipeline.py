@@ -4,7 +4,8 @@
 2. the draft vocabulary and the first weights from the target (init);
 3. training (train, over TorchHead); 4. the head written into a copy of the bundle (--out) or the bundle itself.
 Everything but the bundle lives in the work folder (shards, vocab.npy, checkpoint.pt, run.json); --resume picks up
-where a stopped run left: whole shards are kept, training continues from its checkpoint.
+where a stopped run left: a data stage that ended keeps its data as it is, one that was stopped goes on (its whole
+shards kept), and training continues from its checkpoint.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def prepare_work(work: Path, config: HeadTrainConfig) -> None:
         if not record.is_file():
             raise ConfigError(f"--resume: {work} holds no earlier run ({RUN} is missing)",
                               "run without --resume to start one, or pass --work naming the earlier run's folder")
-        earlier = json.loads(record.read_text(encoding="utf-8"))["options"]
+        earlier = _run_record(work)["options"]
         changed = sorted(k for k, v in config.fingerprint().items() if earlier.get(k) != v)
         if changed:
             raise ConfigError(f"--resume: the run in {work} was made with other {', '.join(changed)}",
@@ -90,16 +91,25 @@ def train_head(bundle: str | Path, config: HeadTrainConfig, progress: bool = Fal
     deadline = None if config.minutes is None else started + 60 * config.minutes
     from specdec.calibration.head_train.stages import attach, make_data, train_stage
 
-    data = make_data(bundle, manifest, config, work, _share(started, deadline, config), progress)
+    data = _run_record(work).get("data")  # a resumed run whose data stage ended keeps its data as it is
+    if data is None:
+        data = make_data(bundle, manifest, config, work, _share(started, deadline, config), progress)
+        _update_record(work, data=data)
     trained, head = train_stage(bundle, manifest, config, work, deadline, progress)
     summary = {"data": data, "training": trained, "minutes": (time.monotonic() - started) / 60}
     source = (f"trained by specdec calibrate head: {data['answer_tokens']} answer tokens, {trained['steps']} steps, "
               f"seed {config.seed}")
-    record = attach(bundle, config, head, source)
-    summary["head"] = dataclasses.asdict(record)
-    run = json.loads((work / RUN).read_text(encoding="utf-8"))
-    write_atomic(work / RUN, json.dumps(run | {"summary": summary}, indent=1, default=_plain))
+    summary["head"] = dataclasses.asdict(attach(bundle, config, head, source))
+    _update_record(work, summary=summary)
     return summary
+
+
+def _run_record(work: Path) -> dict:
+    return json.loads((work / RUN).read_text(encoding="utf-8"))
+
+
+def _update_record(work: Path, **fields) -> None:
+    write_atomic(work / RUN, json.dumps(_run_record(work) | fields, indent=1, default=_plain))
 
 
 def _share(started: float, deadline: float | None, config: HeadTrainConfig) -> float | None:

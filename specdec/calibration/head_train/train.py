@@ -166,24 +166,24 @@ class Trainer:
         self.optimizer = optimizer_of(head, plan)
 
     def run(self, steps: int, fit_to: float | None, deadline: float | None, resume: bool, progress=None) -> TrainResult:
-        """At most `steps` steps; fit_to: a deadline to plan the steps by (measured after PROBE steps); deadline:
-        stop there whatever the plan (a checkpoint is written either way)."""
+        """At most `steps` steps; fit_to: a deadline the steps are planned by (from the pace measured after PROBE
+        steps, again at every checkpoint: the plan only shrinks); deadline: stop there whatever the plan (a checkpoint
+        is written either way)."""
         step, total = load_checkpoint(self.work, self.head, self.optimizer, self.plan) if resume and \
             (Path(self.work) / CHECKPOINT).is_file() else (0, steps)
-        planned = resume and step > 0
-        factor, started, trained = schedule(self.plan, total), None, StepCounts()
+        factor, mark, trained = schedule(self.plan, total), None, StepCounts()
         if progress is not None:
             progress.reset(total=total)
             progress.update(step)
         while step < total and not (deadline is not None and self.clock() >= deadline):
-            if fit_to is not None and not planned and step == self.PROBE:
-                total = min(total, self._fitted(step, started, fit_to))
-                factor, planned = schedule(self.plan, total), True
+            if fit_to is not None and mark is not None and self._refit(step - mark[0]):
+                total = min(total, self._fitted(step, mark, fit_to))
+                factor = schedule(self.plan, total)
                 if progress is not None:
                     progress.total = total
             trained = self._step(step, factor, trained)
-            started = self.clock() if started is None else started  # after the first step, which warms up
             step += 1
+            mark = mark or (step, self.clock())  # timed from the end of the first step, which also warms up
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(agreement=" ".join(f"{a:.2f}" for a in trained.agreement()), refresh=False)
@@ -193,10 +193,14 @@ class Trainer:
         held = evaluate(self.head, self.shards, self.held, self.to_draft, self.plan)
         return TrainResult(step, total, step / max(self.stream.steps_per_epoch(), 1), held, trained)
 
-    def _fitted(self, step: int, started: float, deadline: float) -> int:
-        """Steps that end by `deadline` at the pace of the steps since `started` (the end of the first step, which
-        also warms up), a held-out evaluation's time kept back."""
-        pace = (self.clock() - started) / max(step - 1, 1)
+    def _refit(self, timed: int) -> bool:
+        """Whether to plan again after `timed` timed steps: after PROBE of them, then at every checkpoint."""
+        return timed == self.PROBE or (timed > self.PROBE and timed % self.plan.checkpoint_every == 0)
+
+    def _fitted(self, step: int, mark: tuple, deadline: float) -> int:
+        """Steps that end by `deadline` at the pace since mark = (step, time), a held-out evaluation's time kept
+        back."""
+        pace = (self.clock() - mark[1]) / max(step - mark[0], 1)
         left = deadline - self.clock() - pace * max(len(self.held) // 8, 1) - pace
         return step + max(int(left / max(pace, 1e-9)), 0)
 
