@@ -7,7 +7,7 @@ BUNDLE := bundles/smollm2
 DEMO_BUNDLE := bundles/smollm2-q41
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast test-sanitize bundle bundle-bf16 clean gpu-check gpu-check-tensorrt gpu-bundles bench docs
+.PHONY: setup demo test test-fast test-sanitize bundle bundle-bf16 bundle-head clean gpu-check gpu-check-tensorrt gpu-bundles bench docs
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -40,9 +40,22 @@ $(BF16_BUNDLE)-q41/manifest.json: $(STAMP)
 
 bundle-bf16: $(BF16_BUNDLE)-q41/manifest.json
 
+# the demo bundle with a draft head trained from its target on this CPU (docs/heads.md, "Training a head"): the
+# target answers templated prompts (its answers, hidden states and soft labels are the data), then PyTorch trains
+# the head; HEAD_MINUTES bounds the whole run, data first. A stopped run resumes where it stopped.
+HEAD_BUNDLE := bundles/smollm2-q41-head
+HEAD_MINUTES ?= 80
+$(HEAD_BUNDLE)/manifest.json: $(DEMO_BUNDLE)/manifest.json
+	$(VENV)/bin/specdec calibrate head $(DEMO_BUNDLE) --out $(HEAD_BUNDLE) --minutes $(HEAD_MINUTES) \
+		--data-tokens 400000 --epochs 4 $(if $(wildcard $(HEAD_BUNDLE).head-train/run.json),--resume,--overwrite)
+
+bundle-head: $(HEAD_BUNDLE)/manifest.json
+
+# the head bundle where `make bundle-head` built one (the demo then shows drafter head too), else the demo bundle
+DEMO_RUN = $(if $(wildcard $(HEAD_BUNDLE)/manifest.json),$(HEAD_BUNDLE),$(DEMO_BUNDLE))
 demo: bundle
-	$(VENV)/bin/specdec inspect $(DEMO_BUNDLE)
-	$(PY) -m specdec.cli.demo $(DEMO_BUNDLE)
+	$(VENV)/bin/specdec inspect $(DEMO_RUN)
+	$(PY) -m specdec.cli.demo $(DEMO_RUN)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:logging

@@ -4,6 +4,8 @@ questions about drafts one could build (stop drafting at an unsure token; skip a
     python benchmarks/draft_quality.py bundles/smollm2-q41 [MORE BUNDLES] [--kv own|target] [--backend native]
     python benchmarks/draft_quality.py bundles/smollm2-q41 --confidence --per-class 4 --continue 128
     python benchmarks/draft_quality.py bundles/smollm2-q41 --layer-skip --per-class 2 --continue 96   # [export]
+    python benchmarks/draft_quality.py bundles/smollm2-q41-head --head --prompts benchmarks/head_prompts \
+        --head-gammas 1,2,3,4,5,6 --continue 128 --temperatures 0,0.7
 
 Each prompt (chat template applied, as the suite sends it) is extended by the target's own greedy continuation of
 --continue tokens, where acceptance is decided; then target and draft score every position.
@@ -17,6 +19,11 @@ along the continuations with fixed γ and with drafting stopped below a probabil
 machine's c (draft step / target step) and r(T) (a T-token pass / a step), timed interleaved at --cache-len.
 --layer-skip: the source model (PyTorch) without layer i against the full model, for every i: what a draft that
 skips one layer would agree. Needs the [export] extra and the bundle's source model on this machine.
+--head: the bundle's trained draft head, decoding for real (drafter="head", rows of --head-rows prompts a request,
+--continue new tokens each) at each γ of --head-gammas and each temperature of --temperatures: acceptance at each
+draft position, the acceptance rate and tokens per verify pass (the mean acceptance length); greedy runs are checked
+equal to target-only decoding; the record holds the training run's summary where its work folder is beside the
+bundle. Acceptance, not speed: benchmarks/modes.py --modes none,head:3 times it.
 
 Writes quality.md and record.json. A benchmark, not a test: it asserts nothing.
 """
@@ -216,6 +223,85 @@ def layer_skip_text(generator, seqs: list) -> str:
             + tables.markdown(["layer left out", "top-1 agreement"], rows))
 
 
+# --- --head ---------------------------------------------------------------------------------------------------------
+
+def add_stats(total, stats) -> None:
+    """Add one request's Stats into `total` (counts and per-position counts)."""
+    total.proposed, total.accepted = total.proposed + stats.proposed, total.accepted + stats.accepted
+    total.emitted, total.verify_passes = total.emitted + stats.emitted, total.verify_passes + stats.verify_passes
+    grow = len(stats.position_proposed) - len(total.position_proposed)
+    total.position_proposed += [0] * max(grow, 0)
+    total.position_accepted += [0] * max(grow, 0)
+    for i, (proposed, accepted) in enumerate(zip(stats.position_proposed, stats.position_accepted)):
+        total.position_proposed[i] += proposed
+        total.position_accepted[i] += accepted
+
+
+def head_stats(generator, prompts: list, config, rows: int) -> tuple:
+    """(Stats summed over every request, the generated token ids of each prompt): prompts (text, chat) run in
+    requests of `rows` prompts of one chat flag."""
+    from dataclasses import replace
+
+    from specdec.runtime.state import Stats
+
+    total, outputs = Stats(), {}
+    for chat in (False, True):
+        chosen = [text for text, flag in prompts if flag is chat]
+        for lo in range(0, len(chosen), rows):
+            results = generator.run(chosen[lo : lo + rows], replace(config, chat=chat))
+            outputs.update({text: result.token_ids for text, result in zip(chosen[lo : lo + rows], results)})
+            add_stats(total, results[0].stats)
+    return total, outputs
+
+
+def training_summary(bundle: Path) -> dict | None:
+    """The summary of the run that trained the bundle's head (specdec calibrate head --out BUNDLE: its work folder's
+    run.json, BUNDLE.head-train/ by default), where it is there."""
+    import json
+
+    path = bundle.with_name(bundle.name + ".head-train") / "run.json"
+    return json.loads(path.read_text(encoding="utf-8")).get("summary") if path.is_file() else None
+
+
+def head_text(generator, args) -> tuple[str, dict]:
+    """The table of --head and its figures for the record."""
+    from specdec.bench.prompts import read_prompts
+    from specdec.runtime import GenerationConfig
+
+    if generator.manifest.head is None:
+        raise SystemExit("the bundle has no draft head: train one (specdec calibrate head BUNDLE --out OUT)")
+    every, seen, prompts = read_prompts(args.prompts), {}, []
+    for prompt in every:
+        seen[prompt.cls] = seen.get(prompt.cls, 0) + 1
+        if not args.per_class or seen[prompt.cls] <= args.per_class:
+            prompts.append((prompt.text, prompt.chat))
+    gammas = [int(g) for g in args.head_gammas.split(",")]
+    rows, figures, plain = [], {}, None
+    for temperature in [float(t) for t in args.temperatures.split(",")]:
+        if temperature == 0:
+            none = GenerationConfig(max_new_tokens=args.steps, temperature=0.0, drafter="none")
+            _, plain = head_stats(generator, prompts, none, args.head_rows)
+        for gamma in gammas:
+            config = GenerationConfig(max_new_tokens=args.steps, temperature=temperature, drafter="head", gamma=gamma,
+                                      seed=0)
+            stats, outputs = head_stats(generator, prompts, config, args.head_rows)
+            same = "–" if temperature else ("yes" if outputs == plain else "NO")
+            positions = stats.per_position_acceptance
+            rows.append([temperature, gamma, stats.proposed, f"{stats.acceptance_rate:.3f}",
+                         f"{stats.mean_acceptance_length:.2f}", " ".join(f"{a:.3f}" for a in positions), same])
+            figures[f"t={temperature} γ={gamma}"] = {"acceptance": stats.acceptance_rate,
+                                                     "tokens_per_pass": stats.mean_acceptance_length,
+                                                     "per_position": positions, "proposed": stats.proposed,
+                                                     "greedy_equal": same}
+    head = generator.manifest.head
+    header = ["temperature", "γ", "drafts", "acceptance", "tokens / verify pass", "acceptance at draft position 1..γ",
+              "greedy = target-only"]
+    text = (f"{len(prompts)} prompts of {args.prompts.name}/, {args.steps} new tokens each, rows of "
+            f"{args.head_rows}; head: {head.draft_vocab_size} draft tokens, layers {head.feature_layers} "
+            f"({head.source})\n\n" + tables.markdown(header, rows))
+    return text, figures
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundles", nargs="+")
@@ -228,6 +314,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cache-len", type=int, default=200, help="where --confidence times c and r")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds of --confidence")
     parser.add_argument("--layer-skip", action="store_true", help="agreement without each layer (PyTorch)")
+    parser.add_argument("--head", action="store_true", help="the bundle's draft head's acceptance, decoding for real")
+    parser.add_argument("--head-gammas", default="1,2,3,4,5,6", help="γ values of --head")
+    parser.add_argument("--head-rows", type=int, default=4, help="prompts a request of --head")
+    parser.add_argument("--temperatures", default="0", help="temperatures of --head (0: greedy)")
     opening.add_common(parser)
     return parser.parse_args(argv)
 
@@ -242,6 +332,12 @@ def main(argv=None) -> int:
             generator = stack.enter_context(opening.open_bundle(bundle, args.backend, args.threads))
             name = Path(bundle).name
             settings[name] = opening.describe(generator) | {"threads": args.threads}
+            if args.head:
+                text, figures = head_text(generator, args)
+                texts.append(f"**{name}**: the draft head, decoding\n\n" + text)
+                settings[name]["head"] = figures
+                settings[name]["head_training"] = training_summary(Path(bundle))
+                continue
             if generator.draft is None and not args.layer_skip:
                 raise SystemExit(f"{bundle} has no draft model; export one (specdec-export) or pass --layer-skip")
             seqs = sequences(generator, args)

@@ -65,12 +65,33 @@ def add_calibrate_parser(commands) -> None:
 
 
 def _add_head_parser(actions) -> None:
-    head = actions.add_parser("head", help="give BUNDLE a trained draft head (EAGLE-3 style): --from a checkpoint")
+    head = actions.add_parser("head", help="give BUNDLE a trained draft head (EAGLE-3 style): train one from the "
+                                           "target (PyTorch, on the CPU), or attach a checkpoint --from DIR")
     head.add_argument("bundle")
     head.add_argument("--from", dest="checkpoint", metavar="DIR",
                       help="an EAGLE-3 checkpoint directory in SpecForge's or vllm-project/speculators' layout "
                            "(config.json and safetensors); the bundle's head is replaced (docs/heads.md)")
+    train = head.add_argument_group("training (without --from)")
+    train.add_argument("--out", help="write a copy of BUNDLE with the trained head here (default: BUNDLE itself)")
+    train.add_argument("--work", help="data and checkpoints (default: beside the output, NAME.head-train)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --work (its data, its checkpoint)")
+    train.add_argument("--overwrite", action="store_true", help="replace --out and start --work again")
+    train.add_argument("--minutes", type=float, help="wall-clock budget of the whole run (data, then training)")
+    train.add_argument("--data-tokens", type=int, default=300_000, help="answer tokens the target writes as data "
+                                                                         "(default 300000)")
+    train.add_argument("--steps", type=int, help="training steps (default: --epochs passes over the data, or what "
+                                                 "--minutes leaves)")
+    train.add_argument("--epochs", type=float, default=2.0, help="passes over the data (default 2)")
+    train.add_argument("--draft-vocab", type=int, default=16384, help="draft vocabulary size V' (default 16384)")
+    train.add_argument("--max-new-tokens", type=int, default=192, help="tokens per answer (default 192)")
+    train.add_argument("--rows", type=int, default=16, help="prompts the target answers at once (default 16)")
+    train.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default 6e-4)")
+    train.add_argument("--seed", type=int, default=0, help="prompts, sampling and training order (default 0)")
+    train.add_argument("--threads", type=int, help="threads (default: the cores this process may use)")
     head.set_defaults(run=run_head)
+
+
+TRAIN_FLAGS = ("out", "work", "resume", "overwrite", "minutes", "steps")  # refused beside --from
 
 
 def _add_report_parser(actions) -> None:
@@ -167,11 +188,32 @@ def run_policies(args) -> int:
 
 def run_head(args) -> int:
     if args.checkpoint is None:
-        raise ConfigError("specdec calibrate head trains no head yet: it attaches one",
-                          "pass --from DIR, an EAGLE-3 checkpoint directory (docs/heads.md)")
+        return _train_head(args)
+    given = [f"--{flag}" for flag in TRAIN_FLAGS if getattr(args, flag) not in (None, False)]
+    if given:
+        raise ConfigError(f"{given[0]} is an option of training, and --from attaches a trained head",
+                          f"drop {given[0]}, or drop --from to train a head from the target")
     from specdec.export.head_import import attach_checkpoint
 
     record = attach_checkpoint(args.bundle, args.checkpoint)
     print(f"wrote the draft head of {args.bundle} ({record.draft_vocab_size} draft tokens, target layers "
           f"{record.feature_layers}); generate with --drafter head", file=sys.stderr)
+    return 0
+
+
+def _train_head(args) -> int:
+    from specdec.calibration.head_train.config import HeadTrainConfig
+    from specdec.calibration.head_train.pipeline import train_head
+
+    config = HeadTrainConfig(out=args.out, work=args.work, resume=args.resume, overwrite=args.overwrite,
+                             minutes=args.minutes, data_tokens=args.data_tokens, max_new_tokens=args.max_new_tokens,
+                             rows=args.rows, draft_vocab=args.draft_vocab, steps=args.steps, epochs=args.epochs,
+                             lr=args.lr, seed=args.seed, threads=args.threads)
+    summary = train_head(args.bundle, config, progress=sys.stderr.isatty() or args.verbose)
+    data, training = summary["data"], summary["training"]
+    agreement = " ".join(f"{a:.3f}" for a in training["held_out_agreement"])
+    print(f"wrote the draft head of {args.out or args.bundle}: {data['answer_tokens']} answer tokens, "
+          f"{training['steps']} steps ({training['epochs']:.2f} epochs), {training['draft_vocab']} draft tokens, "
+          f"{summary['minutes']:.1f} min; held-out top-1 agreement per draft step {agreement}; generate with "
+          "--drafter head", file=sys.stderr)
     return 0

@@ -19,6 +19,14 @@ PROMPTS = [
     "What are three tips for staying productive when working from home?",
 ]
 MODES = (DrafterName.NONE, DrafterName.AUTO, DrafterName.PROMPT_LOOKUP, DrafterName.MODEL)
+NO_HEAD = ("\nno trained draft head in this bundle: `make bundle-head` trains one from the target on this CPU "
+           "(bundles/smollm2-q41-head, docs/heads.md), and `make demo` then shows drafter 'head' too")
+
+
+def modes_of(generator) -> tuple:
+    """MODES, and the head where the bundle has one its target on this backend can feed."""
+    runs_head = generator.requests.head is not None and generator.requests.head_problem is None
+    return MODES + ((DrafterName.HEAD,) if runs_head else ())
 
 
 def measure(generator, modes, new_tokens: int, repeats: int) -> dict:
@@ -80,7 +88,8 @@ def main(argv=None) -> int:
                     sys.stdout.write(piece)
                     sys.stdout.flush()
                 print(f"\n--- [auto] {generator.last_stats.summary()}\n")
-            samples, texts = measure(generator, MODES, args.new_tokens, args.repeats)
+            samples, texts = measure(generator, modes_of(generator), args.new_tokens, args.repeats)
+            has_head = generator.requests.head is not None
         for prompt, ids in texts.items():
             if outputs.setdefault(prompt, ids) != ids:
                 raise SystemExit(f"greedy outputs differ between backends for {prompt!r}")
@@ -89,6 +98,8 @@ def main(argv=None) -> int:
               (f"; speedup over the {backends[0]} backend's plain decoding:" if index else ":"))
         base = base or statistics.median(ms for ms, _ in samples[DrafterName.NONE])
         print(report(samples, base))
+    if not has_head:
+        print(NO_HEAD)
     return 0
 
 

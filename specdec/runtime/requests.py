@@ -191,8 +191,9 @@ class RequestLayer:
         if config.drafter_kind.needs_head:
             if self.head is None:
                 raise OptionError(f"drafter {config.drafter!r} needs a trained draft head, and this bundle has none",
-                                  "use drafter 'auto', 'model' or 'prompt_lookup', or attach a head: specdec calibrate "
-                                  "head BUNDLE --from CHECKPOINT (docs/heads.md)", "this model has no draft head",
+                                  "use drafter 'auto', 'model' or 'prompt_lookup', or give the bundle a head: specdec "
+                                  "calibrate head BUNDLE --out OUT trains one, --from CHECKPOINT attaches one "
+                                  "(docs/heads.md)", "this model has no draft head",
                                   "drafter")
             if self.head_problem is not None:
                 raise self.head_problem

@@ -68,6 +68,25 @@ def test_draft_quality(gqa_int4_bundle, tmp_path):
     read_record(out, "draft_quality.py")
 
 
+def test_draft_quality_of_a_head(export_tiny, tmp_path):
+    from specdec.export.tiny import save_tiny
+    from specdec.head.format import attach_head
+    from specdec.head.random import random_head
+    from specdec.manifest import read_manifest
+    from specdec.runtime.forward import head_feature_layers
+
+    model = save_tiny(tmp_path / "model", "llama", layers=8, seed=0, hidden=64, init_range=0.5)
+    bundle = export_tiny(tmp_path / "bundle", model, no_draft=True)
+    dims = read_manifest(bundle).target.dims
+    attach_head(bundle, *random_head(dims, head_feature_layers(dims.num_layers), seed=1))
+    out = tmp_path / "quality"
+    run_script("draft_quality.py", bundle, "--head", "--prompts", BENCH / "head_prompts", "--per-class", "3",
+               "--continue", "6", "--head-gammas", "1,3", "--temperatures", "0,0.7", "--backend", "native", "--out", out)
+    text = (out / "quality.md").read_text(encoding="utf-8")
+    assert "| 0.0 | 3 |" in text and "| 0.7 | 1 |" in text and "| yes |" in text and "NO" not in text
+    assert read_record(out, "draft_quality.py")["settings"]["bundle"]["head"]["t=0.0 γ=3"]["proposed"] > 0
+
+
 def test_soak(gqa_int4_bundle, tmp_path):
     out = tmp_path / "soak"
     run_script("soak.py", gqa_int4_bundle, "--requests", "6", "--new-tokens", "4", "--every", "3", "--out", out)

@@ -1,0 +1,62 @@
+"""The options of `specdec calibrate head BUNDLE` without `--from`: training a head from the target."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from specdec.errors import ConfigError
+
+HINT = "see `specdec calibrate head --help` (docs/heads.md, Training a head)"
+COUNT = {"positive": int}  # a field that must be a positive integer
+RESUMED = {"positive": int, "fingerprint": True}  # ... which a resumed run must share with the run it continues
+
+
+def _positive(name: str, value, kind=int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or \
+            not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"--{name.replace('_', '-')} must be a positive {'number' if kind is float else 'integer'}, "
+                          f"not {value!r}", HINT)
+
+
+@dataclass(frozen=True)
+class HeadTrainConfig:
+    out: str | None = None  # a copy of the bundle with the head (None: the head goes into the bundle itself)
+    work: str | None = None  # data and checkpoints (None: beside the output, "<name>.head-train")
+    resume: bool = False  # continue the run whose data and checkpoint are in `work`
+    overwrite: bool = False  # replace an existing --out and start `work` again
+    minutes: float | None = None  # the whole run's wall-clock budget
+    data_tokens: int = field(default=300_000, metadata=COUNT)  # answer tokens to generate (the data's size)
+    data_share: float = 0.45  # with --minutes: the part of it the data may take
+    max_new_tokens: int = field(default=192, metadata=RESUMED)  # per answer
+    rows: int = field(default=16, metadata=COUNT)  # prompts answered at once
+    draft_vocab: int = field(default=16384, metadata=RESUMED)  # V'
+    steps: int | None = None  # training steps (None: `epochs` passes, or what --minutes leaves)
+    epochs: float = 2.0
+    batch_tokens: int = field(default=2048, metadata=RESUMED)
+    lr: float = field(default=6e-4, metadata={"fingerprint": True})
+    chain_steps: int = field(default=3, metadata=RESUMED)
+    seed: int = field(default=0, metadata={"fingerprint": True})
+    threads: int | None = None
+
+    def __post_init__(self):
+        for each in fields(self):
+            if each.metadata.get("positive") is int:
+                _positive(each.name, getattr(self, each.name))
+        _positive("steps", self.steps, optional=True)
+        _positive("threads", self.threads, optional=True)
+        _positive("minutes", self.minutes, float, optional=True)
+        _positive("epochs", self.epochs, float)
+        _positive("lr", self.lr, float)
+        if not 0 < self.data_share < 1:
+            raise ConfigError(f"the data's share of --minutes must be in (0, 1), not {self.data_share!r}", HINT)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"--seed must be an integer >= 0, not {self.seed!r}", HINT)
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume continues a run and --overwrite starts it again: pass one of them",
+                              "--resume to continue the run in the work folder, --overwrite to start afresh")
+
+    def fingerprint(self) -> dict:
+        """What a resumed run must share with the run it continues (its data and the head's shape)."""
+        return {each.name: getattr(self, each.name) for each in fields(self) if each.metadata.get("fingerprint")}

@@ -1,0 +1,188 @@
+"""The training data: the target answers the training prompts on specdec's native engine, rows batched (a row that
+ends hands its slot to the next prompt), and every forward it runs asks for the head's layers too
+(ForwardRequest.feature_layers). So the pass that feeds token p returns the target's hidden states at p and its
+distribution of token p + 1: the teacher-forced features and soft labels of the text it writes, with no second
+pass over it (a row's numbers do not depend on the rows beside it: the engine's batch invariance, tested in
+tests/calibration/test_head_train_data.py against a teacher-forced pass over the finished sequence).
+
+Even prompts are answered greedily, odd ones sampled (specdec.runtime.sampling: temperature `temperature`, top-k
+50, a partition where top-p would sort the vocabulary at every token) from a stream seeded by (seed, prompt index),
+so the data does not depend on how rows were batched. Prompts are taken in shards of `per_shard`; a shard is
+written when all its prompts are answered.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specdec.calibration.head_train.shards import Sequence, shard_meta, shard_numbers, write_shard
+from specdec.runtime.config import GenerationConfig
+from specdec.runtime.forward import ForwardRequest
+from specdec.runtime.sampling import sample, warp
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    rows: int = 16  # prompts answered at once (KV slots)
+    max_new_tokens: int = 192
+    top_k: int = 32  # soft label: the target's likeliest tokens kept per position
+    temperature: float = 0.8  # of the sampled (odd) prompts
+    per_shard: int = 32  # prompts per shard
+    seed: int = 0
+
+
+@dataclass
+class Budget:
+    """When to stop taking prompts: answer tokens written, or a deadline (time.monotonic()); None: no limit."""
+
+    tokens: int | None = None
+    deadline: float | None = None
+
+
+def top_labels(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """logits [V] -> (the k likeliest token ids, likeliest first [k] int32, their probabilities [k] float16)."""
+    ids = np.argpartition(-logits, k)[:k]
+    shifted = logits.astype(np.float64) - logits.max()
+    probs = np.exp(shifted[ids]) / np.exp(shifted).sum()
+    order = np.argsort(-probs, kind="stable")
+    return ids[order].astype(np.int32), probs[order].astype(np.float16)
+
+
+class Answering:
+    """Rows in flight on `backend` (a target opened with at least plan.rows slots, reset to them)."""
+
+    def __init__(self, backend, layers: tuple, eos: tuple, plan: DataPlan):
+        self.backend = backend
+        self.layers = tuple(layers)
+        self.eos = set(eos)
+        self.plan = plan
+        self.sampled = GenerationConfig(temperature=plan.temperature, top_p=1.0, top_k=50)
+        self.rows = {}  # slot -> (Sequence, its sampling stream)
+
+    def free_slots(self) -> list:
+        return [slot for slot in range(self.plan.rows) if slot not in self.rows]
+
+    def start(self, slot: int, index: int, ids: list) -> Sequence | None:
+        """Prefill prompt `index` (its token ids) on `slot` and choose its first answer token; -> the sequence where
+        that token ends it, else None."""
+        request = ForwardRequest(np.array([ids], np.int64), np.zeros(1, np.int64), slots=np.array([slot]),
+                                 feature_layers=self.layers)
+        result = self.backend.run(request)
+        sequence = Sequence(index, list(ids), len(ids), [], [], [])
+        K = self.plan.top_k
+        for position in range(len(ids) - 1):  # prompt positions: features only (no label before P - 1)
+            sequence.features.append(result.features[0, position].astype(np.float16))
+            sequence.top_ids.append(np.zeros(K, np.int32))
+            sequence.top_probs.append(np.zeros(K, np.float16))
+        self.rows[slot] = (sequence, np.random.default_rng([self.plan.seed, index]))
+        return self.rows.pop(slot)[0] if self._take(slot, result.logits[0, -1], result.features[0, -1]) else None
+
+    def step(self) -> list:
+        """One token for every row in flight; -> the sequences that ended."""
+        slots = sorted(self.rows)
+        tokens = np.array([[self.rows[s][0].tokens[-1]] for s in slots], np.int64)
+        cache_len = np.array([len(self.rows[s][0].tokens) - 1 for s in slots], np.int64)
+        result = self.backend.run(ForwardRequest(tokens, cache_len, slots=np.array(slots),
+                                                 feature_layers=self.layers))
+        ended = []
+        for row, slot in enumerate(slots):
+            if self._take(slot, result.logits[row, -1], result.features[row, -1]):
+                ended.append(self.rows.pop(slot)[0])
+        return ended
+
+    def _take(self, slot: int, logits: np.ndarray, features: np.ndarray) -> bool:
+        """Record the fed token's features and label, choose the next token; -> whether the row ended."""
+        sequence, stream = self.rows[slot]
+        sequence.features.append(features.astype(np.float16))
+        ids, probs = top_labels(logits, self.plan.top_k)
+        sequence.top_ids.append(ids)
+        sequence.top_probs.append(probs)
+        if sequence.index % 2 == 0:
+            token = int(np.argmax(logits))
+        else:
+            token = sample(warp(logits, self.sampled), stream)
+        sequence.tokens.append(token)
+        answered = len(sequence.tokens) - sequence.prompt_len
+        if token in self.eos or answered >= self.plan.max_new_tokens or \
+                len(sequence.tokens) >= self.backend.max_seq_len:
+            K = self.plan.top_k  # the last token is not fed: no features, no label
+            sequence.features.append(np.zeros_like(sequence.features[-1]))
+            sequence.top_ids.append(np.zeros(K, np.int32))
+            sequence.top_probs.append(np.zeros(K, np.float16))
+            return True
+        return False
+
+
+def written(root: Path) -> tuple[set, int]:
+    """(the shard numbers under root, the answer tokens they hold)."""
+    numbers = shard_numbers(root)
+    return set(numbers), sum(shard_meta(root, n)["generated"] for n in numbers)
+
+
+class ShardRun:
+    """Answer prompts 0..count-1 (prompt_ids(index) -> token ids, or None to skip it) shard by shard into `root`,
+    skipping shards already written, until `budget` says stop (the shard begun is finished; a run begins one shard
+    at least)."""
+
+    def __init__(self, answering: Answering, prompt_ids, count: int, root: Path, budget: Budget, clock):
+        self.answering = answering
+        self.prompt_ids = prompt_ids
+        self.root = Path(root)
+        self.budget = budget
+        self.clock = clock
+        done, self.total = written(root)  # total: answer tokens written
+        self.answered = self.total  # ... and chosen since, whether written yet or not (what the budget counts)
+        per = answering.plan.per_shard
+        self.pending = [n for n in range((count + per - 1) // per) if n not in done]
+        self.count = count
+        self.waiting = {}  # shard -> ({index: Sequence}, the indices it expects)
+        self.queue = []  # (index, ids) of begun shards' prompts not yet started
+
+    def run(self, progress=None) -> int:
+        """-> answer tokens written in all (those of earlier runs included)."""
+        if progress is not None:
+            progress.update(self.total)
+        while True:
+            if not self.queue and self.pending and not (self._over() and (self.total or self.waiting)):
+                self._begin(self.pending.pop(0))  # one shard at least, whatever the budget: data to train on
+            for slot in self.answering.free_slots()[: len(self.queue)]:
+                index, ids = self.queue.pop(0)
+                ended = self.answering.start(slot, index, ids)
+                self._count(progress, 1)
+                if ended is not None:
+                    self._finish(ended)
+            if self.answering.rows:
+                self._count(progress, len(self.answering.rows))
+                for sequence in self.answering.step():
+                    self._finish(sequence)
+            elif not self.queue and (not self.pending or (self._over() and (self.total or self.waiting))):
+                return self.total
+
+    def _over(self) -> bool:
+        budget = self.budget
+        return (budget.tokens is not None and self.answered >= budget.tokens) or \
+            (budget.deadline is not None and self.clock() >= budget.deadline)
+
+    def _count(self, progress, tokens: int) -> None:
+        self.answered += tokens
+        if progress is not None:
+            progress.update(tokens)
+
+    def _begin(self, shard: int) -> None:
+        per = self.answering.plan.per_shard
+        ids = {i: self.prompt_ids(i) for i in range(shard * per, min(self.count, (shard + 1) * per))}
+        ids = {i: v for i, v in ids.items() if v is not None}
+        if ids:
+            self.waiting[shard] = ({}, set(ids))
+            self.queue = list(ids.items())
+
+    def _finish(self, sequence: Sequence) -> None:
+        shard = sequence.index // self.answering.plan.per_shard
+        done, expected = self.waiting[shard]
+        done[sequence.index] = sequence
+        if set(done) == expected:
+            del self.waiting[shard]
+            write_shard(self.root, shard, [done[i] for i in sorted(done)])
+            self.total += sum(len(s.tokens) - s.prompt_len for s in done.values())

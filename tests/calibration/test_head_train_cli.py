@@ -1,0 +1,133 @@
+"""`specdec calibrate head BUNDLE` without --from: a head trained from a tiny target in seconds that loads and drafts
+exactly (greedy output identical to target-only); the seed reproduces a run; --resume continues one; the training
+loop stops at its deadline and resumes to the very weights of a run never stopped; every refusal has its hint."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import specdec
+from specdec.cli.main import main
+from specdec.manifest import read_manifest
+from specdec.native import build
+from specdec.runtime import GenerationConfig
+
+pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA, F16C")
+TINY = ["--data-tokens", "60", "--max-new-tokens", "12", "--rows", "3", "--draft-vocab", "96", "--steps", "3",
+        "--threads", "1"]
+
+
+def _head_arrays(bundle) -> dict:
+    with np.load(bundle / "head" / "head.npz") as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+@pytest.fixture(scope="module")
+def trained(native_bundle, tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained") / "out"
+    assert main(["calibrate", "head", str(native_bundle), "--out", str(out), *TINY]) == 0
+    return out
+
+
+def test_a_trained_head_loads_and_drafts_exactly(trained, native_bundle):
+    record = read_manifest(trained).head
+    assert record.source.startswith("trained") and record.draft_vocab_size == 96
+    assert read_manifest(native_bundle).head is None  # --out: the source bundle is left as it was
+    summary = json.loads((trained.with_name("out.head-train") / "run.json").read_text())["summary"]
+    assert summary["training"]["steps"] == 3 and summary["data"]["answer_tokens"] >= 60
+    with specdec.load(trained, backend="native", threads=1) as generator:
+        for prompt in ("Hello there", "Write a poem about the sea"):
+            plain = generator.generate(prompt, GenerationConfig(max_new_tokens=24, temperature=0.0, drafter="none"))
+            for gamma in (1, 3):
+                drafted = generator.generate(prompt, GenerationConfig(max_new_tokens=24, temperature=0.0,
+                                                                      drafter="head", gamma=gamma))
+                assert drafted.token_ids == plain.token_ids and drafted.stats.proposed > 0
+
+
+def test_the_seed_reproduces_a_run_and_resume_continues_it(trained, native_bundle, tmp_path):
+    again = tmp_path / "again"
+    assert main(["calibrate", "head", str(native_bundle), "--out", str(again), *TINY]) == 0
+    first, second = _head_arrays(trained), _head_arrays(again)
+    assert all(np.array_equal(first[name], second[name]) for name in first)
+    work = trained.with_name("out.head-train")
+    shards = sorted(p.name for p in (work / "data").iterdir())
+    resumed = tmp_path / "resumed"
+    assert main(["calibrate", "head", str(native_bundle), "--out", str(resumed), "--work", str(work), "--resume",
+                 *TINY]) == 0  # its data and its finished training: attached again, nothing recomputed
+    assert sorted(p.name for p in (work / "data").iterdir()) == shards
+    assert all(np.array_equal(first[name], value) for name, value in _head_arrays(resumed).items())
+
+
+def _trainer(bundle, data, work, held_out: int = 0):
+    from specdec.calibration.head_train.shards import Shards
+    from specdec.calibration.head_train.stages import _head
+    from specdec.calibration.head_train.train import TrainPlan, Trainer
+
+    torch.manual_seed(0)
+    manifest = read_manifest(bundle)
+    ids = np.arange(0, manifest.target.dims.vocab_size, 2)
+    head, _ = _head(bundle, manifest, ids, 0)
+    to_draft = torch.full((manifest.target.dims.vocab_size,), -1, dtype=torch.int64)
+    to_draft[torch.from_numpy(ids)] = torch.arange(len(ids))
+    work.mkdir(exist_ok=True)
+    plan = TrainPlan(batch_tokens=24, checkpoint_every=2, held_out=held_out)
+    ticks = itertools.count()
+    return Trainer(head, Shards(data), to_draft, plan, work, lambda: float(next(ticks))), head
+
+
+def test_training_stops_at_its_deadline_and_resumes_to_the_same_weights(trained, native_bundle, tmp_path):
+    torch.set_num_threads(1)
+    data = trained.with_name("out.head-train") / "data"
+    whole, head = _trainer(native_bundle, data, tmp_path / "whole")
+    assert whole.run(5, None, None, resume=False).steps == 5
+    stopped, _ = _trainer(native_bundle, data, tmp_path / "parts")
+    assert stopped.run(5, None, deadline=2.5, resume=False).steps == 2  # the clock ticks once a step here
+    resumed, again = _trainer(native_bundle, data, tmp_path / "parts")
+    result = resumed.run(5, None, None, resume=True)
+    assert result.steps == 5 and result.total == 5
+    for name, value in head.state_dict().items():
+        assert torch.equal(value, again.state_dict()[name]), name
+    fitted, _ = _trainer(native_bundle, data, tmp_path / "fitted")
+    assert fitted.run(50, fit_to=12.0, deadline=None, resume=False).total < 50  # planned to end by the deadline
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps must be a positive integer"),
+    (["--minutes", "-1"], "--minutes must be a positive number"),
+    (["--draft-vocab", "0"], "--draft-vocab must be a positive integer"),
+    (["--resume", "--overwrite"], "--resume continues a run and --overwrite starts it again"),
+    (["--resume"], "holds no earlier run"),
+    (["--from", "DIR", "--out", "x"], "--out is an option of training, and --from attaches a trained head"),
+    (["--max-new-tokens", "500", "--data-tokens", "60", "--out", "x"], "no training data was written"),
+])
+def test_bad_options_are_refused_with_a_hint(native_bundle, tmp_path, capsys, argv, message):
+    argv = [a if a != "x" else str(tmp_path / "x") for a in argv]
+    assert main(["calibrate", "head", str(native_bundle), "--work", str(tmp_path / "w"), *argv]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Hint:" in err and "Traceback" not in err
+
+
+def test_bundles_it_cannot_train_on_are_refused_with_a_hint(int4_bundle, native_bundle, trained, tmp_path, capsys):
+    cases = [([str(tmp_path / "nothing")], "does not exist"),
+             ([str(int4_bundle), "--out", str(tmp_path / "o")], "has no native weights"),
+             ([str(native_bundle), "--out", str(trained)], "already exists"),
+             ([str(native_bundle), "--out", str(tmp_path / "o2"), "--work", str(trained.with_name("out.head-train"))],
+              "the work folder")]
+    for argv, message in cases:
+        assert main(["calibrate", "head", *argv, *TINY]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Hint:" in err and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o2").exists()
+
+
+def test_a_budget_of_minutes_ends_the_run(native_bundle, tmp_path):
+    out = tmp_path / "timed"
+    assert main(["calibrate", "head", str(native_bundle), "--out", str(out), "--minutes", "0.01", "--data-tokens",
+                 "100000", "--max-new-tokens", "8", "--rows", "3", "--draft-vocab", "64", "--threads", "1"]) == 0
+    summary = json.loads((tmp_path / "timed.head-train" / "run.json").read_text())["summary"]
+    assert summary["data"]["answer_tokens"] < 100000 and summary["training"]["steps"] < 100
+    assert read_manifest(out).head is not None
