@@ -259,13 +259,10 @@ def record_settings(settings: Settings, hello: dict) -> dict:
 
 
 def export_of(folder: Path) -> dict:
-    """How setup_openvino.sh made an export (export.json) and its quantization as optimum wrote it."""
-    found = {}
-    for name, key in (("export.json", "export"), ("openvino_config.json", "openvino_config")):
-        path = Path(folder) / name
-        if path.is_file():
-            found[key] = json.loads(path.read_text(encoding="utf-8"))
-    return found
+    """How setup_openvino.sh made an export: export.json (the command, the versions, NNCF's bitwidth table; optimum's
+    own openvino_config.json holds the machine's paths and, for CLI flags, no more than "default")."""
+    path = Path(folder) / "export.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"note": "no export.json"}
 
 
 def row(kind, prompt: dict, repeat: int, ids: list, tokens: list, ttft: float, e2e: float, stats: dict,
@@ -278,7 +275,8 @@ def row(kind, prompt: dict, repeat: int, ids: list, tokens: list, ttft: float, e
                 new_tokens=new, ttft_s=ttft, e2e_s=e2e, tpot_s=(e2e - ttft) / (new - 1) if new > 1 else 0.0,
                 tokens_per_s=new / e2e if e2e else 0.0, prefill_s=stats.get("own_ttft_s"), proposed=proposed,
                 accepted=accepted, acceptance_rate=accepted / proposed if proposed else None, verify_passes=passes,
-                mean_acceptance_length=new / passes if passes else None, token_ids=[int(t) for t in tokens])
+                drafted_rounds=passes if proposed else None, mean_acceptance_length=new / passes if passes else None,
+                token_ids=[int(t) for t in tokens])
 
 
 def failed(kind, prompt: dict, repeat: int, note: str) -> dict:
@@ -300,9 +298,10 @@ def in_effect(ov, settings: Settings) -> dict:
     found = {}
     for key in IN_EFFECT:
         try:
-            found[key] = str(compiled.get_property(key))
+            value = compiled.get_property(key)
         except RuntimeError:  # a property this version does not have
             continue
+        found[key] = value.get_type_name() if isinstance(value, ov.Type) else str(value)
     return found
 
 
