@@ -363,19 +363,23 @@ def generate(ov, ov_genai, np, pipe, kind, ids: list, new_tokens: int, ignore_eo
     tokens = list(result.tokens[0])
     stats = {"own_ttft_s": result.perf_metrics.get_ttft().mean / 1e3}
     if kind.drafter != "none":
-        stats |= speculative_stats(result)
+        stats |= speculative_stats(result, kind)
     return tokens, (streamer.first or started + e2e) - started, e2e, stats
 
 
-def speculative_stats(result) -> dict:
-    """Target passes after the prefill (its raw metrics hold the tokens each pass gave); a draft model's drafted and
-    accepted tokens from its extended metrics (prompt lookup has none: its proposals are not counted)."""
-    sizes = list(result.perf_metrics.raw_metrics.m_batch_sizes)
-    stats = {"verify_passes": len(sizes) - 1} if len(sizes) > 1 else {}
-    metrics = result.extended_perf_metrics
-    if metrics is not None:
-        stats["accepted"] = int(metrics.get_num_accepted_tokens())
-        stats["proposed"] = int(metrics.draft_model_metrics.get_num_generated_tokens())
+def speculative_stats(result, kind) -> dict:
+    """From its raw metrics' tokens per target pass (the first pass is the prefill's, one token): the passes after
+    it, and the drafts they accepted (a pass gives its own token and the accepted ones). A draft model drafts
+    num_assistant_tokens every round (the continuous-batching pipeline uses it as is), so its proposals are the
+    rounds times that (a bound: the last round may draft fewer); prompt lookup's rounds without a match propose
+    nothing, and it does not count them, so its proposals stay unknown."""
+    sizes = [int(n) for n in result.perf_metrics.raw_metrics.m_batch_sizes]
+    passes = len(sizes) - 1
+    if passes < 1:
+        return {}
+    stats = {"verify_passes": passes}
+    if isinstance(kind, Draft):
+        stats |= {"accepted": sum(sizes[1:]) - passes, "proposed": passes * kind.assistant_tokens}
     return stats
 
 
