@@ -1,6 +1,6 @@
-"""The suite against peers: specdec, onnxruntime-genai and llama.cpp request by request. Every (system, mode) takes
-its turn on the same prompt before the next prompt starts, so a drift of the machine (a neighbour, the memory bus)
-falls on all of them alike. The only entry point for ratios between systems.
+"""The suite against peers: specdec, onnxruntime-genai, llama.cpp and OpenVINO GenAI request by request. Every (system,
+mode) takes its turn on the same prompt before the next prompt starts, so a drift of the machine (a neighbour, the
+memory bus) falls on all of them alike. The only entry point for ratios between systems.
 
     benchmarks/peers/setup.sh                                 # once: the peer's venv and models, tuned as its docs say
     python benchmarks/lockstep.py bundles/smollm2-q41 --backends onnxruntime,native --modes target-only,auto
@@ -8,19 +8,25 @@ falls on all of them alike. The only entry point for ratios between systems.
     benchmarks/peers/setup_llamacpp.sh                        # once: llama.cpp built from source, native flags
     python benchmarks/lockstep.py BUNDLE --backends native --modes target-only,auto --peer-modes none \
         --llama-modes plain,ngram,draft --ignore-eos         # against llama.cpp's llama-server
+    benchmarks/peers/setup_openvino.sh                        # once: OpenVINO GenAI's venv and its exports
+    python benchmarks/lockstep.py BUNDLE --backends native --modes target-only,auto --peer-modes none \
+        --ov-modes plain,draft,lookup --ov-precision int4 --ignore-eos   # against OpenVINO GenAI
 
 specdec runs in this process (specdec.load, the runtime's own options), one system per --backends value.
 onnxruntime-genai runs in a worker process of its own virtual environment (benchmarks/.peers/ortgenai: its model
 builder's fp32 graph of the same weights, intra_op_num_threads = cores, inter_op_num_threads = 1, as its docs tell CPU
-users to tune it), which waits on a pipe while specdec runs. llama.cpp runs one llama-server per --llama-modes value
-on 127.0.0.1 (benchmarks/peers/llamacpp_peer.py: threads = cores, one slot, the same GGUF specdec's default bundle
-is exported from; `ngram` is its n-gram kind measured best for this model, `draft` its draft-simple with
---llama-draft), all started before the run and idle while another system runs. Per prompt the order of the (system,
-mode) pairs is rotated by one, with a short pause between requests so no system's spinning workers overlap the next.
-Greedy; EOS ends a request unless --ignore-eos (every request then makes --new-tokens tokens; onnxruntime-genai
-cannot). The machine's load average at the start and the end goes into the record: llama.cpp's threads wait at
-their barriers by spinning, so a busy neighbour slows it far more than the others (threads = cores assumes a quiet
-machine).
+users to tune it), which waits on a pipe while specdec runs. llama.cpp runs one llama-server per --llama-modes value on
+127.0.0.1 (benchmarks/peers/llamacpp_peer.py: threads = cores, one slot, the same GGUF specdec's default bundle is
+exported from; `ngram` is its n-gram kind measured best for this model, `draft` its draft-simple with --llama-draft),
+all started before the run and idle while another system runs. OpenVINO GenAI runs in a worker of its own venv
+(benchmarks/peers/openvino_peer.py: one LLMPipeline per --ov-modes value on its --ov-precision export of the shared
+checkpoint, PERFORMANCE_HINT LATENCY, NUM_STREAMS 1, INFERENCE_NUM_THREADS = cores; `draft` its draft_model, `lookup`
+its prompt lookup); its exports round the Q4_1 weights again, so its output is compared by token agreement, not
+identity. Per prompt the order of the (system, mode) pairs is rotated by one, with a short pause between requests so no
+system's spinning workers overlap the next. Greedy; EOS ends a request unless --ignore-eos (every request then makes
+--new-tokens tokens; onnxruntime-genai cannot). The machine's load average at the start and the end goes into the
+record: llama.cpp's threads wait at their barriers by spinning, so a busy neighbour slows it far more than the others
+(threads = cores assumes a quiet machine).
 
 Writes `specdec bench`'s tables with every system in one (summary.md; summary.csv, which the docs' performance page
 reads; requests.csv), pairs.md (per-prompt ratios of time per output token between pairs of modes, whose spread
@@ -46,21 +52,21 @@ PEER_MODES = ("target-only", "n-gram")
 
 
 class Peer:
-    """The coordinator's end of the peer worker's pipe."""
+    """The coordinator's end of a peer worker's pipe: onnxruntime-genai's (ortgenai_peer.py) or OpenVINO GenAI's
+    (openvino_peer.py), each in its own venv. Its first line says it is ready and holds its settings."""
 
-    def __init__(self, python: Path, models: Path, gamma: int):
+    def __init__(self, command: list, system: str | None = None):
         import subprocess
 
-        worker = HERE / "peers" / "ortgenai_peer.py"  # runs in the peer's venv, without specdec
-        self.proc = subprocess.Popen([str(python), str(worker), "--worker", str(models), str(gamma)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        hello = self._read()
-        self.notes = hello["notes"]
+        self.system = system or PEER_SYSTEM
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.hello = self._read()
+        self.notes = self.hello["notes"]
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
-            raise SystemExit(f"the {PEER_SYSTEM} worker exited (code {self.proc.wait()}); see its error above")
+            raise SystemExit(f"the {self.system} worker exited (code {self.proc.wait()}); see its error above")
         return json.loads(line)
 
     def run(self, mode: str, ids: list, new_tokens: int, prompt=None, repeat: int = 0) -> dict:
@@ -111,6 +117,7 @@ class LlamaPeer:
 
 LLAMA_SYSTEM = "llama.cpp"
 LLAMA_MODES = ("plain", "ngram", "draft")
+OV_SYSTEM = "OpenVINO GenAI"  # benchmarks/peers/openvino_peer.py's SYSTEM
 NATIVE_SYSTEM = "specdec native"  # specdec with --backends native: the target on specdec's own kernels
 SYSTEMS = {"onnxruntime": "specdec", "native": NATIVE_SYSTEM}  # --backends value -> system name in the tables
 PAIRS = (  # (numerator system, mode prefix), (denominator ...): ratio = TPOT of the first / TPOT of the second
@@ -130,6 +137,13 @@ PAIRS = (  # (numerator system, mode prefix), (denominator ...): ratio = TPOT of
     ((NATIVE_SYSTEM, "auto"), (NATIVE_SYSTEM, "target-only")),
     ((LLAMA_SYSTEM, "n-gram"), (LLAMA_SYSTEM, "target-only")),
     ((LLAMA_SYSTEM, "draft"), (LLAMA_SYSTEM, "target-only")),
+    ((NATIVE_SYSTEM, "target-only"), (OV_SYSTEM, "target-only")),
+    ((NATIVE_SYSTEM, "auto"), (OV_SYSTEM, "target-only")),
+    ((NATIVE_SYSTEM, "auto"), (OV_SYSTEM, "n-gram")),
+    ((NATIVE_SYSTEM, "auto"), (OV_SYSTEM, "draft")),
+    ((LLAMA_SYSTEM, "target-only"), (OV_SYSTEM, "target-only")),
+    ((OV_SYSTEM, "n-gram"), (OV_SYSTEM, "target-only")),
+    ((OV_SYSTEM, "draft"), (OV_SYSTEM, "target-only")),
 )
 
 
@@ -215,8 +229,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--llama-extra", default="",
                         help="more llama-server flags, as one string (e.g. '--no-repack' where its repacked AMX "
                              "products crash); written to the record")
+    parser.add_argument("--ov-modes", default="none",
+                        help="OpenVINO GenAI's modes, comma-separated among plain, draft, lookup (default none; "
+                             "benchmarks/peers/setup_openvino.sh first)")
+    parser.add_argument("--ov-precision", default="int4", choices=("int4", "int8", "fp16"),
+                        help="which of its exports of the shared checkpoint it runs (default int4: NNCF asymmetric, "
+                             "groups of 32)")
+    parser.add_argument("--ov-draft", default=None,
+                        help="its draft model's folder for `draft` (default: its int4 export of the same model)")
+    parser.add_argument("--ov-assistant-tokens", type=int, default=5,
+                        help="its num_assistant_tokens for draft and lookup (default 5, its own)")
+    parser.add_argument("--ov-ngram", type=int, default=3, help="its max_ngram_size for lookup (default 3)")
     parser.add_argument("--ignore-eos", action="store_true",
-                        help="every request makes --new-tokens tokens (specdec and llama.cpp; not onnxruntime-genai)")
+                        help="every request makes --new-tokens tokens (specdec, llama.cpp and OpenVINO GenAI; not "
+                             "onnxruntime-genai)")
     parser.add_argument("--pause", type=float, default=0.05, help="seconds between requests")
     opening.add_out(parser)
     return parser.parse_args()
@@ -234,7 +260,9 @@ def open_peer(args) -> tuple:
     if not python.is_file():
         raise SystemExit(f"no onnxruntime-genai venv at {python.parent.parent}; run benchmarks/peers/setup.sh "
                          "first, or pass --peer-modes none")
-    return Peer(python, Path(args.peers_dir) / "models", args.peer_gamma), peer_modes
+    worker = HERE / "peers" / "ortgenai_peer.py"  # runs in the peer's venv, without specdec
+    command = [str(python), str(worker), "--worker", str(Path(args.peers_dir) / "models"), str(args.peer_gamma)]
+    return Peer(command), peer_modes
 
 
 def open_llama(args):
@@ -258,6 +286,31 @@ def open_llama(args):
         raise SystemExit(f"--llama-ngram: {exc}") from None
     kinds = {"plain": lc.Plain(), "ngram": ngram, "draft": draft}
     return LlamaPeer({name: kinds[name] for name in names}, model, args.ignore_eos, tuple(shlex.split(args.llama_extra)))
+
+
+def open_openvino(args):
+    """OpenVINO GenAI's worker (one pipeline per --ov-modes value, in its venv) and its settings, or (None, None)."""
+    from peers import openvino_peer as ovp
+
+    names = [] if args.ov_modes == "none" else [m.strip() for m in args.ov_modes.split(",") if m.strip()]
+    try:
+        settings = ovp.Settings(Path(args.peers_dir), args.ov_precision, tuple(names), draft=args.ov_draft,
+                                assistant_tokens=args.ov_assistant_tokens, max_ngram_size=args.ov_ngram,
+                                ignore_eos=args.ignore_eos) if names else None
+    except ValueError as exc:
+        raise SystemExit(f"--ov-*: {exc}") from None
+    if settings is None:
+        return None, None
+    if not ovp.installed(settings.peers):
+        raise SystemExit(f"no OpenVINO GenAI venv at {ovp.python(settings.peers).parents[1]}; run "
+                         "benchmarks/peers/setup_openvino.sh first, or pass --ov-modes none")
+    needed = [settings.model] + ([settings.draft_model] if "draft" in names else [])
+    missing = [m for m in needed if not (m / "openvino_model.xml").is_file()]
+    if missing:
+        raise SystemExit(f"no OpenVINO export at {missing[0]}; run benchmarks/peers/setup_openvino.sh (its int4, "
+                         "int8 and fp16 exports), or name another --ov-draft")
+    peer = Peer(settings.command(), OV_SYSTEM)
+    return peer, ovp.record_settings(settings, peer.hello)
 
 
 def specdec_modes(args, gamma: int) -> list:
@@ -315,7 +368,11 @@ def main() -> int:
         llama = open_llama(args)
         if llama is not None:
             stack.callback(llama.close)
-        peers = {name: p for name, p in ((PEER_SYSTEM, peer), (LLAMA_SYSTEM, llama)) if p is not None}
+        openvino, openvino_settings = open_openvino(args)
+        if openvino is not None:
+            stack.callback(openvino.close)
+        peers = {name: p for name, p in ((PEER_SYSTEM, peer), (LLAMA_SYSTEM, llama), (OV_SYSTEM, openvino))
+                 if p is not None}
         generators = {SYSTEMS[b]: stack.enter_context(opening.open_bundle(args.bundle, b)) for b in backends}
         generator = next(iter(generators.values()))
         modes = specdec_modes(args, args.gamma or generator.manifest.defaults.gamma)
@@ -325,11 +382,14 @@ def main() -> int:
         prompts = select_prompts(every, {k: len(v) for k, v in ids.items()}, args.per_class, room)
         turns = [(s, m) for s in generators for m in modes] + [(PEER_SYSTEM, m) for m in peer_modes]
         turns += [(LLAMA_SYSTEM, m) for m in (llama.servers if llama is not None else ())]
+        turns += [(OV_SYSTEM, m) for m in (openvino.notes if openvino is not None else ())]
         settings = {system: opening.describe(g) for system, g in generators.items()}
         if peer is not None:
             settings[PEER_SYSTEM] = {"modes": peer.notes, "max_draft_tokens": args.peer_gamma}
         if llama is not None:
             settings[LLAMA_SYSTEM] = {"modes": llama.notes}
+        if openvino is not None:
+            settings[OV_SYSTEM] = openvino_settings
         run = record.run_record(EXPERIMENT, settings, None, __file__, None, prompts=len(prompts),
                                 new_tokens=args.new_tokens, repeats=args.repeats, ignore_eos=args.ignore_eos,
                                 order="per prompt, every (system, mode) in turn, rotated by one per prompt",

