@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from specdec.export.architectures import GeluApproximation
-from specdec.manifest import Activation, FamilyRecord, NormKind, PositionKind
+from specdec.native_record import Activation, FamilyRecord, NormKind, PositionKind
 from specdec.native.weights import LINEARS
 
 GELU_ACTIVATIONS = {GeluApproximation.TANH: Activation.GELU_TANH, GeluApproximation.NONE: Activation.GELU}

@@ -17,7 +17,7 @@ import numpy as np
 from specdec.blocks import (BLOCK4, BLOCK8, GridError, float_rows, head_holds, mixed_blocks, on_grid, q41_blocks,
                             q41_pairs, q8_blocks, row_precision, rows_of)
 from specdec.export.native_family import NativeSkipped, read_family
-from specdec.manifest import NativeRecord
+from specdec.native_record import NativeRecord
 from specdec.weight_kinds import LayoutName
 from specdec.weights_file import FORMAT_VERSION, write_tensors
 from specdec.native.weights import LINEARS

@@ -14,7 +14,8 @@ import numpy as np
 
 from specdec.weight_kinds import WEIGHT_LAYOUTS
 from specdec.errors import BackendError
-from specdec.manifest import Activation, ModelDims, NormKind, PositionKind, Role
+from specdec.manifest import ModelDims, Role
+from specdec.native_record import Activation, NormKind, PositionKind
 from specdec.native.weights import DraftWeights, NativeWeights
 
 

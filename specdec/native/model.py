@@ -10,7 +10,8 @@ import numpy as np
 
 from specdec.errors import BackendError, nonfinite_logits
 from specdec.lowering import Geometry
-from specdec.manifest import Activation, ModelDims
+from specdec.manifest import ModelDims
+from specdec.native_record import Activation
 from specdec.native.core import KernelModel
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
 from specdec.weight_kinds import KERNELS, KIND_OF, WEIGHT_LAYOUTS, Kernel, WeightKind

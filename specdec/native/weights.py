@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from specdec.errors import BackendError
-from specdec.manifest import (Activation, FamilyRecord, Method, ModelDims, ModelEntry, NativeRecord, NormKind,
-                              PositionKind)
+from specdec.manifest import Method, ModelDims, ModelEntry
+from specdec.native_record import Activation, FamilyRecord, NativeRecord, NormKind, PositionKind
 from specdec.weight_kinds import MIXED_KINDS, WEIGHT_LAYOUTS, LayoutName
 from specdec.weights_file import CHUNK, Pages, check_extent, check_format, index_from, nonfinite, read_tensors
 

@@ -77,7 +77,7 @@ def test_the_family_record_says_what_the_weights_hold(grid_bundle, tmp_path):
     import json
     import shutil
 
-    from specdec.manifest import FamilyRecord
+    from specdec.native_record import FamilyRecord
 
     family = read_manifest(grid_bundle).target.native.family
     assert family == FamilyRecord(norm="rms", positions="rotary", activation="silu-gated", biases=[], qk_norm=False,
