@@ -52,7 +52,7 @@ class LayoutName(StrEnum):
     Q41_DRAFT = "q41-draft"
 
 
-ABI_VERSION = 8  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
+ABI_VERSION = 9  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
 FORMAT_VERSION = 4  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
 CHANGED_SINCE = {2: frozenset({TensorKind.BLK5}), 3: frozenset()}  # an older format: the kinds whose layout changed
 # since (3: blk5's codes; 4: none, the file holds its own table and extent: read_tensors)

@@ -196,6 +196,17 @@ class Activation(StrEnum):
     GELU = "gelu"
 
 
+class Activations(StrEnum):
+    """What a native target's activations are in its products with blocked weights (load(activations=...), the
+    bundle's Defaults.activations); not Activation, the MLP's nonlinearity."""
+
+    FP32 = "fp32"  # fp32: the target's graph's function, in another summation order
+    INT8 = "int8"  # each row's rounded per block of 32 to int8 (a Q8 block): integer dot products (docs/backends.md)
+
+
+ACTIVATIONS = tuple(mode.value for mode in Activations)
+
+
 @dataclass(frozen=True)
 class NativeRecord:
     """A model's weights as the native engine reads them: a file of blocks it memory-maps (specdec.blocks)."""
@@ -271,6 +282,8 @@ class Defaults:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    activations: str = Activations.FP32  # the native target's (an Activations; export and calibrate quantize set it,
+    # bundles written before it run fp32)
 
 
 @dataclass(frozen=True)
@@ -494,6 +507,10 @@ def _check_defaults(defaults: Defaults) -> None:
     if problem is not None:
         raise ManifestError(f"manifest defaults: {problem[0]}", f"{problem[1]} (edit defaults in manifest.json, or "
                             "re-export the bundle)")
+    if defaults.activations not in ACTIVATIONS:
+        raise ManifestError(f"manifest defaults.activations is {defaults.activations!r}, not one of "
+                            f"{', '.join(ACTIVATIONS)}", "set it to fp32 or int8 in manifest.json, or re-export the "
+                            "bundle")
 
 
 def check_vocab_agreement(manifest: Manifest) -> None:

@@ -31,7 +31,7 @@ from specdec.errors import BackendError
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-SOURCES = tuple(HERE / name for name in ("forward.c", "linear.c", "attention.c", "pool.c"))
+SOURCES = tuple(HERE / name for name in ("forward.c", "linear.c", "linear_q8a.c", "attention.c", "pool.c"))
 HEADERS = tuple(HERE / name for name in ("specdec_native.h", "internal.h", "pool.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror")
 SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all")
@@ -44,6 +44,9 @@ AVX512_CPU = ("avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_vnni")
 # ... and VBMI's multishift, which unpacks a blk5 block's 5-bit codes in one instruction a half (same results)
 VBMI_FLAGS = AVX512_FLAGS + ("-mavx512vbmi",)
 VBMI_CPU = AVX512_CPU + ("avx512vbmi",)
+# AVX-VNNI without AVX-512 (Alder Lake and later cores): the AVX2 kernels with VNNI's int8 dot products (same results)
+AVX2_VNNI_FLAGS = ("-mavxvnni",)
+AVX2_VNNI_CPU = ("avx_vnni",)
 ISA_ENV = "SPECDEC_NATIVE_ISA"  # an Isa
 
 
@@ -52,13 +55,17 @@ class Isa(StrEnum):
 
     AUTO = "auto"  # the default: the widest of the others the CPU has
     AVX2 = "avx2"
+    AVX2_VNNI = "avx2-vnni"
     AVX512 = "avx512"
     AVX512_VBMI = "avx512-vbmi"
 
 
 ISAS = tuple(Isa)
-ISA_FLAGS = {Isa.AVX2: (), Isa.AVX512: AVX512_FLAGS, Isa.AVX512_VBMI: VBMI_FLAGS}  # beyond FLAGS
-ISA_CPU = {Isa.AVX512: AVX512_CPU, Isa.AVX512_VBMI: VBMI_CPU}  # what each wider set needs beyond REQUIRED_FLAGS
+ISA_FLAGS = {Isa.AVX2: (), Isa.AVX2_VNNI: AVX2_VNNI_FLAGS, Isa.AVX512: AVX512_FLAGS,
+             Isa.AVX512_VBMI: VBMI_FLAGS}  # beyond FLAGS
+ISA_CPU = {Isa.AVX2_VNNI: AVX2_VNNI_CPU, Isa.AVX512: AVX512_CPU,
+           Isa.AVX512_VBMI: VBMI_CPU}  # what each wider set needs beyond REQUIRED_FLAGS
+WIDEST_FIRST = (Isa.AVX512_VBMI, Isa.AVX512, Isa.AVX2_VNNI)  # what auto tries, before avx2
 NO_NATIVE = "use backend='onnxruntime'"
 LIBRARY_NAME = "libspecdec_native.so"
 
@@ -96,8 +103,8 @@ def missing_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), required: tuple = R
 
 def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> Isa:
     """The instruction set the kernels are built for: $SPECDEC_NATIVE_ISA, where auto (or unset) means avx512-vbmi
-    on a CPU with every one of VBMI_CPU, else avx512 on one with every one of AVX512_CPU, else avx2. All compute the
-    same bits (tests/native/test_isa.py)."""
+    on a CPU with every one of VBMI_CPU, else avx512 on one with every one of AVX512_CPU, else avx2-vnni on one with
+    AVX-VNNI, else avx2. All compute the same bits (tests/native/test_isa.py)."""
     try:
         wanted = Isa(os.environ.get(ISA_ENV, "").strip().lower() or Isa.AUTO)
     except ValueError:
@@ -109,7 +116,7 @@ def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> Isa:
             raise BackendError(f"{ISA_ENV}={wanted}, but this CPU lacks {', '.join(lacking)}",
                                f"unset {ISA_ENV} (auto picks the widest this CPU runs) or set it to avx2")
         return wanted
-    for widest in (Isa.AVX512_VBMI, Isa.AVX512):
+    for widest in WIDEST_FIRST:
         if not missing_cpu_flags(cpuinfo, ISA_CPU[widest]):
             return widest
     return Isa.AVX2

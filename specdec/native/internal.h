@@ -40,7 +40,8 @@ enum {  // specdec_native.h's weight kinds, by shorter names: blk4, blk8, blk4p,
     W_Q4 = SPECDEC_W_Q41, W_Q8 = SPECDEC_W_Q80, W_Q4P = SPECDEC_W_Q41P, W_BF16 = SPECDEC_W_BF16, W_F16 = SPECDEC_W_F16,
     W_F32 = SPECDEC_W_F32, W_Q6 = SPECDEC_W_Q6, W_Q5 = SPECDEC_W_Q5
 };
-enum { K_STEP = 0, K_PROMPT = 1, K_INT8 = 2 };      // the kernels: specdec_native.h's specdec_matmul
+enum { K_STEP = 0, K_PROMPT = 1, K_INT8 = 2, K_Q8A = 3, K_Q8A_REF = 4 };  // the kernels: specdec_native.h's
+                                                                         // specdec_matmul
 // scratch of one linear: K_PROMPT decodes columns into `decoded` (linear_decoded_floats per thread), K_INT8 rounds
 // the activations into `rounded` (linear_rounded_bytes)
 void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N, int ldy,
@@ -53,6 +54,19 @@ void decode_blocks(int kind, const void *row, int nb, float *out);  // nb blocks
 int linear_kind_ok(int kernel, int kind);  // whether specdec_matmul's kernel runs weights of this kind
 void decode_row(int kind, const void *row, int K, float *out);  // a bf16 / f16 / f32 row's K values (any alignment)
 int row_kind(int model_kind);  // the linear kind of a model_t kind's rows (W_BF16, W_F16, W_F32), or -1
+
+// ---- linear_q8a.c: int8 activations (K_Q8A, and its plain C reference K_Q8A_REF) times blk4, blk8 or blk6 ----
+// A row's block of 32 activations rounded to int8: x ~ d * qs; s the block's exact sum (Q4_1's minimum term);
+// off[h] = -128 * the sum of qs[16 h..16 h + 15] (weights stored + 128 for vpdpbusd)
+typedef struct { float d, s; int32_t off[2]; int8_t qs[32]; } blkx;
+_Static_assert(sizeof(blkx) == 48, "blkx is 48 bytes");
+// x [M, K] -> y [M, N] (rows ldy apart): `columns` holds q8a_columns_bytes(K) per worker, `rounded`
+// q8a_rounded_bytes(M, K)
+void linear_q8a(int threads, int reference, int kind, const float *x, int M, int K, const void *w, float *y, int N,
+                int ldy, void *columns, void *rounded);
+size_t q8a_columns_bytes(int K);
+size_t q8a_rounded_bytes(int M, int K);
+int q8a_kind_ok(int kind);  // whether int8 activations multiply weights of this kind (else they stay fp32)
 
 // ---- attention.c: causal GQA of B rows over their own KV ----
 typedef struct {

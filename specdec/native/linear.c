@@ -6,6 +6,7 @@
 // - a prompt's kernel: the same weights, a task's columns decoded to fp32 once, then multiplied in tiles of rows and
 //   columns.
 // - the draft's: activations rounded to two int8 parts times paired Q4_1 blocks (blk4p) or blk8.
+// (The int8 activations mode's kernels, one int8 part per block, are linear_q8a.c's.)
 // AVX2 + FMA + F16C; the builds for CPUs that have them add AVX-512 + VNNI, and VBMI's multishift for blk5's codes
 // (build.py: isa()). Every build gives the same bits.
 //
@@ -425,6 +426,9 @@ static void quantize_pairs(const float *x, int M, int K, blkqp *a) {
 static inline __attribute__((always_inline)) __m256i products(__m256i u, __m256i qs, __m256i lo) {
 #ifdef __AVX512VNNI__  // the same integers in three instructions: no pair of products can overflow in either
     return _mm256_dpbusd_epi32(_mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, qs), 7), u, lo);
+#elif defined(__AVXVNNI__)  // ... AVX-VNNI's (the avx2-vnni build)
+    return _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, qs), 7), u,
+                                   lo);
 #else
     return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, qs), _mm256_set1_epi16(128)),
                             _mm256_madd_epi16(_mm256_maddubs_epi16(u, lo), _mm256_set1_epi16(1)));
@@ -645,8 +649,14 @@ static void prompt_task(void *ctx, int first, int last, int worker) {
     for (int task = first; task < last; task++) prompt_chunk(ctx, task, worker);
 }
 
-size_t linear_decoded_floats(int K) { return ALIGNED(sizeof(float) * PREFILL_COLUMNS * (size_t)K) / sizeof(float); }
-size_t linear_rounded_bytes(int M, int K) { return ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / 32 + 1)); }
+size_t linear_decoded_floats(int K) {  // a prompt's decoded columns, or int8 activations' (linear_q8a.c)
+    const size_t prompt = ALIGNED(sizeof(float) * PREFILL_COLUMNS * (size_t)K), q8a = q8a_columns_bytes(K);
+    return (prompt > q8a ? prompt : q8a) / sizeof(float);
+}
+size_t linear_rounded_bytes(int M, int K) {  // the draft's rounded activations, or int8 activations' blocks
+    const size_t draft = ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / 32 + 1)), q8a = q8a_rounded_bytes(M, K);
+    return draft > q8a ? draft : q8a;
+}
 void decode_blocks(int kind, const void *row, int nb, float *out) {
     if (kind == W_Q4) decode4(row, nb, out);
     else if (kind == W_Q5) decode5(row, nb, out);
@@ -655,12 +665,17 @@ void decode_blocks(int kind, const void *row, int nb, float *out) {
 }
 int linear_kind_ok(int kernel, int kind) {
     if (kernel == K_INT8) return kind == W_Q4P || kind == W_Q8;
+    if (kernel == K_Q8A || kernel == K_Q8A_REF) return q8a_kind_ok(kind);
     return (kernel == K_STEP || kernel == K_PROMPT) && kind >= W_Q4 && kind <= W_Q5 && kind != W_Q4P;
 }
 int linear_blocks_per_column(int K, int kind) { return kind == W_Q4P ? (K / 32 + 1) / 2 : K / 32; }
 
 void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N, int ldy,
             float *decoded, void *rounded) {
+    if (kernel == K_Q8A || kernel == K_Q8A_REF) {  // int8 activations: linear_q8a.c
+        linear_q8a(threads, kernel == K_Q8A_REF, kind, x, M, K, w, y, N, ldy, decoded, rounded);
+        return;
+    }
     linear_job j = {kernel, kind, M, K, N, ldy, x, w, y, decoded};
     if (kernel == K_INT8) {
         if (kind == W_Q4P) quantize_pairs(x, M, K, rounded);

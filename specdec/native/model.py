@@ -12,7 +12,7 @@ import numpy as np
 from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK5, BLOCK6, BLOCK8, KINDS, WEIGHT_LAYOUTS
 from specdec.errors import BackendError, nonfinite_logits
 from specdec.lowering import Geometry
-from specdec.manifest import Activation, ModelDims, Role
+from specdec.manifest import Activation, Activations, ModelDims, Role
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
@@ -31,9 +31,11 @@ class Kernel(StrEnum):
     STEP = "step"  # a decode step's and a verify pass's
     PROMPT = "prompt"  # a prompt's (fp32)
     INT8 = "int8"  # the activations rounded to two int8 parts: the draft's
+    Q8A = "q8a"  # each row's activations rounded per block of 32 to int8 (the int8 activations mode)
+    Q8A_REFERENCE = "q8a-reference"  # ... in plain C: the bits every build of Q8A must give
 
 
-KERNELS = {Kernel.STEP: 0, Kernel.PROMPT: 1, Kernel.INT8: 2}
+KERNELS = {Kernel.STEP: 0, Kernel.PROMPT: 1, Kernel.INT8: 2, Kernel.Q8A: 3, Kernel.Q8A_REFERENCE: 4}
 
 
 class ModelStruct(ctypes.Structure):
@@ -52,6 +54,8 @@ class FeaturesStruct(ctypes.Structure):
 
 
 MLPS = {Activation.SILU_GATED: 0, Activation.GELU_TANH: 1, Activation.GELU: 2}  # specdec_native.h's SPECDEC_MLP_*
+ACT_DRAFT = 1  # specdec_native.h's SPECDEC_ACT_DRAFT: the draft's kernels (specdec_forward's quant)
+QUANT = {Activations.FP32: 0, Activations.INT8: 2}  # ... SPECDEC_ACT_F32 and SPECDEC_ACT_INT8
 BIASES = ("input_norm_bias", "post_norm_bias", "o_bias", "gate_up_bias", "down_bias")  # model_t's [L] tables of them
 
 
@@ -104,10 +108,12 @@ class NativeModel:
     draft: the paired weights and head of an int4-q41 draft (activations rounded to two int8 parts before each
     weight: the draft's kernels; the target keeps fp32); it runs on `weights` (its target's norms and tables).
     kv_owner: a model whose KV this one reads and writes (a draft beside its target), else its own.
+    activations: a target's (Activations): fp32, or int8 per block of 32 before every product with blocked weights.
     """
 
     def __init__(self, weights: NativeWeights, dims: ModelDims, kernels, max_seq_len: int,
-                 draft: DraftWeights | None = None, kv_owner: "NativeModel | None" = None):
+                 draft: DraftWeights | None = None, kv_owner: "NativeModel | None" = None,
+                 activations: Activations = Activations.FP32):
         self.weights = weights
         self.dims = dims
         self.kernels = kernels
@@ -121,6 +127,7 @@ class NativeModel:
         self._lock = threading.Lock()  # one forward at a time: the scratch is this model's
         self.quant = draft is not None  # the draft's kernels (int8 activations, paired blocks); a test may turn
         # them off to see the draft's head on its target's fp32 products
+        self.activations = Activations(activations)
 
     @property
     def role(self) -> Role:
@@ -237,7 +244,7 @@ class NativeModel:
             status = self.kernels.specdec_forward(
                 ctypes.byref(self.struct), address, size, tokens.ctypes.data, rows, steps, pos32.ctypes.data,
                 key_rows.ctypes.data, value_rows.ctypes.data, keys.strides[0] // 4, self.max_seq_len, last_only,
-                self.quant, threads, out.ctypes.data, None if wanted is None else ctypes.byref(wanted))
+                ACT_DRAFT if self.quant else QUANT[self.activations], threads, out.ctypes.data, None if wanted is None else ctypes.byref(wanted))
         if status == NONFINITE:  # the kernels checked every logit; which positions, on this path alone
             raise nonfinite_logits(self.role, np.isfinite(out.max(axis=-1)).tolist(), pos32.tolist(), steps, last_only)
         raise_for(status, f"a forward of {rows} x {steps} tokens at {pos32.tolist()}")

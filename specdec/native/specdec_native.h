@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SPECDEC_ABI_VERSION 8
+#define SPECDEC_ABI_VERSION 9
 #define SPECDEC_FORMAT_VERSION 4
 #define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
@@ -47,7 +47,7 @@ _Static_assert(sizeof(blkq) == 72, "blkq is 72 bytes");
 _Static_assert(sizeof(blkqp) == 2 * sizeof(blkq), "blkqp is two blkq");
 
 // How a target holds its linear weights, head and embedding (model_t.kind): the GGUF grids, or rows [N, K] of a
-// checkpoint's own precision (every activation stays fp32 either way)
+// checkpoint's own precision (activations fp32, or int8 where SPECDEC_ACT_INT8 says)
 enum {
     SPECDEC_Q41 = 0,   // linears blk4 [N, K / 32], head blk8 [V, H / 32], embedding fp32 or embedding_rows
     SPECDEC_BF16 = 1,  // linears, head and embedding as bf16 rows (the top halves of fp32 values)
@@ -130,6 +130,14 @@ typedef struct {
     float *out;             // [B][T][n][H]: row b's token t, layers[f]'s hidden state at [b][t][f]
 } features_t;
 
+// A forward's activations (specdec_forward's quant)
+enum {
+    SPECDEC_ACT_F32 = 0,    // fp32 activations times the model's weights (a target's graph's function)
+    SPECDEC_ACT_DRAFT = 1,  // the draft's: activations rounded to two int8 parts times its paired blocks (*_p)
+    SPECDEC_ACT_INT8 = 2,   // each row's activations rounded per block of 32 to int8 (a Q8 block) before every product
+                            // with blk4, blk8 or blk6 weights (the head's too); other kinds' products stay fp32
+};
+
 // Status codes: 0, or what was wrong with the arguments (nothing is written where a call fails its checks), or
 // SPECDEC_E_NONFINITE: a forward ran, and a row of logits it wrote holds NaN or has no finite largest logit (+inf, or
 // all -inf): corrupt weights, or values that overflow.
@@ -157,7 +165,7 @@ long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads);
 // B rows of T tokens each; row b at positions pos[b].. of its own KV (keys[b], values[b]: [L][Hkv, S, D], layer l at
 // + l * layer_stride floats) -> logits [B][T or 1 (last_only)][V], and where features is not NULL, the hidden states
 // it names (every fed token's, last_only or not). K/V land at [pos[b], pos[b] + T). Every logit is checked:
-// SPECDEC_E_NONFINITE where a row holds NaN or has no finite largest logit.
+// SPECDEC_E_NONFINITE where a row holds NaN or has no finite largest logit. quant: SPECDEC_ACT_*.
 int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
                     const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
                     int last_only, int quant, int threads, float *logits, const features_t *features);
@@ -165,8 +173,9 @@ int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const
 // The products alone, for tests and benchmarks: x [M, K] fp32 -> y [M, N] through blocks [N, wblocks] of kind 0:
 // Q4_1, 1: Q8_0, 2: paired Q4_1 (int8 activations only), 6: Q8 with a scale per 16, 7: 5-bit, or rows [N, K] of kind 3: bf16,
 // 4: f16, 5: f32 (SPECDEC_W_*); kernel
-// 0: the step kernel, 1: a prompt's (fp32), 2: int8 activations. wblocks must be what K needs (K / 32 blocks of 32,
-// or (K / 32 + 1) / 2 pairs).
+// 0: the step kernel, 1: a prompt's (fp32), 2: the draft's int8 activations (two parts), 3: int8 activations
+// (SPECDEC_ACT_INT8's: blk4, blk8, blk6), 4: kernel 3's plain C reference (the same bits). wblocks must be what K needs
+// (K / 32 blocks of 32, or (K / 32 + 1) / 2 pairs).
 long specdec_matmul_scratch_bytes(int M, int K, int kernel, int threads);
 int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int kind, int kernel, float *y, int N,
                    void *scratch, size_t scratch_bytes, int threads);

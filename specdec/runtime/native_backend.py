@@ -3,7 +3,10 @@ by specdec-export for LLaMA-layout gqa targets: GGUF Q4_1 blocks, or rows in a c
 
 - The weights are read into private memory on huge pages (SPECDEC_NATIVE_PAGES=private, the default: faster steps)
   or memory-mapped from the bundle (=shared: one copy in the page cache for every process that opens it).
-- The target computes its graph's function in another summation order, fp32 activations throughout.
+- The target computes its graph's function in another summation order with fp32 activations; or, with
+  activations="int8" (NativeOptions), each row's activations are rounded per block of 32 to int8 before every product
+  with blocked weights (the kernels' SPECDEC_ACT_INT8): integer dot products, a row's result still independent of the
+  call (docs/backends.md).
 - Its int4-q41 draft (make demo's) runs on the same blocks, read from its own copy in pairs of blocks with fp16
   scales, with activations rounded to two int8 parts per block of 32 and its graph's trimmed head. It reads and
   writes the target's KV: committed positions hold the target's K/V, the draft writes only past them, and the
@@ -16,12 +19,13 @@ All rows of a call run in one kernel call (each weight read once for all of them
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from specdec.errors import BackendError
-from specdec.manifest import Dtype, Method, ModelEntry, Role
+from specdec.errors import BackendError, ConfigError
+from specdec.manifest import ACTIVATIONS, Activations, Dtype, Method, ModelEntry, Role
 from specdec.native.weights import check_file, drafts_natively
 from specdec.runtime.backend import Backend, SharedKvDraft, check_tokens, default_threads
 from specdec.runtime.config import BackendName, Device
@@ -42,16 +46,36 @@ def pages() -> str:
     return value
 
 
+def checked_activations(value) -> Activations:
+    """`value` as an Activations (a member or its name); ConfigError otherwise."""
+    try:
+        return Activations(value)
+    except ValueError:
+        raise ConfigError(f"activations={value!r} is not one of {', '.join(ACTIVATIONS)}",
+                          "pass activations='fp32' or 'int8', or leave it unset (the bundle's default)") from None
+
+
+@dataclass(frozen=True)
+class NativeOptions:
+    """How the native backend runs a target: its activations (Activations) in products with blocked weights."""
+
+    activations: str = Activations.FP32
+
+    def __post_init__(self):
+        object.__setattr__(self, "activations", checked_activations(self.activations))
+
+
 class NativeBackend(SharedKvDraft, Backend):
     name = BackendName.NATIVE
     devices = (Device.CPU,)
     capabilities = Capabilities(frozenset({Output.LOGITS, Output.FEATURES}), feature_layers=None)  # any layer
 
     def __init__(self, root: Path, entry: ModelEntry, threads: int | None = None,
-                 target: "NativeBackend | None" = None):
+                 target: "NativeBackend | None" = None, options: NativeOptions = NativeOptions()):
         super().__init__(root, entry)
         self.threads = threads
         self.target = target  # a native draft's target: its blocks and its KV
+        self.options = options
         self.model = self.driver = None
 
     @classmethod
@@ -84,8 +108,9 @@ class NativeBackend(SharedKvDraft, Backend):
                                f"re-export with --dtype fp32, or {HINT}")
         kernels = load_kernels()
         if self.target is None:
+            self.activations = self._activations(record.layout)
             weights = target_weights(self.root, record, self.entry.dims, pages())
-            self.model = NativeModel(weights, self.entry.dims, kernels, self.max_seq_len)
+            self.model = NativeModel(weights, self.entry.dims, kernels, self.max_seq_len, activations=self.activations)
         else:
             if self.target.model is None or not drafts_natively(self.entry, self.target.entry):
                 raise BackendError(f"the native backend runs a {Method.INT4_Q41} draft of an open native target only",
@@ -98,6 +123,16 @@ class NativeBackend(SharedKvDraft, Backend):
         self.workers = self.threads or default_threads()  # once: it reads the cgroup quota's files
         self.driver = self.model  # what a draft's copy_kv reads (geometry, buffers)
         return self
+
+    def _activations(self, layout: str) -> Activations:
+        """The target's activations: the options', where its weights are blocks; int8 needs blocks to multiply."""
+        from specdec.blocks import WEIGHT_LAYOUTS
+
+        if self.options.activations is Activations.INT8 and WEIGHT_LAYOUTS[layout].rows:
+            raise BackendError(f"activations='int8' multiply blocked weights, and this target holds {layout} rows",
+                               "pass activations='fp32' (the default for rows), or use a bundle exported from a "
+                               "GGUF's blocks (Q4_1, Q8_0 or a K-quant mix)")
+        return self.options.activations
 
     @property
     def kv_layout(self) -> str | None:
