@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness.record import finish, run_record, write_record  # noqa: E402
 from benchmarks.harness.timer import interleave, summarize, timed  # noqa: E402
-from specdec.blocks import q8_blocks, q41_blocks, q41_pairs, rows_of  # noqa: E402
+from specdec.blocks import encode, q8_blocks, q41_blocks, q41_pairs, rows_of  # noqa: E402
+from specdec.cuda.layouts import SERVED  # noqa: E402
 from specdec.manifest import ModelDims  # noqa: E402
 from specdec.native.weights import DraftWeights, Layer, NativeWeights  # noqa: E402
 
@@ -113,8 +114,7 @@ def kernel_parity(device, reference, shape: dict) -> dict:
         errors[name] = float(diff.max() / max(float(np.nanmax(np.abs(want), initial=0.0)), 1e-30))
 
     w = rng.normal(0, 0.05, (3 * H, H)).astype(np.float32)
-    layouts = {"q41": q41_blocks(w)[0], "q80": q8_blocks(w)[0], "q41p": q41_pairs(q41_blocks(w)[0]),
-               "bf16": rows_of(w, "bf16"), "f16": w.astype(np.float16), "f32": w}
+    layouts = {kind.label: encode(kind, w) for kind in SERVED}  # every weight kind the cuda kernels serve
     for rows in (1, 5, 40, 2 * device.few_rows):  # the last: cuBLAS's path
         x = rng.normal(0, 1, (rows, H)).astype(np.float32)
         for name, array in layouts.items():
@@ -123,7 +123,7 @@ def kernel_parity(device, reference, shape: dict) -> dict:
     gamma = rng.normal(1, 0.1, H).astype(np.float32)
     gate_up = rng.normal(0, 1, (7, 2 * H)).astype(np.float32)
     for rows in (1, 5, 2 * device.few_rows):
-        for name in ("q41", "bf16", "q41p"):
+        for name in layouts:
             x = rng.normal(0, 1, (rows, H)).astype(np.float32)
             compare(f"linear_norm {name} M={rows}", lambda k, a=layouts[name], x=x: _norm_case(k, a, x, gamma))
             gu = np.resize(gate_up, (rows, 2 * H))
@@ -502,11 +502,11 @@ def twin_parity(kernels, shape: dict, positions: int) -> dict:
     weights, _ = twin_weights(shape)
     dims, size = twin_dims(shape), shape["positions"]
     cuda = CudaModel(kernels, weights, dims, size, 1, 8).open()
-    native = NativeModel(weights, dims, load_kernels(), size)
+    native = NativeModel(weights, dims, load_kernels(), size, threads=default_threads())
     ids = np.random.default_rng(4).integers(0, shape["vocab"], (4, positions))
-    slot, threads = np.zeros(1, np.int64), default_threads()
+    slot = np.zeros(1, np.int64)
     return _teacher_forced(lambda t, p: cuda.forward(t, p, slot, False),
-                           lambda t, p: native.forward(t, p, slot, False, threads), (cuda.reset, native.reset), ids)
+                           lambda t, p: native.forward(t, p, slot, False), (cuda.reset, native.reset), ids)
 
 
 def verdicts(results: dict) -> list:

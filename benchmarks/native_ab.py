@@ -52,7 +52,7 @@ def sources_of(old: str, into: Path) -> Path:
 def build_of(folder: Path, into: Path, flags: tuple):
     """OLD's sources in `folder` compiled with this specdec's compiler and `flags`, loaded and checked: refused where
     they read another weights format (the same bundle's blocks would mean other weights to them)."""
-    from specdec.blocks import FORMAT_VERSION
+    from specdec.weights_file import FORMAT_VERSION
     from specdec.native import build
 
     found = re.search(r"#define SPECDEC_FORMAT_VERSION (\d+)", (folder / "specdec_native.h").read_text())
@@ -118,6 +118,7 @@ def main() -> None:
                                                                        "tokens": args.tokens}}, args.threads, __file__,
                             busy=args.busy)
     target = generator.target.backend
+    model.threads = generator.target.threads or build_threads()
     rng, rows = np.random.default_rng(0), []
     for length in (n for n in LENGTHS if n + args.tokens <= model.max_seq_len):
         target.reset(args.rows)
@@ -130,7 +131,7 @@ def main() -> None:
         def call(name):
             def forward():
                 model.kernels = builds[name]
-                model.forward(ids, starts, slots, last_only, generator.target.threads or build_threads())
+                model.forward(ids, starts, slots, last_only)
             return forward
 
         with timer.busy(args.busy):

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from harness import opening, record, tables, timer
 
-from specdec.blocks import PAGES
+from specdec.weights_file import PAGES
 from specdec.native.build import ISAS
 
 EXPERIMENT = "step"
@@ -282,7 +282,7 @@ def native_step_bytes(entry) -> int | None:
     of (an untied embedding, the rotary or learned position tables), or None without native weights."""
     if entry.native is None:
         return None
-    from specdec.blocks import DTYPES
+    from specdec.weight_kinds import DTYPES
 
     return sum(int(np.prod(spec["shape"])) * DTYPES[spec["kind"]].itemsize
                for name, spec in entry.native.tensors.items() if name not in ("embedding", "cos", "sin", "positions"))

@@ -1,10 +1,6 @@
-"""The native engine's weight blocks, owned once (numpy only; the ground floor, beside manifest.py).
-
-This module mirrors specdec/native/specdec_native.h: the block structs as numpy dtypes, the block size, the ABI
-version that the kernels' loader checks against the library it opened, the version of the weights' format that a
-bundle records, the fitters that put a float weight on a GGUF grid, and the native weights file that export writes
-and the engine reads. The two versions move apart: a change of the library's exports or of model_t (an
-in-process struct) needs no re-export; a change of a block or of the file does.
+"""The native engine's weight blocks: the fitters that put a float weight on a GGUF grid, and the numpy decoders of
+every weight kind (numpy only; the ground floor, beside manifest.py). The kinds themselves (their structs as numpy
+dtypes, the block size) come from specdec.weight_kinds, which reads them from specdec/native/specdec_kinds.h.
 
 A GGUF block holds 32 weights along K. Q4_1: w = d·q + m (q in 0..15, float scale d and minimum m). Q8_0: w = d·q
 (q in −127..127). A weight that lies on one of these grids (a GGUF's, dequantized on export) is stored as its blocks,
@@ -12,101 +8,14 @@ so the kernels compute the exported graph's own function while reading 4.5 or 8.
 """
 from __future__ import annotations
 
-import json
-import mmap
-import os
-import struct
-from dataclasses import dataclass
-from enum import StrEnum
-from pathlib import Path
-
 import numpy as np
 
-from specdec.files import open_regular
-from specdec.manifest import Role
+from specdec.weight_kinds import BLOCK, DTYPES, MIXED_KINDS, Q5_ORDER, TensorKind, WeightKind, kind_of
 
-class TensorKind(StrEnum):
-    """The element of a tensor of the native weights file (TensorEntry.kind; DTYPES holds its numpy dtype)."""
-
-    BLK4 = "blk4"  # Q4_1
-    BLK8 = "blk8"  # Q8_0
-    BLK4P = "blk4p"  # two Q4_1 blocks of a column
-    BLK6 = "blk6"  # Q8_0 with a scale per 16
-    BLK5 = "blk5"  # 5-bit codes
-    F32 = "f32"
-    I64 = "i64"
-    BF16 = "bf16"
-    F16 = "f16"
-
-
-class LayoutName(StrEnum):
-    """How a native weights file holds a model (NativeRecord.layout; WEIGHT_LAYOUTS holds what each is). A layout of
-    rows in a checkpoint's precision is named as its rows' TensorKind."""
-
-    Q41 = "q41"
-    Q80 = "q80"
-    MIXED = "mixed"
-    BF16 = "bf16"
-    F16 = "f16"
-    F32 = "f32"
-    Q41_DRAFT = "q41-draft"
-
-
-ABI_VERSION = 9  # specdec_native.h's SPECDEC_ABI_VERSION: the library's exports, model_t and status codes
-FORMAT_VERSION = 4  # ... SPECDEC_FORMAT_VERSION: the blocks and the weights file (a bundle's native.abi)
-CHANGED_SINCE = {2: frozenset({TensorKind.BLK5}), 3: frozenset()}  # an older format: the kinds whose layout changed
-# since (3: blk5's codes; 4: none, the file holds its own table and extent: read_tensors)
-BLOCK = 32  # weights per block along K
-BLOCK4 = np.dtype([("d", "<f4"), ("m", "<f4"), ("qs", "u1", 16)])  # blk4: Q4_1; qs[j] = q[j] | q[j + 16] << 4
-BLOCK8 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])  # blk8: Q8_0
-BLOCK4P = np.dtype([("h", "<f2", 4), ("qs", "u1", 32)])  # blk4p: two BLOCK4 of a column, fp16 d0 d1 m0 m1
-BLOCK6 = np.dtype([("d", "<f4", 2), ("qs", "i1", 32)])  # blk6: Q8 with a scale per 16 (a Q6_K's sub-blocks)
-BLOCK5 = np.dtype([("codes", "u1", 20), ("d", "<f4"), ("m", "<f4")])  # blk5: 5-bit codes (Q5_0, Q5_1, Q5_K), 160
-# bits, slot i (bits 5i..5i+4, little-endian) holding q[Q5_ORDER[i]]: see specdec_native.h
-Q5_ORDER = np.array([0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29,
-                     2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31])  # SPECDEC_Q5_ORDER
+BLOCK4, BLOCK8, BLOCK4P = WeightKind.Q41.dtype, WeightKind.Q80.dtype, WeightKind.Q41P.dtype  # blk4, blk8, blk4p
+BLOCK6, BLOCK5, BF16 = WeightKind.Q6.dtype, WeightKind.Q5.dtype, WeightKind.BF16.dtype  # blk6, blk5; a bf16 value:
+# the top 16 bits of its fp32
 GRID_TOLERANCE = 1e-4  # max |w − dequant| / d of a weight the native engine takes: fp32 rounding, not a coarser grid
-BF16 = np.dtype("<u2")  # a bf16 value: the top 16 bits of its fp32
-DTYPES = {TensorKind.BLK4: BLOCK4, TensorKind.BLK8: BLOCK8, TensorKind.BLK4P: BLOCK4P, TensorKind.BLK6: BLOCK6,
-          TensorKind.BLK5: BLOCK5, TensorKind.F32: np.dtype("<f4"), TensorKind.I64: np.dtype("<i8"),
-          TensorKind.BF16: BF16, TensorKind.F16: np.dtype("<f2")}
-
-
-@dataclass(frozen=True)
-class WeightLayout:
-    """How a native weights file holds a model's weights; a NativeRecord's `layout` names one (WEIGHT_LAYOUTS)."""
-
-    name: LayoutName
-    role: Role  # the model it holds
-    kind: int  # specdec_native.h's model_t.kind (-1: a draft's, which runs on its target's model_t)
-    per: int  # inputs one stored element of a linear weight holds along K
-    linear: TensorKind | None = None  # the block of its linear weights where they are GGUF blocks
-
-    @property
-    def rows(self) -> bool:
-        """Whether its linear weights and head are rows [N, K] in a checkpoint's precision (else GGUF blocks)."""
-        return self.per == 1
-
-    @property
-    def mixed(self) -> bool:
-        """Whether each linear weight has blocks of its own kind (MIXED_LINEARS; model_t.kinds says which)."""
-        return self.linear is None and not self.rows
-
-
-WEIGHT_LAYOUTS = {layout.name: layout for layout in (
-    WeightLayout(LayoutName.Q41, Role.TARGET, 0, BLOCK, TensorKind.BLK4),  # Q4_1 blocks [N, K / 32], a Q8_0 head
-    WeightLayout(LayoutName.Q80, Role.TARGET, 4, BLOCK, TensorKind.BLK8),  # Q8_0 blocks, a Q8_0 head (a Q8_0 GGUF's)
-    WeightLayout(LayoutName.MIXED, Role.TARGET, 5, BLOCK),  # each linear blk4, blk5, blk8 or blk6 (MIXED_LINEARS),
-    # a Q8_0 head
-    WeightLayout(LayoutName.BF16, Role.TARGET, 1, 1), WeightLayout(LayoutName.F16, Role.TARGET, 2, 1),
-    WeightLayout(LayoutName.F32, Role.TARGET, 3, 1),
-    WeightLayout(LayoutName.Q41_DRAFT, Role.DRAFT, -1, 2 * BLOCK))}  # pairs of Q4_1 blocks, a Q8_0 head's rows
-KINDS = {name: layout.kind for name, layout in WEIGHT_LAYOUTS.items() if layout.kind >= 0}  # model_t.kind by name
-SIZES = {TensorKind.BLK4: 24, TensorKind.BLK8: 36, TensorKind.BLK4P: 40, TensorKind.BLK6: 40,
-         TensorKind.BLK5: 28}  # the header's static_asserts, checked against the library at load
-MAGIC = b"SPECDEC-NATIVE\x00\x00"  # the weights file's first 16 bytes
-MIXED_LINEARS = (BLOCK4, BLOCK5, BLOCK8, BLOCK6)  # a "mixed" layout's linear blocks, narrowest first (24 to 40 bytes)
-ALIGN = 64  # every tensor of the weights file starts at a multiple of this (cache lines, AVX loads)
 
 
 class GridError(ValueError):
@@ -308,13 +217,16 @@ def _fit5(weight: np.ndarray) -> np.ndarray | None:
     return _fit_levels(weight, 32)
 
 
+FITTERS = {WeightKind.Q41: _fit4, WeightKind.Q5: _fit5, WeightKind.Q80: _fit8, WeightKind.Q6: _fit6}  # of MIXED_KINDS
+
+
 def mixed_blocks(name: str, weight: np.ndarray) -> np.ndarray:
-    """weight [N, K] (K % 32 == 0) -> its blocks in the narrowest of MIXED_LINEARS that holds it (blk4 and blk5
+    """weight [N, K] (K % 32 == 0) -> its blocks in the narrowest of MIXED_KINDS that holds it (blk4 and blk5
     within GRID_TOLERANCE, blk8 and blk6 exactly), fitted FIT_ROWS rows at a time; GridError where none does."""
     weight = np.ascontiguousarray(weight, dtype=np.float32)
     if weight.ndim != 2 or weight.shape[1] % BLOCK:
         raise GridError(f"{name} has shape {list(weight.shape)}; the native kernels need K % {BLOCK} == 0")
-    for fit in (_fit4, _fit5, _fit8, _fit6):
+    for fit in (FITTERS[kind] for kind in MIXED_KINDS):
         if fit(weight[:8]) is None:  # a few rows first: most weights are on no grid, or clearly on one
             continue
         parts = []
@@ -348,7 +260,9 @@ def q41_pairs(blocks: np.ndarray) -> np.ndarray:
 
 def q8_rows(blocks: np.ndarray) -> np.ndarray:
     """blocks [N, nb] of BLOCK8 -> their values [N, nb * 32] float32, d * q as the kernels compute it."""
-    return (blocks["d"][..., None] * blocks["qs"].astype(np.float32)).reshape(len(blocks), -1)
+    if blocks.dtype != BLOCK8:
+        raise TypeError(f"q8_rows takes blocks of BLOCK8, not {blocks.dtype}")
+    return float_rows(blocks)
 
 
 def head_holds(head: np.ndarray, embedding: np.ndarray, rows: int = 4096) -> bool:
@@ -382,248 +296,85 @@ def row_precision(weights: list) -> TensorKind:
 def rows_of(weight: np.ndarray, precision: str) -> np.ndarray:
     """weight [N, K] float32 held exactly in `precision` -> its rows in that dtype (bf16: the top 16 bits)."""
     weight = np.ascontiguousarray(weight, dtype=np.float32)
-    if DTYPES[precision] is BF16:
+    if DTYPES[precision] == BF16:
         return (weight.view(np.uint32) >> 16).astype(BF16)
     return weight.astype(DTYPES[precision])
 
 
-def float_rows(rows: np.ndarray) -> np.ndarray:
-    """Rows of bf16 (as BF16), f16 or f32, or blocks [N, K / 32] of BLOCK8, BLOCK6, BLOCK4 or BLOCK5 -> float32
-    [N, K] (a block's d * q or d * q + m)."""
-    if rows.dtype == BF16:
-        return (rows.astype(np.uint32) << 16).view(np.float32)
-    if rows.dtype == BLOCK8:
-        return (rows["d"][..., None] * rows["qs"].astype(np.float32)).reshape(rows.shape[0], -1)
-    if rows.dtype == BLOCK6:
-        scales = np.repeat(rows["d"], BLOCK // 2, axis=-1)  # [N, nb, 32]
-        return (scales * rows["qs"].astype(np.float32)).reshape(rows.shape[0], -1)
-    if rows.dtype in (BLOCK4, BLOCK5):
-        q = (_nibbles(rows) if rows.dtype == BLOCK4 else q5_codes(rows["codes"])).astype(np.float32)
-        return (q * rows["d"][..., None] + rows["m"][..., None]).reshape(rows.shape[0], -1)
+# ---- the numpy decoders: each weight kind's values as the kernels compute them (the references of both engines) ------
+def _values_q41(blocks: np.ndarray) -> np.ndarray:  # [..., nb] -> [..., nb, 32]: d * q + m
+    return _nibbles(blocks).astype(np.float32) * blocks["d"][..., None] + blocks["m"][..., None]
+
+
+def _values_q5(blocks: np.ndarray) -> np.ndarray:  # d * q + m, q from the packed 5-bit codes
+    return q5_codes(blocks["codes"]).astype(np.float32) * blocks["d"][..., None] + blocks["m"][..., None]
+
+
+def _values_q80(blocks: np.ndarray) -> np.ndarray:  # d * q
+    return blocks["d"][..., None] * blocks["qs"].astype(np.float32)
+
+
+def _values_q6(blocks: np.ndarray) -> np.ndarray:  # d[0] * q of elements 0-15, d[1] * q of 16-31
+    return np.repeat(blocks["d"], BLOCK // 2, axis=-1) * blocks["qs"].astype(np.float32)
+
+
+def _values_q41p(pairs: np.ndarray) -> np.ndarray:  # [..., np] -> [..., np, 2, 32]: each half's d * q + m, fp16 d, m
+    h = pairs["h"].astype(np.float32)  # d0 d1 m0 m1
+    first = h[..., 0, None] * (pairs["qs"] & 15).astype(np.float32) + h[..., 2, None]
+    second = h[..., 1, None] * (pairs["qs"] >> 4).astype(np.float32) + h[..., 3, None]
+    return np.stack([first, second], axis=-2)
+
+
+def _values_bf16(rows: np.ndarray) -> np.ndarray:  # the fp32 of these top 16 bits
+    return (rows.astype(np.uint32) << 16).view(np.float32)
+
+
+def _values_float(rows: np.ndarray) -> np.ndarray:  # f16 (exactly) and f32
     return rows.astype(np.float32)
 
 
-# ---- the native weights file -------------------------------------------------------------------------------------
-# The header: MAGIC, u32 format, u32 bytes of the table, u64 offset of the table. From format TABLE_SINCE the file
-# holds its own table of tensors after the last one (JSON: name -> {kind, shape, offset}, as the manifest's index):
-# it says where it ends (its size) and what each tensor is. Older files leave both words zero.
-HEADER = len(MAGIC) + 16
-TABLE_SINCE = 4
-MAX_TABLE = 1 << 24  # bytes a file's table may take (a model of a thousand layers takes about 1 MiB)
+DECODERS = {WeightKind.Q41: _values_q41, WeightKind.Q80: _values_q80, WeightKind.Q41P: _values_q41p,
+            WeightKind.BF16: _values_bf16, WeightKind.F16: _values_float, WeightKind.F32: _values_float,
+            WeightKind.Q6: _values_q6, WeightKind.Q5: _values_q5}  # every weight kind's (tests check it is every one)
 
 
-@dataclass(frozen=True)
-class TensorEntry:
-    """Where one tensor lies in a native weights file."""
-
-    kind: str  # a key of DTYPES
-    shape: tuple
-    offset: int  # bytes from the file's start, a multiple of ALIGN
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * DTYPES[self.kind].itemsize
+def float_rows(weights: np.ndarray) -> np.ndarray:
+    """Weights [..., elements] of any weight kind (rows of bf16 as BF16, f16 or f32; blocks [N, K / 32]; pairs
+    [N, ceil(K / 64)]) -> float32 [..., elements * per]: a block's d * q or d * q + m, a row's value. A pair that ends
+    half empty decodes its empty half too (zeros)."""
+    return np.ascontiguousarray(DECODERS[kind_of(weights)](weights), np.float32).reshape(weights.shape[:-1] + (-1,))
 
 
-def index_from(tensors: dict) -> dict:
-    """A manifest's (or a file's) {name: {"kind", "shape", "offset"}} -> {name: TensorEntry}; KeyError, TypeError or
-    ValueError where an entry is not of that form."""
-    return {name: TensorEntry(spec["kind"], tuple(spec["shape"]), int(spec["offset"]))
-            for name, spec in tensors.items()}
+# ---- encoders: any float weight as the nearest weights of each kind (tests, benchmarks: every kind's examples) -------
+def _nearest5(weight: np.ndarray) -> np.ndarray:
+    """weight [N, K] -> blocks [N, K / 32] of BLOCK5: per block d = span / 31 and m = its minimum, q rounded."""
+    blocks = weight.reshape(len(weight), -1, BLOCK)
+    low, high = blocks.min(axis=-1), blocks.max(axis=-1)
+    scale = np.where(high > low, (high - low) / np.float32(31), np.float32(1)).astype(np.float32)
+    out = np.empty(low.shape, BLOCK5)
+    out["d"], out["m"] = scale, low
+    out["codes"] = q5_packed(np.clip(np.rint((blocks - low[..., None]) / scale[..., None]), 0, 31).astype(np.uint8))
+    return out
 
 
-def _kind_of(array: np.ndarray) -> TensorKind:
-    for kind, dtype in DTYPES.items():
-        if array.dtype == dtype:
-            return kind
-    raise TypeError(f"no native kind for dtype {array.dtype}")
+def _nearest6(weight: np.ndarray) -> np.ndarray:
+    """weight [N, K] -> blocks [N, K / 32] of BLOCK6: per 16 weights d = max |w| / 127, q rounded."""
+    halves = weight.reshape(len(weight), -1, 2, BLOCK // 2)
+    scale = np.abs(halves).max(axis=-1) / np.float32(127)
+    scale = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
+    out = np.empty(scale.shape[:2], BLOCK6)
+    out["d"] = scale
+    out["qs"] = np.clip(np.rint(halves / scale[..., None]), -127, 127).astype(np.int8).reshape(out.shape + (BLOCK,))
+    return out
 
 
-def write_tensors(path: Path, tensors: dict) -> dict:
-    """Write `tensors` (name -> array of a DTYPES kind) to `path`, each aligned, then their table; -> {name:
-    TensorEntry}."""
-    index, offset = {}, HEADER
-    with open(path, "wb") as handle:
-        handle.write(b"\0" * HEADER)  # the header last, once the table's place is known
-        for name, array in tensors.items():
-            offset = -(-offset // ALIGN) * ALIGN
-            handle.write(b"\0" * (offset - handle.tell()))
-            data = np.ascontiguousarray(array)
-            index[name] = TensorEntry(_kind_of(data), tuple(int(n) for n in data.shape), offset)
-            handle.write(data.tobytes())
-            offset += data.nbytes
-        table = json.dumps({name: {"kind": entry.kind, "shape": list(entry.shape), "offset": entry.offset}
-                            for name, entry in index.items()}).encode()
-        handle.write(table)
-        handle.seek(0)
-        handle.write(MAGIC + struct.pack("<IIQ", FORMAT_VERSION, len(table), offset))
-    return index
+ENCODERS = {WeightKind.Q41: lambda weight: q41_blocks(weight)[0], WeightKind.Q80: lambda weight: q8_blocks(weight)[0],
+            WeightKind.Q41P: lambda weight: q41_pairs(q41_blocks(weight)[0]),
+            WeightKind.BF16: lambda weight: rows_of(weight, TensorKind.BF16),
+            WeightKind.F16: lambda weight: weight.astype(np.float16), WeightKind.F32: lambda weight: weight,
+            WeightKind.Q6: _nearest6, WeightKind.Q5: _nearest5}  # every weight kind's (tests check it is every one)
 
 
-def check_index(index: dict, size: int, name: str) -> None:
-    """ValueError unless every tensor of `index` starts at a multiple of ALIGN past the header and ends inside the
-    file's `size` bytes (before its table), and no two overlap (a manifest that passes its hash can still point
-    anywhere)."""
-    spans = []
-    for tensor, entry in index.items():
-        if entry.kind not in DTYPES or any(not isinstance(n, int) or n < 0 for n in entry.shape):
-            raise ValueError(f"{name}: tensor {tensor} has kind {entry.kind!r} and shape {list(entry.shape)}")
-        if entry.offset < HEADER or entry.offset % ALIGN:
-            raise ValueError(f"{name}: tensor {tensor} starts at byte {entry.offset}, not a multiple of {ALIGN} past "
-                             "the header")
-        if entry.offset + entry.nbytes > size:
-            raise ValueError(f"{name} has {size} bytes; tensor {tensor} needs {entry.offset + entry.nbytes}")
-        spans.append((entry.offset, entry.offset + entry.nbytes, tensor))
-    spans.sort()
-    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
-        if start < end:
-            raise ValueError(f"{name}: tensors {first} and {second} overlap (bytes {start}..{end})")
-
-
-EXPONENTS = {np.dtype("<f4"): (np.dtype("<u4"), 0x7F800000), np.dtype("<f2"): (np.dtype("<u2"), 0x7C00),
-             BF16: (BF16, 0x7F80)}  # a value is NaN or inf exactly where its exponent bits are all ones
-CHUNK = 1 << 20
-
-
-def nonfinite(array: np.ndarray) -> bool:
-    """Whether a native tensor holds NaN or inf where the kernels read a float: f32 / f16 / bf16 values, and the
-    scales and minima of blocks (their codes are integers). The largest exponent field, a chunk at a time through one
-    buffer (a bf16 model of 135M weights: about 0.05 s)."""
-    if array.dtype.names:
-        return any(nonfinite(np.ascontiguousarray(array[field])) for field in ("d", "m", "h")
-                   if field in array.dtype.names)
-    if array.dtype not in EXPONENTS:
-        return False
-    bits, mask = EXPONENTS[array.dtype]
-    flat = np.ascontiguousarray(array).reshape(-1).view(bits)
-    out = np.empty(min(CHUNK, flat.size), bits)
-    for start in range(0, flat.size, CHUNK):
-        part = out[: min(CHUNK, flat.size - start)]
-        np.bitwise_and(flat[start : start + CHUNK], mask, out=part)
-        if int(part.max()) == mask:
-            return True
-    return False
-
-
-class Pages(StrEnum):
-    """How read_tensors holds a weights file (see there)."""
-
-    PRIVATE = "private"
-    SHARED = "shared"
-
-
-PAGES = tuple(Pages)
-READ_CHUNK = 1 << 24
-
-
-def check_format(abi: int, kinds: set, name: str) -> None:
-    """ValueError unless weights of format `abi` holding tensors of `kinds` read as this format: the same format, or
-    an older one none of whose changed layouts (CHANGED_SINCE) they use."""
-    if abi == FORMAT_VERSION:
-        return
-    if abi not in CHANGED_SINCE:
-        raise ValueError(f"{name} holds native weights of format {abi}, this specdec reads format {FORMAT_VERSION}")
-    changed = sorted(CHANGED_SINCE[abi] & set(kinds))
-    if changed:  # the format that changed them: the first later one they are not changed since
-        at = min(v for v in range(abi + 1, FORMAT_VERSION + 1) if not CHANGED_SINCE.get(v, frozenset()) & set(changed))
-        raise ValueError(f"{name} holds native weights of format {abi} with {', '.join(changed)} blocks, whose layout "
-                         f"changed in format {at}")
-
-
-def _extent(fd: int, name: str) -> tuple[int, int, int]:
-    """(format, the table's offset, its bytes; both 0 before format TABLE_SINCE) of an open native weights file.
-    ValueError where it has no magic, or its size is not the one its header gives (padded or cut short): two small
-    reads and its size, before anything else is read."""
-    size, head = os.fstat(fd).st_size, os.pread(fd, HEADER, 0)
-    if head[: len(MAGIC)] != MAGIC:
-        raise ValueError(f"{name} is not a native weights file (no magic)")
-    if len(head) < HEADER:
-        raise ValueError(f"{name} has {size} bytes, fewer than its {HEADER}-byte header")
-    abi, table_bytes, table_at = struct.unpack("<IIQ", head[len(MAGIC) :])
-    if abi < TABLE_SINCE:
-        return abi, 0, 0
-    if table_at < HEADER or table_bytes > MAX_TABLE or table_at + table_bytes != size:
-        raise ValueError(f"{name} has {size} bytes; its header says it ends at byte {table_at + table_bytes} (a "
-                         f"table of {table_bytes} bytes at byte {table_at}): the file was padded or cut short")
-    return abi, table_at, table_bytes
-
-
-def check_extent(path: Path) -> None:
-    """_extent's checks alone: load(verify=True) runs them before it hashes the file."""
-    fd = open_regular(path)
-    try:
-        _extent(fd, str(path))
-    finally:
-        os.close(fd)
-
-
-def _table(fd: int, at: int, size: int, name: str) -> dict:
-    """The file's own table of tensors ({name: TensorEntry}), `size` bytes at byte `at`."""
-    try:
-        return index_from(json.loads(os.pread(fd, size, at).decode("utf-8")))
-    except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
-        raise ValueError(f"{name}: its table of tensors (bytes {at}..{at + size}) cannot be read") from None
-
-
-def check_table(index: dict, table: dict, name: str) -> None:
-    """ValueError unless the manifest's `index` describes every tensor as the file's own `table` does: the same
-    names, each of the same kind and shape at the same offset (a manifest edited apart from its file, with offsets
-    swapped or a kind misread, points at the wrong bytes however its hash stands)."""
-    where = lambda e: "absent" if e is None else f"{e.kind} {list(e.shape)} at byte {e.offset}"  # noqa: E731
-    for tensor in sorted(set(index) | set(table)):
-        mine, theirs = index.get(tensor), table.get(tensor)
-        if mine != theirs:
-            raise ValueError(f"{name}: the manifest reads tensor {tensor} as {where(mine)}; the file's own table "
-                             f"holds it as {where(theirs)}")
-
-
-def read_tensors(path: Path, index: dict, pages: str = Pages.SHARED) -> dict:
-    """Every tensor of `index` ({name: TensorEntry}) of `path`, read only. ValueError where the file is not a native
-    weights file of this format, is padded or cut short, is shorter than the index needs, or holds its own table
-    (format TABLE_SINCE on) that the index contradicts; ManifestError where it is not a regular file. Only the bytes
-    up to the index's last tensor are mapped or copied.
-
-    pages "shared": the file memory-mapped (the page cache's 4 KiB pages, shared with every process that maps it).
-    "private": the file read into anonymous memory advised for transparent huge pages. Streaming a weight then crosses
-    a page boundary every 2 MiB instead of every 4 KiB, and the hardware prefetchers stop at each: a bf16 target's
-    step runs measurably faster (`python benchmarks/step.py BUNDLE --backends native --pages private,shared`), at
-    the cost of a copy per process."""
-    if pages not in PAGES:
-        raise ValueError(f"pages {pages!r} is not one of {', '.join(PAGES)}")
-    fd = open_regular(path)
-    try:
-        abi, table_at, table_bytes = _extent(fd, str(path))
-        check_format(abi, {entry.kind for entry in index.values()}, str(path))
-        check_index(index, table_at or os.fstat(fd).st_size, str(path))
-        if table_at:
-            check_table(index, _table(fd, table_at, table_bytes, str(path)), str(path))
-        need = max((entry.offset + entry.nbytes for entry in index.values()), default=HEADER)
-        whole = _private_copy(fd, need, path) if pages == Pages.PRIVATE else \
-            np.frombuffer(mmap.mmap(fd, need, access=mmap.ACCESS_READ), dtype=np.uint8)  # the map outlives fd
-    finally:
-        os.close(fd)
-    return {name: whole[entry.offset : entry.offset + entry.nbytes].view(DTYPES[entry.kind]).reshape(entry.shape)
-            for name, entry in index.items()}
-
-
-def _private_copy(fd: int, size: int, path: Path) -> np.ndarray:
-    """The first `size` bytes of the open file `fd` read into anonymous memory (page aligned, advised for huge pages
-    where the kernel offers them), as a read-only byte array that keeps the mapping alive. Read with readinto, so the
-    file's pages are never mapped here and the process's peak memory is the copy alone."""
-    buffer = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            buffer.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # a kernel without transparent huge pages: 4 KiB pages, still correct
-            pass
-    with memoryview(buffer) as view, open(fd, "rb", buffering=0, closefd=False) as handle:
-        handle.seek(0)
-        done = 0
-        while done < size:
-            got = handle.readinto(view[done : min(size, done + READ_CHUNK)])
-            if not got:
-                raise ValueError(f"{path} ended after {done} of its {size} bytes")
-            done += got
-    whole = np.frombuffer(buffer, dtype=np.uint8)[:size]
-    whole.flags.writeable = False
-    return whole
+def encode(kind: WeightKind, weight: np.ndarray) -> np.ndarray:
+    """weight [N, K] (K % 32 == 0) -> the weights of `kind` nearest it (bf16: its top halves) [N, elements]."""
+    return ENCODERS[kind](np.ascontiguousarray(weight, dtype=np.float32))

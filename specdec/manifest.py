@@ -207,12 +207,42 @@ class Activations(StrEnum):
 ACTIVATIONS = tuple(mode.value for mode in Activations)
 
 
+class NormKind(StrEnum):
+    """A native target's norms: RMSNorm (the LLaMA layout), or LayerNorm with a bias (GPT-2's)."""
+
+    RMS = "rms"
+    LAYER = "layer"
+
+
+class PositionKind(StrEnum):
+    """How a native target encodes positions: rotary (rotate-half, over whole heads), or a learned table added to the
+    embedding (GPT-2's)."""
+
+    ROTARY = "rotary"
+    LEARNED = "learned"
+
+
+@dataclass(frozen=True)
+class FamilyRecord:
+    """What a native target's layers do, written at export from its family's Architecture and read by both engines on
+    specdec's kernels (specdec.export.native_family); the weights file's tensors must agree with it."""
+
+    norm: str = NormKind.RMS  # a NormKind
+    positions: str = PositionKind.ROTARY  # a PositionKind
+    activation: str = Activation.SILU_GATED  # the MLP's (an Activation)
+    biases: list = field(default_factory=list)  # the products with a bias, of qkv, o, gate_up, down
+    qk_norm: bool = False  # each head of q and k RMS-normalized before rotary (Qwen3's)
+    window: int = 0  # keys a query sees, its own included (a sliding window shorter than S), or 0: every earlier one
+    epsilon: float = 0.0  # the norms' epsilon
+    scale: float = 0.0  # attention scores' scale
+
+
 @dataclass(frozen=True)
 class NativeRecord:
     """A model's weights as the native engine reads them: a file of blocks it memory-maps (specdec.blocks)."""
 
     layout: str  # a specdec.blocks layout name: "q41" (a target on the GGUF grids), "q41-draft" (its int4-q41 draft)
-    abi: int  # the weights' format version of the writer (specdec.blocks.FORMAT_VERSION)
+    abi: int  # the weights' format version of the writer (specdec.weights_file.FORMAT_VERSION)
     path: str  # relative to the bundle; also in the entry's files, with its sha256
     tensors: dict  # name -> {"kind", "shape", "offset"}
     epsilon: float = 0.0  # the norms' epsilon (RMSNorm's, or LayerNorm's where the tensors hold norm biases)
@@ -220,6 +250,9 @@ class NativeRecord:
     fill: float = 0.0  # the logit of a token a trimmed head does not score
     window: int = 0  # keys a query sees, its own included (a sliding window shorter than S), or 0: every earlier one
     activation: str = Activation.SILU_GATED  # the MLP's (an Activation)
+    family: FamilyRecord | None = None  # a target's family facts (export writes them here, and leaves epsilon, scale,
+    # window and activation above at their defaults); None in bundles written before it, whose facts are the fields
+    # above and which tensors the file holds (specdec.native.weights.family_of)
 
 
 @dataclass(frozen=True)
@@ -282,8 +315,7 @@ class Defaults:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
-    activations: str = Activations.FP32  # the native target's (an Activations; export and calibrate quantize set it,
-    # bundles written before it run fp32)
+    activations: str = Activations.FP32  # the native target's (an Activations); a bundle written before it runs fp32
 
 
 @dataclass(frozen=True)
@@ -316,7 +348,7 @@ class Manifest:
 
 
 _NESTED = {cls.__name__: cls for cls in (ModelDims, SourceRecord, CalibrationRecord, GammaRecord, TokenizerInfo,
-                                         Defaults, NativeRecord, HeadRecord)}  # type name -> dataclass, for nested records
+                                         Defaults, NativeRecord, HeadRecord, FamilyRecord)}  # type name -> dataclass, for nested records
 
 
 def sha256_file(path: str | os.PathLike) -> str:

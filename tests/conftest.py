@@ -1,6 +1,9 @@
 """Session fixtures: tiny random models with a real tokenizer, exported once through the real pipeline."""
 from __future__ import annotations
 
+import random
+import socket
+
 import pytest
 
 from specdec.export.bundle import export_bundle
@@ -9,6 +12,23 @@ from specdec.export.tiny import save_tiny
 
 GAMMA_MAX = 6
 MAX_SEQ_LEN = 96
+# A server's port in tests comes from below the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range,
+# 32768 up by default) and above Ray's worker ports (10002-19999): a port the kernel hands out for port 0 may be
+# handed again, between our check and our server's bind, to a process Ray starts (its metrics agent answered a
+# test's /health once).
+TEST_PORTS = range(20000, 32768)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now, from TEST_PORTS."""
+    for port in random.sample(TEST_PORTS, 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {TEST_PORTS}")
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "specdec"
 OPERATORS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn)
 COLLECTIONS = (ast.Tuple, ast.List, ast.Set)
 ENUMS = {"Enum", "StrEnum"}
-NOT_KINDS = {("specdec/export/native_pack.py", "Op")}  # enums of another library's names (ONNX's op types)
+NOT_KINDS = set()  # enums of another library's names
 
 ALLOWED = {  # file -> the literals it may compare or hold, and why none of them is a kind
     "specdec/__init__.py": {"GenerationConfig", "GenerationResult", "Generator", "load"},  # lazy attributes (PEP 562)
@@ -34,7 +34,9 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/export/architectures.py": {"model", "layers",  # transformers' attribute names of a decoder's blocks
                                         "gelu"},  # a Hugging Face activation name (ACT2FN)
     "specdec/export/native_pack.py": {"qkv", "o", "gate_up", "down", "head"},  # tensor names of the native weights
-                                                                               # file
+    "specdec/export/native_family.py": {"final_norm_bias", "positions", "layers.0.q_norm"},  # tensor names of the
+                                                                                                # native weights file
+    "specdec/native/weights.py": {"final_norm_bias", "positions", "layers.0.q_norm"},  # ... the same
     "specdec/export/parity.py": {"prefill", "verify"},  # labels of the parity record's steps
     "specdec/calibration/data.py": {".txt", ".md", ".jsonl", ".parquet",  # file suffixes
                                     "text"},  # the default column of a JSONL or parquet file
@@ -43,17 +45,22 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/export/head_import.py": {"silu"},  # a transformers config's hidden_act
     "specdec/manifest.py": {"None", "int", "float",  # type names in a dataclass field's annotation
                             "..", "\\"},  # a path that leaves the bundle
-    "specdec/native/model.py": {"iu",  # numpy's dtype.kind codes of integers
-                                "head", "layers"},  # field names of specdec_native.h's model_t and features_t
+    "specdec/native/core.py": {"iu"},  # numpy's dtype.kind codes of integers
+    "specdec/native/model.py": {"head", "layers"},  # field names of specdec_native.h's model_t and features_t
     "specdec/native/build.py": {"1",  # SPECDEC_NATIVE_SANITIZE's value
                                 "avx2"},  # a flag of /proc/cpuinfo
+    "specdec/weight_kinds.py": {"float", "uint8_t", "int8_t", "uint16_t", "f16",  # specdec_kinds.h's C types, bound
+                                                                                   # to numpy's dtypes
+                                '"', "(", ")", ",",  # the C punctuation the header's reader splits a table's rows at
+                                "i64", "q41-draft"},  # the members of TensorKind and LayoutName that no row of the
+                                                      # header makes: defined where the enum is, as a class body would
     "specdec/cuda/device.py": {"cuda"},  # the kernel set's label in run records (benchmarks/cuda_check.py)
     "specdec/runtime/backend.py": {"0", "", "cpu", "max",  # /proc/self/cgroup's fields, a cgroup controller, cpu.max
                                    "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"},  # glibc's variables
     "specdec/runtime/trt_backend.py": {":",  # in a device="cuda:N"
                                        "logits"},  # the engine's output tensor name
     "specdec/lowering.py": {"logits"},  # the graphs' output name (the contract's, docs/export.md)
-    "specdec/serving/ray_local.py": {"", "0.0.0.0", "[::]"},  # the wildcard addresses a gRPC server may bind
+    "specdec/serving/ray_local.py": {"", "0.0.0.0", "[::]", "::"},  # the wildcard addresses a server may bind
     "specdec/runtime/limits.py": {"memory"},  # /proc/self/cgroup's name of a cgroup controller
     "specdec/runtime/generator.py": {"\0"},  # the NUL character, which no path may hold
     "specdec/serving/app.py": {"http.disconnect",  # an ASGI message type
@@ -74,7 +81,8 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/runtime/text.py": {"BPE", "Sequence", "ByteLevel", "Removed",  # tokenizer.json's model, normalizer and
                                 "Metaspace", "Digits", "Punctuation", "Split"},  # pre-tokenizer types, a Split
                                                                                  # behaviour
-    "specdec/serving/ray_app.py": {"Z"},  # /proc/PID/stat's state of a zombie
+    "specdec/serving/ray_app.py": {"Z",  # /proc/PID/stat's state of a zombie
+                                   "", "0.0.0.0", "[::]", "::"},  # the wildcard hosts, its API probed on loopback
 }
 
 
@@ -175,9 +183,17 @@ def kinds_held(tree: ast.Module, kinds: set) -> list:
     return found
 
 
+def table_names() -> set:
+    """The names of the kinds specdec.weight_kinds reads from specdec_kinds.h (its enums are made from the header's
+    table, so the source holds no class of them to read): every weight kind's, element's and layout's."""
+    from specdec.weight_kinds import LayoutName, TensorKind, WeightKind
+
+    return {kind.label for kind in WeightKind} | {str(kind) for kind in TensorKind} | {str(n) for n in LayoutName}
+
+
 TREES = {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
          for path in sorted(PACKAGE.rglob("*.py"))}
-KINDS, CONSTANTS = kind_names(TREES), constants(TREES)
+KINDS, CONSTANTS = kind_names(TREES) | table_names(), constants(TREES)
 FOUND = {rel: sorted(set(string_comparisons(tree, _names(tree, rel, CONSTANTS)) + kinds_held(tree, KINDS)))
          for rel, tree in TREES.items()}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "specdec"
-LOW = ("specdec.runtime", "specdec.native", "specdec.cuda", "specdec.blocks", "specdec.errors", "specdec.manifest",
-       "specdec.head")
+LOW = ("specdec.runtime", "specdec.native", "specdec.cuda", "specdec.blocks", "specdec.weight_kinds",
+       "specdec.weights_file", "specdec.errors", "specdec.manifest", "specdec.head")
 UPPER = ("specdec.calibration", "specdec.export", "specdec.cli", "specdec.serving")  # engines: the TensorRT glue
 BACKENDS = ("specdec.runtime.ort_backend", "specdec.runtime.native_backend", "specdec.runtime.trt_backend",
             "specdec.runtime.cuda_backend")
@@ -52,7 +52,8 @@ def below(name: str) -> bool:
 def test_the_graph_is_read():
     assert len(MODULES) > 50
     assert "specdec.runtime.registry" in GRAPH["specdec.runtime.generator"]
-    assert "specdec.blocks" in GRAPH["specdec.native.weights"]
+    assert "specdec.weights_file" in GRAPH["specdec.native.weights"]
+    assert "specdec.weight_kinds" in GRAPH["specdec.blocks"] and "specdec.weight_kinds" in GRAPH["specdec.weights_file"]
 
 
 def test_the_runtime_and_native_import_nothing_above_them():

@@ -86,7 +86,7 @@ def _native_draft(root: Path, manifest: Manifest, source: ModelEntry, config: Qu
     target = manifest.target.native
     if config.method != Method.INT4_Q41 or config.role != Role.DRAFT or source.role != Role.TARGET or target is None:
         return None
-    from specdec.blocks import TensorEntry, read_tensors
+    from specdec.weights_file import TensorEntry, read_tensors
     from specdec.calibration.q41 import HEAD_FILL
     from specdec.export.native_pack import write_draft
 

@@ -10,15 +10,27 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.cuda.layouts import layout_of
+from specdec.cuda.layouts import inputs, layout_of
 from specdec.cuda.reference import ATT_WARPS, DeviceWeight, attention_shared
 from specdec.errors import BackendError, MissingDependencyError
+from specdec.weight_kinds import BLOCK
+from specdec.weight_kinds import HEADER as KINDS_HEADER
 
 SOURCE = Path(__file__).with_name("kernels.cu")
+INCLUDE = f'#include "{KINDS_HEADER.name}"\n'  # the one header kernels.cu includes: the weight kinds'
 LINEAR_WARPS = 4  # kernels.cu's LINEAR_WARPS: columns per block of a product
 THREADS = 256
 STATIC_SHARED = 48 * 1024  # dynamic shared memory a kernel gets without opting in
 CUDA_HINT = "pip install 'specdec[cuda]' (CuPy for CUDA 12: cupy-cuda12x; for CUDA 13: cupy-cuda13x)"
+
+
+def source() -> str:
+    """kernels.cu with specdec_kinds.h in place of its #include: the text NVRTC compiles, whole, so CuPy's cache (keyed
+    by the text) sees a change of either file."""
+    text = SOURCE.read_text(encoding="utf-8")
+    if text.count(INCLUDE) != 1:
+        raise BackendError(f"{SOURCE} does not include {KINDS_HEADER.name} once", "reinstall specdec")
+    return text.replace(INCLUDE, KINDS_HEADER.read_text(encoding="utf-8") + "\n")
 
 
 def import_cupy():
@@ -57,7 +69,7 @@ class CupyKernels:
         self.device = cp.cuda.Device(index)
         self.device.use()
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.module = cp.RawModule(code=SOURCE.read_text(encoding="utf-8"), options=("-std=c++17",))
+        self.module = cp.RawModule(code=source(), options=("-std=c++17",))
         self.functions = {}
         self.wide = None  # fp32 rows of one weight for cuBLAS (grown)
         self.launches = 0
@@ -80,7 +92,7 @@ class CupyKernels:
     def weight(self, array: np.ndarray, k: int | None = None) -> DeviceWeight:
         layout = layout_of(array)
         data = self.cp.asarray(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
-        return DeviceWeight(data, layout, len(array), k if k is not None else layout.inputs(array))
+        return DeviceWeight(data, layout, len(array), k if k is not None else inputs(layout, array))
 
     def upload(self, array: np.ndarray):
         return self.cp.asarray(np.ascontiguousarray(array))
@@ -163,7 +175,7 @@ class CupyKernels:
             self._cublas(x, w, out, accumulate)
             return
         grid = (-(-w.n // LINEAR_WARPS),)
-        self._launch(f"linear_{w.layout.suffix}", grid, LINEAR_WARPS * 32,
+        self._launch(f"linear_{w.layout.label}", grid, LINEAR_WARPS * 32,
                      (x, np.int32(rows), np.int32(w.k), w.data, np.int32(w.n), out, np.int32(accumulate)))
 
     def linear_norm(self, x, gamma, eps: float, w: DeviceWeight, out, accumulate: bool = False) -> None:
@@ -173,7 +185,7 @@ class CupyKernels:
                 scale = 1 / self.cp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.cp.float32(eps))
                 self._cublas(x * gamma * scale, w, out, accumulate)
             return
-        self._launch(f"linear_norm_{w.layout.suffix}", (-(-w.n // LINEAR_WARPS),), LINEAR_WARPS * 32,
+        self._launch(f"linear_norm_{w.layout.label}", (-(-w.n // LINEAR_WARPS),), LINEAR_WARPS * 32,
                      (x, gamma, np.float32(eps), np.int32(rows), np.int32(w.k), w.data, np.int32(w.n), out,
                       np.int32(accumulate)))
 
@@ -184,7 +196,7 @@ class CupyKernels:
                 gate, up = gu[:, :width], gu[:, width:]
                 self._cublas(gate / (1 + self.cp.exp(-gate)) * up, w, out, accumulate)
             return
-        self._launch(f"linear_silu_{w.layout.suffix}", (-(-w.n // LINEAR_WARPS),), LINEAR_WARPS * 32,
+        self._launch(f"linear_silu_{w.layout.label}", (-(-w.n // LINEAR_WARPS),), LINEAR_WARPS * 32,
                      (gu, np.int32(rows), np.int32(w.k), w.data, np.int32(w.n), out, np.int32(accumulate)))
 
     def _cublas(self, x, w: DeviceWeight, out, accumulate: bool) -> None:
@@ -192,8 +204,8 @@ class CupyKernels:
         if self.wide is None or self.wide.size < size:
             self.wide = self.cp.empty(size, np.float32)
         dense = self.wide[:size].reshape(w.n, w.k)
-        groups = w.n * (w.k // 32)
-        self._launch(f"dequant_{w.layout.suffix}", (-(-groups // THREADS),), THREADS,
+        groups = w.n * (w.k // BLOCK)
+        self._launch(f"dequant_{w.layout.label}", (-(-groups // THREADS),), THREADS,
                      (w.data, np.int32(w.n), np.int32(w.k), dense))
         with self.device, self.stream:
             product = x @ dense.T

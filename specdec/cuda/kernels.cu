@@ -1,27 +1,31 @@
 // The cuda backend's kernels (specdec/cuda/device.py compiles them with NVRTC at first use; CuPy caches the binary
-// per GPU architecture). No headers: bf16 is the top half of an fp32 and f16 converts through PTX, so NVRTC needs
-// nothing but this file. Every kernel has a numpy reference of the same arguments in specdec/cuda/reference.py, which
-// CI runs in its place; the device check compares the two on a GPU.
+// per GPU architecture). One header, the weight kinds' (device.py inlines it, so the source NVRTC compiles and CuPy
+// caches by is whole); no system header: bf16 is the top half of an fp32 and f16 converts through PTX. Every kernel
+// has a numpy reference of the same arguments in specdec/cuda/reference.py, which CI runs in its place; the device
+// check compares the two on a GPU.
 //
-// Layouts (specdec/blocks.py, specdec/native/specdec_native.h own them): a weight is N output columns of K inputs,
-// as Q4_1 blocks (w = d*q + m), Q8_0 blocks (w = d*q), the draft's pairs of Q4_1 blocks with fp16 scales, or rows of
-// bf16 / f16 / f32. Activations are fp32 throughout. KV of one layer: [slots, Hkv, S, D] fp32.
+// Weights (specdec_kinds.h owns their kinds: these are its structs, and NVRTC checks its asserts): a weight is N
+// output columns of K inputs, of one of CUDA_KINDS below: Q4_1 blocks (w = d*q + m), Q8_0 blocks (w = d*q), the
+// draft's pairs of Q4_1 blocks with fp16 scales, or rows of bf16 / f16 / f32. Activations are fp32 throughout. KV of
+// one layer: [slots, Hkv, S, D] fp32.
 //
 // Summation order: a row's result depends only on that row's inputs and position, never on how many rows a call
 // holds (a product sums a column the same way for 1 row or 64; attention splits keys by the key count alone), so a
 // verify pass of T tokens gives a position the bits a one-token step gives it, and greedy speculation equals plain
 // greedy decoding on the same GPU.
 
+#include "specdec_kinds.h"
+
 typedef unsigned char u8;
 typedef unsigned short u16;
 
-enum { Q4_1 = 0, Q8_0 = 1, Q4_1_PAIRS = 2, BF16 = 3, F16 = 4, F32 = 5 };  // specdec/cuda/layouts.py's Layout
+// The weight kinds these kernels serve, each X(name, kind): its product and dequant kernels are named after it
+// (linear_<name>, ...). specdec/cuda/layouts.py declares the table's others (UNSERVED); tests/cuda/test_kernels.py
+// checks that the two cover the table.
+#define CUDA_KINDS(X) X(q41, SPECDEC_W_Q41) X(q80, SPECDEC_W_Q80) X(q41p, SPECDEC_W_Q41P) X(bf16, SPECDEC_W_BF16) \
+                      X(f16, SPECDEC_W_F16) X(f32, SPECDEC_W_F32)
 
-struct blk4 { float d, m; u8 qs[16]; };       // 24 bytes: qs[j] = q[j] | q[j + 16] << 4
-struct blk8 { float d; signed char qs[32]; }; // 36 bytes
-struct blk4p { u16 h[4]; u8 qs[32]; };        // 40 bytes: fp16 d0 d1 m0 m1; qs[j] = q0[j] | q1[j] << 4
-
-#define WARP 32
+#define WARP 32     // lanes of a warp
 #define LINEAR_WARPS 4  // output columns per block of the product kernels
 #define ROWS 8          // rows a product kernel holds in registers at once
 #define ATT_WARPS 4
@@ -40,39 +44,41 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// the 32 weights of group g (inputs 32g .. 32g + 31) of column n
+// the SPECDEC_BLOCK weights of group g (inputs g * SPECDEC_BLOCK on) of column n: its block, a pair's half, or a
+// stretch of its row
 template <int KIND>
-__device__ __forceinline__ void group(const void *w, int n, int K, int g, float v[32]) {
-    const int groups = K / 32;
-    if (KIND == Q4_1) {
+__device__ __forceinline__ void group(const void *w, int n, int K, int g, float v[SPECDEC_BLOCK]) {
+    static_assert(SPECDEC_BLOCK == 32, "a group's loads below take 32 weights");
+    const int groups = K / SPECDEC_BLOCK;
+    if constexpr (KIND == SPECDEC_W_Q41) {
         const blk4 *b = (const blk4 *)w + (size_t)n * groups + g;
         const float d = b->d, m = b->m;
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
+        for (int j = 0; j < SPECDEC_BLOCK / 2; j++) {
             const unsigned q = b->qs[j];
             v[j] = fmaf(d, (float)(q & 15u), m);
-            v[j + 16] = fmaf(d, (float)(q >> 4), m);
+            v[j + SPECDEC_BLOCK / 2] = fmaf(d, (float)(q >> 4), m);
         }
-    } else if (KIND == Q8_0) {
+    } else if constexpr (KIND == SPECDEC_W_Q80) {
         const blk8 *b = (const blk8 *)w + (size_t)n * groups + g;
         const float d = b->d;
 #pragma unroll
-        for (int j = 0; j < 32; j++) v[j] = d * (float)b->qs[j];
-    } else if (KIND == Q4_1_PAIRS) {
+        for (int j = 0; j < SPECDEC_BLOCK; j++) v[j] = d * (float)b->qs[j];
+    } else if constexpr (KIND == SPECDEC_W_Q41P) {
         const blk4p *b = (const blk4p *)w + (size_t)n * ((groups + 1) / 2) + g / 2;
         const int second = g & 1;
         const float d = f16_f(b->h[second]), m = f16_f(b->h[2 + second]);
 #pragma unroll
-        for (int j = 0; j < 32; j++) v[j] = fmaf(d, (float)(second ? b->qs[j] >> 4 : b->qs[j] & 15u), m);
-    } else if (KIND == F32) {
-        const float4 *p = (const float4 *)((const float *)w + (size_t)n * K + 32 * g);
+        for (int j = 0; j < SPECDEC_BLOCK; j++) v[j] = fmaf(d, (float)(second ? b->qs[j] >> 4 : b->qs[j] & 15u), m);
+    } else if constexpr (KIND == SPECDEC_W_F32) {
+        const float4 *p = (const float4 *)((const float *)w + (size_t)n * K + SPECDEC_BLOCK * g);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const float4 f = p[j];
             v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
         }
-    } else {  // BF16, F16: 8 values a 16-byte load
-        const uint4 *p = (const uint4 *)((const u16 *)w + (size_t)n * K + 32 * g);
+    } else if constexpr (KIND == SPECDEC_W_BF16 || KIND == SPECDEC_W_F16) {  // 8 values a 16-byte load
+        const uint4 *p = (const uint4 *)((const u16 *)w + (size_t)n * K + SPECDEC_BLOCK * g);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const uint4 u = p[j];
@@ -80,10 +86,12 @@ __device__ __forceinline__ void group(const void *w, int n, int K, int g, float 
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const u16 lo = (u16)(words[i] & 0xffffu), hi = (u16)(words[i] >> 16);
-                v[8 * j + 2 * i] = KIND == BF16 ? bf16_f(lo) : f16_f(lo);
-                v[8 * j + 2 * i + 1] = KIND == BF16 ? bf16_f(hi) : f16_f(hi);
+                v[8 * j + 2 * i] = KIND == SPECDEC_W_BF16 ? bf16_f(lo) : f16_f(lo);
+                v[8 * j + 2 * i + 1] = KIND == SPECDEC_W_BF16 ? bf16_f(hi) : f16_f(hi);
             }
         }
+    } else {
+        static_assert(KIND != KIND, "a kind of CUDA_KINDS without its decode here");
     }
 }
 
@@ -117,9 +125,9 @@ __device__ __forceinline__ float norm_scale(float sum, int n, float eps) {
 template <int KIND, int INPUT>
 __device__ void linear_body(const float *x, const float *gamma, float eps, int M, int K, const void *w, int N,
                             float *y, int accumulate) {
-    const int lane = threadIdx.x % WARP, n = blockIdx.x * LINEAR_WARPS + threadIdx.x / WARP, groups = K / 32;
+    const int lane = threadIdx.x % WARP, n = blockIdx.x * LINEAR_WARPS + threadIdx.x / WARP, groups = K / SPECDEC_BLOCK;
     if (n >= N) return;
-    float v[32];
+    float v[SPECDEC_BLOCK];
     for (int r0 = 0; r0 < M; r0 += ROWS) {
         float acc[ROWS], scale[ROWS];
 #pragma unroll
@@ -142,7 +150,7 @@ __device__ void linear_body(const float *x, const float *gamma, float eps, int M
                 float s = acc[r];
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
-                    const float4 f = input4<INPUT>(x, gamma, K, r0 + r, 32 * g + 4 * j);
+                    const float4 f = input4<INPUT>(x, gamma, K, r0 + r, SPECDEC_BLOCK * g + 4 * j);
                     s = fmaf(v[4 * j], f.x, s);
                     s = fmaf(v[4 * j + 1], f.y, s);
                     s = fmaf(v[4 * j + 2], f.z, s);
@@ -176,32 +184,24 @@ __device__ void linear_body(const float *x, const float *gamma, float eps, int M
                                                     int accumulate) {                                             \
         linear_body<KIND, SILU>(gu, 0, 0.f, M, K, w, N, y, accumulate);                                           \
     }
-LINEAR(q41, Q4_1)
-LINEAR(q80, Q8_0)
-LINEAR(q41p, Q4_1_PAIRS)
-LINEAR(bf16, BF16)
-LINEAR(f16, F16)
-LINEAR(f32, F32)
+CUDA_KINDS(LINEAR)
 
-// W as fp32 rows [N, K] (for cuBLAS on a prefill chunk): one thread a group of 32
+// W as fp32 rows [N, K] (for cuBLAS on a prefill chunk): one thread a group of SPECDEC_BLOCK
 template <int KIND>
 __device__ void dequant_body(const void *w, int N, int K, float *out) {
-    const size_t at = (size_t)blockIdx.x * blockDim.x + threadIdx.x, groups = K / 32;
+    const size_t at = (size_t)blockIdx.x * blockDim.x + threadIdx.x, groups = K / SPECDEC_BLOCK;
     if (at >= (size_t)N * groups) return;
-    float v[32];
+    float v[SPECDEC_BLOCK];
     group<KIND>(w, (int)(at / groups), K, (int)(at % groups), v);
 #pragma unroll
-    for (int j = 0; j < 32; j++) out[at * 32 + j] = v[j];
+    for (int j = 0; j < SPECDEC_BLOCK; j++) out[at * SPECDEC_BLOCK + j] = v[j];
 }
 
-#define DEQUANT(name, KIND) \
-    extern "C" __global__ void name(const void *w, int N, int K, float *out) { dequant_body<KIND>(w, N, K, out); }
-DEQUANT(dequant_q41, Q4_1)
-DEQUANT(dequant_q80, Q8_0)
-DEQUANT(dequant_q41p, Q4_1_PAIRS)
-DEQUANT(dequant_bf16, BF16)
-DEQUANT(dequant_f16, F16)
-DEQUANT(dequant_f32, F32)
+#define DEQUANT(suffix, KIND) \
+    extern "C" __global__ void dequant_##suffix(const void *w, int N, int K, float *out) { \
+        dequant_body<KIND>(w, N, K, out); \
+    }
+CUDA_KINDS(DEQUANT)
 
 // out[m] = row ids[m] of the table [vocab, H] (Q8_0 blocks, or rows of bf16 / f16 / f32); one block a row
 extern "C" __global__ void embed(const void *table, int kind, const int *ids, int H, float *out) {
@@ -209,11 +209,11 @@ extern "C" __global__ void embed(const void *table, int kind, const int *ids, in
     const size_t row = (size_t)ids[m];
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         float v;
-        if (kind == Q8_0) {
-            const blk8 *b = (const blk8 *)table + row * (H / 32) + i / 32;
-            v = b->d * (float)b->qs[i % 32];
-        } else if (kind == BF16) v = bf16_f(((const u16 *)table)[row * H + i]);
-        else if (kind == F16) v = f16_f(((const u16 *)table)[row * H + i]);
+        if (kind == SPECDEC_W_Q80) {
+            const blk8 *b = (const blk8 *)table + row * (H / SPECDEC_BLOCK) + i / SPECDEC_BLOCK;
+            v = b->d * (float)b->qs[i % SPECDEC_BLOCK];
+        } else if (kind == SPECDEC_W_BF16) v = bf16_f(((const u16 *)table)[row * H + i]);
+        else if (kind == SPECDEC_W_F16) v = f16_f(((const u16 *)table)[row * H + i]);
         else v = ((const float *)table)[row * H + i];
         out[(size_t)m * H + i] = v;
     }
@@ -246,7 +246,7 @@ __device__ float block_max(float v, float *shared) {
 // position for a last-only head)
 extern "C" __global__ void rmsnorm(const float *x, const float *gamma, float eps, int H, int step, int offset,
                                    float *out) {
-    __shared__ float shared[32];
+    __shared__ float shared[32];  // a partial a warp: a block has at most 32 warps
     const float *in = x + ((size_t)blockIdx.x * step + offset) * H;
     float s = 0.f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) s = fmaf(in[i], in[i], s);
@@ -357,7 +357,7 @@ extern "C" __global__ void chain_next(const int *ids, const float *best, const i
 // is NaN where a logit of the row is NaN or the largest is not finite (+inf, or all -inf): the check of every logit
 // rides on the read argmax makes anyway
 extern "C" __global__ void argmax(const float *x, int V, int *ids, float *best) {
-    __shared__ float values[32];
+    __shared__ float values[32];  // a candidate a warp (at most 32)
     __shared__ int where[32];
     const float *row = x + (size_t)blockIdx.x * V;
     float v = NEG_INF;

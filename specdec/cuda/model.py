@@ -15,8 +15,8 @@ import numpy as np
 
 from specdec.cuda.logits import DeviceLogits, DeviceResult
 from specdec.errors import BackendError, nonfinite_logits
-from specdec.manifest import ModelDims, Role
-from specdec.native.model import check_rows
+from specdec.manifest import ModelDims
+from specdec.native.core import KernelModel, check_rows
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
 
 F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
@@ -89,7 +89,7 @@ class GraphCache:
             self.kv_version = kv_version
 
 
-class CudaModel:
+class CudaModel(KernelModel):
     """One model on the kernels. draft: an int4-q41 draft's pairs and head, run on `weights` (its target's norms,
     rotary tables and embedding) and on kv_owner's KV (its target's): it writes only past the target's committed
     positions, which the target's verify pass then overwrites, as the native engine's draft does.
@@ -100,14 +100,10 @@ class CudaModel:
     def __init__(self, kernels, weights: NativeWeights, dims: ModelDims, max_seq_len: int, max_batch: int,
                  graph_rows: int, draft: DraftWeights | None = None, kv_owner: "CudaModel | None" = None,
                  graphs: bool = True, fused: bool = True):
+        super().__init__(weights, dims, max_seq_len, draft, kv_owner)
         self.kernels = kernels
-        self.weights = weights
-        self.dims = dims
-        self.max_seq_len = max_seq_len
         self.max_batch = max_batch
         self.graph_rows = graph_rows
-        self.draft = draft
-        self.kv_owner = kv_owner
         self.use_graphs = graphs
         self.fused = fused  # RMSNorm inside the next product, SiLU inside the down projection (3 launches a layer)
         self.layers = self.embedding = self.head = None
@@ -120,10 +116,6 @@ class CudaModel:
         self._live = weakref.WeakSet()  # results whose logits may still be read
 
     # ---- opening ----
-    @property
-    def role(self) -> Role:
-        return Role.TARGET if self.draft is None else Role.DRAFT
-
     @property
     def mlp(self) -> int:
         return self.weights.mlp_width
@@ -199,19 +191,12 @@ class CudaModel:
         return owner.keys, owner.values, owner.kv_version
 
     # ---- the forward pass ----
-    def forward(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool,
-                layers: tuple = ()) -> DeviceLogits | tuple:
-        """tokens [B, T] at positions pos[b].. of slots[b] -> logits [B, T or 1, V] (on the device). Checks its
-        positions and slots (check_rows); CudaBackend, whose forward has checked them, calls compute."""
-        batch, steps = tokens.shape
-        keys = self.kv()[0]
-        if batch and steps:
-            pos, slots = check_rows(batch, steps, pos, slots, keys.shape[1], self.max_seq_len)
-        return self.compute(tokens, pos, slots, last_only, layers)
+    def held_slots(self) -> int:
+        return int(self.kv()[0].shape[1])  # a call before reset: BackendError
 
-    def compute(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool,
+    def compute(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool = False,
                 layers: tuple = ()) -> DeviceLogits | tuple:
-        """forward without check_rows: positions and slots already checked. With `layers` (at most FEATURES of
+        """forward without check_rows: logits [B, T or 1, V] on the device. With `layers` (at most FEATURES of
         0..L-1) -> (logits, features [B, T, len(layers), H] on the host: each fed token's hidden state after each)."""
         batch, steps = tokens.shape
         if batch == 0 or steps == 0:

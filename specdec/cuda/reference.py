@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.blocks import float_rows, q8_rows
-from specdec.cuda.layouts import Layout, layout_of
+from specdec.blocks import float_rows
+from specdec.cuda.layouts import layout_of
+from specdec.weight_kinds import WeightKind
 
 
 @dataclass
@@ -21,7 +22,7 @@ class DeviceWeight:
     """A weight on the device: `data` in its own layout (the reference keeps it as fp32 rows [N, K])."""
 
     data: object
-    layout: Layout
+    layout: WeightKind  # one the cuda kernels serve (specdec.cuda.layouts)
     n: int  # output columns
     k: int  # inputs
 
@@ -31,22 +32,10 @@ class DeviceWeight:
 
 
 def dense(array: np.ndarray, k: int | None = None) -> np.ndarray:
-    """A native weights array [N, blocks] or [N, K] -> fp32 rows [N, K] (K: the inputs, for pairs that end in a
-    half-empty pair)."""
-    layout = layout_of(array)
-    if layout is Layout.Q4_1:
-        codes = np.concatenate([array["qs"] & 15, array["qs"] >> 4], axis=-1).astype(np.float32)  # [N, nb, 32]
-        rows = array["d"][..., None] * codes + array["m"][..., None]
-    elif layout is Layout.Q8_0:
-        rows = q8_rows(array)
-    elif layout is Layout.Q4_1_PAIRS:
-        h = array["h"].astype(np.float32)  # [N, pairs, 4]: d0 d1 m0 m1
-        first = h[..., 0, None] * (array["qs"] & 15).astype(np.float32) + h[..., 2, None]
-        second = h[..., 1, None] * (array["qs"] >> 4).astype(np.float32) + h[..., 3, None]
-        rows = np.stack([first, second], axis=2)  # [N, pairs, 2, 32]
-    else:
-        rows = float_rows(array)
-    rows = np.ascontiguousarray(rows, dtype=np.float32).reshape(len(array), -1)
+    """A native weights array [N, blocks] or [N, K] of a kind the cuda kernels serve -> fp32 rows [N, K] (K: the
+    inputs, for pairs that end in a half-empty pair), by the numpy decoders (specdec.blocks.float_rows)."""
+    layout_of(array)  # TypeError for a kind kernels.cu does not serve
+    rows = float_rows(array)  # [N, elements * per]
     return rows if k is None else rows[:, :k]
 
 

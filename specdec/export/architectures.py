@@ -194,6 +194,22 @@ class Architecture:
     def attn_scale(self) -> float:
         return self.dims.head_dim**-0.5
 
+    # --- the native engine's weights (specdec.export.native_family) --------------------------------------------------
+    def products(self, layer: nn.Module) -> dict | None:
+        """{qkv, o, gate_up, down: (weight [N, K], bias [N] or None)}: a layer's four products as the gqa lowering
+        packs them; None where they do not pack so."""
+        qkv, gated = self.packed_qkv(layer), self.packed_gate_up(layer)
+        if qkv is None or gated is None:
+            return None
+        o, down = _packed_linear((layer.self_attn.o_proj,)), _packed_linear((gated[2],))
+        if o is None or down is None:
+            return None
+        return {"qkv": qkv, "o": o, "gate_up": (gated[0], None), "down": down}
+
+    def position_table(self) -> torch.Tensor | None:
+        """[positions, H] of learned positions added to the embedding, or None (rotary)."""
+        return None
+
 
 @register("llama", "qwen2")
 class LlamaArchitecture(Architecture):
@@ -316,3 +332,11 @@ class Gpt2Architecture(Architecture):
 
     def out_proj(self, layer, x):
         return _conv1d(layer.attn.c_proj, x)
+
+    def products(self, layer):
+        conv = lambda c: (c.weight.detach().t().contiguous(), c.bias.detach())  # noqa: E731  Conv1D's [K, N]
+        return {"qkv": conv(layer.attn.c_attn), "o": conv(layer.attn.c_proj), "gate_up": conv(layer.mlp.c_fc),
+                "down": conv(layer.mlp.c_proj)}
+
+    def position_table(self):
+        return self.model.transformer.wpe.weight

@@ -22,11 +22,12 @@ from specdec.export.sources import (
     resolve_source,
     rounded,
 )
-from specdec.blocks import DTYPES, WEIGHT_LAYOUTS
+from specdec.weight_kinds import DTYPES, WEIGHT_LAYOUTS
 from specdec.chat_template import read_chat_template
 from specdec.lowering import lowering_for
 from specdec.manifest import (
     MANIFEST_NAME,
+    LoweringName,
     SCHEMA_VERSION,
     Defaults,
     Manifest,
@@ -149,7 +150,7 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
             note = "checked" if enforced else "informational: quantized graph"
     inputs, outputs = lowering_for(config.lowering).io_specs(arch.dims, config.max_seq_len, KV_DTYPE_NAMES[config.dtype],
                                                              features)
-    native, native_note = _native_weights(root, role, arch.dims, config, source) if role == Role.TARGET else (None, "")
+    native, native_note = _native_weights(root, role, arch, config, source) if role == Role.TARGET else (None, "")
     files = _files_of(root, role)
     return ModelEntry(
         role=role,
@@ -176,13 +177,16 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
     )
 
 
-def _native_weights(root: Path, role: str, dims, config: ExportConfig, source) -> tuple:
-    """(NativeRecord, "" or which of a GGUF's block types became rows) of an fp32 target's native weights, or (None,
-    why its graph cannot have them)."""
+def _native_weights(root: Path, role: str, arch, config: ExportConfig, source) -> tuple:
+    """(NativeRecord, "" or which of a GGUF's block types became rows) of an fp32 gqa target's native weights, or
+    (None, why it cannot have them)."""
+    dims = arch.dims
     if config.dtype != Precision.FP32:
         return None, f"the {role} is exported in {config.dtype}; the native engine reads an fp32 export's weights"
+    if config.lowering != LoweringName.GQA:  # the engine computes the gqa graph's function, its KV in that layout
+        return None, f"{dims.model_type}, {config.lowering} lowering: the native engine runs gqa exports"
     try:
-        record = write_target(root, role, dims)
+        record = write_target(root, role, arch, config.max_seq_len)
         gguf = source.path / source.gguf_file if source.gguf_file is not None else None
         return record, gguf_rows_note(gguf, record.layout) if gguf is not None else ""
     except NativeSkipped as why:

@@ -6,7 +6,8 @@ prebuilt library would need one wheel per CPU and libc, while the kernels are bu
 library is cached per user, keyed by the sources, flags and compiler, and used only if:
 - the cache directory and the library belong to this user and no one else may write them (else a private
   temporary directory is built into instead);
-- it loads, has every export, and reports this specdec's ABI version and block sizes (else it is rebuilt).
+- it loads, has every export, and reports this specdec's ABI version, sizes and table of weight kinds (else it is
+  rebuilt).
 A file lock makes processes that start together compile once.
 """
 from __future__ import annotations
@@ -23,16 +24,16 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from enum import StrEnum
 from pathlib import Path
 
-from specdec.blocks import ABI_VERSION, SIZES, TensorKind
 from specdec.errors import BackendError
+from specdec.weight_kinds import Isa, WeightKind
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SOURCES = tuple(HERE / name for name in ("forward.c", "linear.c", "linear_q8a.c", "attention.c", "pool.c"))
-HEADERS = tuple(HERE / name for name in ("specdec_native.h", "internal.h", "pool.h"))
+HEADERS = tuple(HERE / name for name in ("specdec_native.h", "specdec_kinds.h", "internal.h", "pool.h"))
+ABI_VERSION = 10  # specdec_native.h's SPECDEC_ABI_VERSION: the exports (SIGNATURES), model_t and status codes
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror")
 SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all")
 SANITIZE_ENV = "SPECDEC_NATIVE_SANITIZE"  # "1": build with ASan + UBSan (the CI's sanitizer run; needs LD_PRELOAD)
@@ -44,28 +45,10 @@ AVX512_CPU = ("avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_vnni")
 # ... and VBMI's multishift, which unpacks a blk5 block's 5-bit codes in one instruction a half (same results)
 VBMI_FLAGS = AVX512_FLAGS + ("-mavx512vbmi",)
 VBMI_CPU = AVX512_CPU + ("avx512vbmi",)
-# AVX-VNNI without AVX-512 (Alder Lake and later cores): the AVX2 kernels with VNNI's int8 dot products (same results)
-AVX2_VNNI_FLAGS = ("-mavxvnni",)
-AVX2_VNNI_CPU = ("avx_vnni",)
-ISA_ENV = "SPECDEC_NATIVE_ISA"  # an Isa
-
-
-class Isa(StrEnum):
-    """The instruction set the kernels are built for."""
-
-    AUTO = "auto"  # the default: the widest of the others the CPU has
-    AVX2 = "avx2"
-    AVX2_VNNI = "avx2-vnni"
-    AVX512 = "avx512"
-    AVX512_VBMI = "avx512-vbmi"
-
-
+ISA_ENV = "SPECDEC_NATIVE_ISA"  # an Isa (specdec.weight_kinds: the builds the table of weight kinds names)
 ISAS = tuple(Isa)
-ISA_FLAGS = {Isa.AVX2: (), Isa.AVX2_VNNI: AVX2_VNNI_FLAGS, Isa.AVX512: AVX512_FLAGS,
-             Isa.AVX512_VBMI: VBMI_FLAGS}  # beyond FLAGS
-ISA_CPU = {Isa.AVX2_VNNI: AVX2_VNNI_CPU, Isa.AVX512: AVX512_CPU,
-           Isa.AVX512_VBMI: VBMI_CPU}  # what each wider set needs beyond REQUIRED_FLAGS
-WIDEST_FIRST = (Isa.AVX512_VBMI, Isa.AVX512, Isa.AVX2_VNNI)  # what auto tries, before avx2
+ISA_FLAGS = {Isa.AVX2: (), Isa.AVX512: AVX512_FLAGS, Isa.AVX512_VBMI: VBMI_FLAGS}  # beyond FLAGS
+ISA_CPU = {Isa.AVX512: AVX512_CPU, Isa.AVX512_VBMI: VBMI_CPU}  # what each wider set needs beyond REQUIRED_FLAGS
 NO_NATIVE = "use backend='onnxruntime'"
 LIBRARY_NAME = "libspecdec_native.so"
 
@@ -73,6 +56,7 @@ _P, _I, _L, _S, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_size
 SIGNATURES = {  # the exports of specdec_native.h: argument types, result type
     "specdec_abi_version": ([], _I),
     "specdec_layout_size": ([_I], _L),
+    "specdec_weight_kind": ([_I, _P], _I),
     "specdec_scratch_bytes": ([_P, _I, _I, _I, _I], _L),
     "specdec_forward": ([_P, _P, _S, _P, _I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _P, _P], _I),
     "specdec_matmul_scratch_bytes": ([_I, _I, _I, _I], _L),
@@ -80,9 +64,9 @@ SIGNATURES = {  # the exports of specdec_native.h: argument types, result type
     "specdec_attention_scratch_bytes": ([_I, _I, _I, _I, _I, _I], _L),
     "specdec_attention": ([_P, _I, _I, _I, _I, _P, _P, _I, _I, _F, _P, _P, _S, _I], _I),
 }
-# the blocks' sizes, checked at load (5: model_t and 8: features_t are checked by tests/native/test_c_safety.py)
-LAYOUT_SIZES = {0: SIZES[TensorKind.BLK4], 1: SIZES[TensorKind.BLK8], 2: SIZES[TensorKind.BLK4P], 3: 72, 4: 144,
-                6: SIZES[TensorKind.BLK6], 7: SIZES[TensorKind.BLK5]}
+# the activation blocks' sizes, checked at load (specdec_layout_size's 0: blkq, 1: blkqp; 2: model_t and 3: features_t
+# are checked by tests/native/test_c_safety.py); the weight kinds' are their table's, checked whole (_check_kinds)
+LAYOUT_SIZES = {0: 72, 1: 144}
 
 
 def cache_dir() -> Path:
@@ -103,8 +87,8 @@ def missing_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), required: tuple = R
 
 def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> Isa:
     """The instruction set the kernels are built for: $SPECDEC_NATIVE_ISA, where auto (or unset) means avx512-vbmi
-    on a CPU with every one of VBMI_CPU, else avx512 on one with every one of AVX512_CPU, else avx2-vnni on one with
-    AVX-VNNI, else avx2. All compute the same bits (tests/native/test_isa.py)."""
+    on a CPU with every one of VBMI_CPU, else avx512 on one with every one of AVX512_CPU, else avx2. All compute the
+    same bits (tests/native/test_isa.py)."""
     try:
         wanted = Isa(os.environ.get(ISA_ENV, "").strip().lower() or Isa.AUTO)
     except ValueError:
@@ -116,7 +100,7 @@ def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> Isa:
             raise BackendError(f"{ISA_ENV}={wanted}, but this CPU lacks {', '.join(lacking)}",
                                f"unset {ISA_ENV} (auto picks the widest this CPU runs) or set it to avx2")
         return wanted
-    for widest in WIDEST_FIRST:
+    for widest in (Isa.AVX512_VBMI, Isa.AVX512):
         if not missing_cpu_flags(cpuinfo, ISA_CPU[widest]):
             return widest
     return Isa.AVX2
@@ -231,7 +215,29 @@ def checked(path: Path) -> ctypes.CDLL:
         if lib.specdec_layout_size(which) != size:
             raise BackendError(f"{path} lays out block {which} in {lib.specdec_layout_size(which)} bytes, not {size}",
                                "it is rebuilt")
+    _check_kinds(lib, path)
     return lib
+
+
+def library_kinds(lib: ctypes.CDLL) -> tuple[list, int]:
+    """([(bytes, per, kernel bits, isa bits) of each id the library answers for, from 0 up to one past this
+    specdec's last], the build it is: an ISA bit)."""
+    traits, found, build = (ctypes.c_int32 * 5)(), [], 0
+    for kind in range(len(WeightKind) + 1):
+        if lib.specdec_weight_kind(kind, traits) != 0:
+            break
+        found.append(tuple(traits[:4]))
+        build = traits[4]
+    return found, build
+
+
+def _check_kinds(lib: ctypes.CDLL, path: Path) -> None:
+    """BackendError unless the library was built from the table this specdec read (specdec.weight_kinds), for any
+    instruction set (a benchmark's or a test's build may differ from build_flags()'s: tests check the cached one's)."""
+    found, _ = library_kinds(lib)
+    wanted = [kind.traits() for kind in WeightKind]
+    if found != wanted:
+        raise BackendError(f"{path} has the weight kinds {found}, this specdec's table {wanted}", "it is rebuilt")
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:

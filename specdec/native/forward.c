@@ -14,16 +14,34 @@
 int specdec_abi_version(void) { return SPECDEC_ABI_VERSION; }
 
 long specdec_layout_size(int which) {
-    const long sizes[] = {sizeof(blk4), sizeof(blk8), sizeof(blk4p), sizeof(blkq), sizeof(blkqp), sizeof(model_t),
-                          sizeof(blk6), sizeof(blk5), sizeof(features_t)};
+    const long sizes[] = {sizeof(blkq), sizeof(blkqp), sizeof(model_t), sizeof(features_t)};
     return which >= 0 && which < (int)(sizeof(sizes) / sizeof(sizes[0])) ? sizes[which] : -1;
+}
+
+int specdec_weight_kind(int kind, int32_t traits[5]) {
+    if (!traits) return SPECDEC_E_NULL;
+    if (!kind_known(kind)) return SPECDEC_E_SHAPE;
+    const int32_t row[5] = {(int32_t)KINDS[kind].bytes, KINDS[kind].per, KINDS[kind].kernels, KINDS[kind].isas,
+                            THIS_ISA};
+    memcpy(traits, row, sizeof(row));
+    return SPECDEC_OK;
 }
 
 enum { L_QKV = 0, L_O = 1, L_GATE_UP = 2, L_DOWN = 3, L_V = 4 };  // a layer's linears, in model_t.kinds' order
 
 static int out_of(long value, long low, long high) { return value < low || value > high; }
-static int block_kind(int kind) { return kind == W_Q4 || kind == W_Q5 || kind == W_Q8 || kind == W_Q6; }
-static int gguf_blocks(int kind) { return kind == SPECDEC_Q41 || kind == SPECDEC_Q80 || kind == SPECDEC_MIXED; }  // else rows
+// a kind the fp32 kernels run in this build, both a step's and a prompt's (a target's linears)
+static int fp32_kind(int kind) { return linear_kind_ok(K_STEP, kind) && linear_kind_ok(K_PROMPT, kind); }
+// a kind a SPECDEC_MIXED layer or head may hold: a GGUF grid's, one block of BLOCK weights an element
+static int block_kind(int kind) { return fp32_kind(kind) && KINDS[kind].per == BLOCK; }
+static int gguf_blocks(int model_kind) { return !rows_kind(MODELS[model_kind].linear); }  // else rows of a checkpoint's
+// whether a model_t.kind's kernels are all in this build: its linears' fp32 ones, its head's step, a draft's int8 ones
+static int model_kernels(const model_t *m, int quant) {
+    const model_traits t = MODELS[m->kind];
+    if (quant) return linear_kind_ok(K_INT8, W_Q41P) && linear_kind_ok(K_INT8, W_Q80);
+    if (t.linear == SPECDEC_W_EACH) return block_kind(m->head_kind);  // and each layer's (check_layers)
+    return fp32_kind(t.linear) && linear_kind_ok(K_STEP, t.head);
+}
 
 static int check_layers(const model_t *m, int quant) {
     if (!m->in_norm || !m->post_norm || !m->final_norm || !m->head) return SPECDEC_E_NULL;
@@ -39,7 +57,7 @@ static int check_layers(const model_t *m, int quant) {
     }
     for (int t = 0; t < 4; t++)
         if (!tables[t]) return SPECDEC_E_NULL;
-    if (m->kind == SPECDEC_MIXED && !quant) {
+    if (MODELS[m->kind].linear == SPECDEC_W_EACH && !quant) {
         if (!m->kinds) return SPECDEC_E_NULL;
         for (int l = 0; l < m->L; l++)
             for (int t = 0; t < 5; t++) {
@@ -63,13 +81,13 @@ static int check_layers(const model_t *m, int quant) {
 
 static int check_model(const model_t *m, int quant) {
     if (!m) return SPECDEC_E_NULL;
-    if (m->kind == SPECDEC_MIXED && !block_kind(m->head_kind)) return SPECDEC_E_SHAPE;
-    if (out_of(m->L, 1, 4096) || out_of(m->H, 32, MAX_DIM) || m->H % 32 || out_of(m->Hkv, 1, 4096) ||
+    if (out_of(m->L, 1, 4096) || out_of(m->H, BLOCK, MAX_DIM) || m->H % BLOCK || out_of(m->Hkv, 1, 4096) ||
         out_of(m->Hq, m->Hkv, 4096) || m->Hq % m->Hkv || out_of(m->D, 2, 4096) || m->D % 2 ||
-        (m->Hq * m->D) % 32 || out_of((long)m->Hq * m->D, 32, MAX_DIM) ||
-        out_of((long)(m->Hq + 2 * m->Hkv) * m->D, 1, MAX_DIM) || out_of(m->I, 32, MAX_DIM) || m->I % 32 ||
+        (m->Hq * m->D) % BLOCK || out_of((long)m->Hq * m->D, BLOCK, MAX_DIM) ||
+        out_of((long)(m->Hq + 2 * m->Hkv) * m->D, 1, MAX_DIM) || out_of(m->I, BLOCK, MAX_DIM) || m->I % BLOCK ||
         out_of(m->V, 1, 1L << 24) || out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
-        out_of(m->kind, SPECDEC_Q41, SPECDEC_MIXED) || (!gguf_blocks(m->kind) && !m->embedding) ||
+        out_of(m->kind, 0, SPECDEC_MODEL_COUNT - 1) || !model_kernels(m, quant) ||
+        (!gguf_blocks(m->kind) && !m->embedding) ||
         out_of(m->mlp, SPECDEC_MLP_SILU_GATED, SPECDEC_MLP_GELU) ||
         !(m->eps >= 0.f) || !isfinite(m->scale) || m->window < 0)
         return SPECDEC_E_SHAPE;
@@ -205,34 +223,31 @@ typedef struct {
 #define WEIGHT(p, name, l) ((p)->quant ? (const void *)(p)->m->name##_p[l] : (const void *)(p)->m->name[l])
 
 static int weights_kind(const pass_t *p, int l, int which) {  // of layer l's linear `which`
-    const int kind = p->m->kind;
-    if (p->quant) return W_Q4P;
-    if (kind == SPECDEC_MIXED) return p->m->kinds[5 * l + which];
-    return kind == SPECDEC_Q41 ? W_Q4 : kind == SPECDEC_Q80 ? W_Q8 : row_kind(kind);
+    const int kind = MODELS[p->m->kind].linear;
+    if (p->quant) return W_Q41P;
+    return kind == SPECDEC_W_EACH ? p->m->kinds[5 * l + which] : kind;
 }
 
-static int kernel_for(const pass_t *p, int kind) {  // int8 activations where they take the kind, else fp32
-    return p->kernel == K_Q8A && !linear_kind_ok(K_Q8A, kind) ? p->fp32 : p->kernel;
+// The kernel of a product with weights of `kind`: SPECDEC_ACT_INT8 rounds the activations of every product whose
+// weights the int8 kernel takes (linear_kind_ok(K_Q8A, ...): blk4, blk8, blk6), the four linears and the head alike;
+// any other kind (blk5, rows) keeps the pass's fp32 kernel, `fp32` (a prompt's, or the step's for the head).
+static int kernel_for(const pass_t *p, int kind, int fp32) {
+    if (p->kernel == K_Q8A) return linear_kind_ok(K_Q8A, kind) ? K_Q8A : fp32;
+    return p->kernel;
 }
 
-#include <stdlib.h>
-static int skip_mask(void) { const char *e = getenv("Q8A_SKIP"); return e ? atoi(e) : 0; }
 static void dense(const pass_t *p, int l, int which, const float *x, int K, const void *w, float *y, int N) {
     const int v_rows = p->m->Hkv * p->m->D, kind = weights_kind(p, l, which);
-    if (p->kernel == K_Q8A && (skip_mask() >> which) & 1) {
-        linear(p->threads, p->fp32, kind, x, p->B * p->T, K, w, y, N, N, BUF(p, decoded), p->base + p->at.rounded);
-        return;
-    }
-    if (which == L_QKV && !p->quant && p->m->kind == SPECDEC_MIXED && p->m->qkv_v && p->m->qkv_v[l]) {
+    if (which == L_QKV && !p->quant && MODELS[p->m->kind].linear == SPECDEC_W_EACH && p->m->qkv_v && p->m->qkv_v[l]) {
         // q/k rows and v rows in blocks of their own kinds: two products into one [rows, N] buffer
         const int v_kind = p->m->kinds[5 * l + L_V];
-        linear(p->threads, kernel_for(p, kind), kind, x, p->B * p->T, K, w, y, N - v_rows, N, BUF(p, decoded),
-               p->base + p->at.rounded);
-        linear(p->threads, kernel_for(p, v_kind), v_kind, x, p->B * p->T, K, p->m->qkv_v[l], y + N - v_rows, v_rows,
-               N, BUF(p, decoded), p->base + p->at.rounded);
+        linear(p->threads, kernel_for(p, kind, p->fp32), kind, x, p->B * p->T, K, w, y, N - v_rows, N,
+               BUF(p, decoded), p->base + p->at.rounded);
+        linear(p->threads, kernel_for(p, v_kind, p->fp32), v_kind, x, p->B * p->T, K, p->m->qkv_v[l], y + N - v_rows,
+               v_rows, N, BUF(p, decoded), p->base + p->at.rounded);
         return;
     }
-    linear(p->threads, kernel_for(p, kind), kind, x, p->B * p->T, K, w, y, N, N, BUF(p, decoded),
+    linear(p->threads, kernel_for(p, kind, p->fp32), kind, x, p->B * p->T, K, w, y, N, N, BUF(p, decoded),
            p->base + p->at.rounded);
 }
 
@@ -303,9 +318,8 @@ static void layer(const pass_t *p, int l) {
     for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
 }
 
-static int head_kind(const model_t *m) { return m->kind == SPECDEC_MIXED ? m->head_kind : W_Q8; }  // GGUF kinds
-static size_t block_bytes(int kind) {
-    return kind == W_Q4 ? sizeof(blk4) : kind == W_Q5 ? sizeof(blk5) : kind == W_Q6 ? sizeof(blk6) : sizeof(blk8);
+static int head_kind(const model_t *m) {  // a target's (a draft's is blk8 rows: W_Q80)
+    return MODELS[m->kind].head == SPECDEC_W_EACH ? m->head_kind : MODELS[m->kind].head;
 }
 
 // the embedding's rows of every token into x
@@ -314,12 +328,12 @@ static void embed(const pass_t *p, const int64_t *tokens) {
     const int H = m->H;
     for (size_t r = 0; r < (size_t)p->B * p->T; r++) {
         float *x = BUF(p, x) + r * H;
+        const int rows = MODELS[m->kind].linear, head = head_kind(m);  // rows: a checkpoint's own precision
         if (!gguf_blocks(m->kind))
-            decode_row(row_kind(m->kind), (const char *)m->embedding + (size_t)tokens[r] * H *
-                       (m->kind == SPECDEC_F32 ? 4 : 2), H, x);
+            linear_decode(rows, (const char *)m->embedding + (size_t)tokens[r] * kind_column_bytes(rows, H), H, x);
         else if (m->embedding) memcpy(x, (const float *)m->embedding + (size_t)tokens[r] * H, sizeof(float) * H);
-        else decode_blocks(head_kind(m), (const char *)m->embedding_rows + (size_t)tokens[r] * (H / 32) * block_bytes(
-                 head_kind(m)), H / 32, x);  // the head's row of the token
+        else  // the head's row of the token
+            linear_decode(head, (const char *)m->embedding_rows + (size_t)tokens[r] * kind_column_bytes(head, H), H, x);
         if (m->position_table) {  // learned positions: the row of the token's position
             const float *at = m->position_table + (size_t)(p->pos[r / p->T] + (int)(r % p->T)) * H;
             for (int i = 0; i < H; i++) x[i] += at[i];
@@ -335,10 +349,10 @@ static void score(const pass_t *p, int last_only, float *logits) {
         const size_t from = last_only ? (size_t)r * p->T + p->T - 1 : (size_t)r;
         norm(m, BUF(p, x) + from * H, m->final_norm, m->final_norm_bias, BUF(p, xn) + (size_t)r * H);
     }
-    const int kind = p->quant ? W_Q8 : gguf_blocks(m->kind) ? head_kind(m) : row_kind(m->kind);  // a draft's: blk8
-    const int kernel = p->quant ? K_INT8 : p->kernel == K_Q8A && !((skip_mask() >> 4) & 1) ? kernel_for(p, kind) : K_STEP;
-    linear(p->threads, kernel == K_PROMPT ? K_STEP : kernel, kind, BUF(p, xn), rows, H, m->head, logits, m->V, m->V,
-           BUF(p, decoded), p->base + p->at.rounded);
+    const int kind = p->quant ? W_Q80 : head_kind(m);  // a draft's: blk8
+    const int kernel = p->quant ? K_INT8 : kernel_for(p, kind, K_STEP);
+    linear(p->threads, kernel, kind, BUF(p, xn), rows, H, m->head, logits, m->V, m->V, BUF(p, decoded),
+           p->base + p->at.rounded);
 }
 
 // Whether every row of logits [rows, V] is sound: no NaN in it, and its largest logit finite (+inf, or a row all -inf,
@@ -352,7 +366,7 @@ static int logits_sound(const float *logits, int rows, int V) {
         __m256 top[4], nan = _mm256_setzero_ps();
         for (int k = 0; k < 4; k++) top[k] = _mm256_set1_ps(-INFINITY);
         int i = 0;
-        for (; i + 32 <= V; i += 32)
+        for (; i + 32 <= V; i += 32)  // four vectors of 8
             for (int k = 0; k < 4; k++) {
                 const __m256 v = _mm256_loadu_ps(x + i + 8 * k);
                 top[k] = _mm256_max_ps(top[k], v);
@@ -429,7 +443,7 @@ int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const
 
 // ---- the products and the attention alone ----
 long specdec_matmul_scratch_bytes(int M, int K, int kernel, int threads) {
-    if (out_of(M, 1, MAX_ROWS) || out_of(K, 32, MAX_DIM) || K % 32 || out_of(threads, 1, SPECDEC_MAX_THREADS))
+    if (out_of(M, 1, MAX_ROWS) || out_of(K, BLOCK, MAX_DIM) || K % BLOCK || out_of(threads, 1, SPECDEC_MAX_THREADS))
         return -1;
     if (kernel == K_PROMPT) return (long)(sizeof(float) * threads * linear_decoded_floats(K) + 64);
     if (kernel == K_Q8A || kernel == K_Q8A_REF)  // each worker's decoded columns, then the rounded activations
@@ -443,7 +457,7 @@ int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int
     if (out_of(threads, 1, SPECDEC_MAX_THREADS)) return SPECDEC_E_THREADS;
     const int kinds = linear_kind_ok(kernel, kind);
     const long need = specdec_matmul_scratch_bytes(M, K, kernel, threads);
-    if (!kinds || need < 0 || out_of(N, 1, MAX_DIM) || wblocks != linear_blocks_per_column(K, kind))
+    if (!kinds || need < 0 || out_of(N, 1, MAX_DIM) || wblocks != kind_elements(kind, K))
         return SPECDEC_E_SHAPE;
     if (scratch_bytes < (size_t)need) return SPECDEC_E_SCRATCH;
     char *base = (char *)ALIGNED((uintptr_t)scratch);

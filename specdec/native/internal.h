@@ -7,6 +7,7 @@
 
 #include "specdec_native.h"
 
+#define BLOCK SPECDEC_BLOCK  // weights per block along K
 #define ALIGNED(bytes) (((bytes) + 63) & ~(size_t)63)  // scratch regions start on cache lines
 
 static inline float hsum(__m256 v) {
@@ -35,25 +36,55 @@ static inline __m256 exp256(__m256 x) {
 }
 
 
-// ---- linear.c: x [M, K] -> y [M, N] (rows ldy apart) through blocks [N, K / 32] ----
-enum {  // specdec_native.h's weight kinds, by shorter names: blk4, blk8, blk4p, rows [N, K], blk6, blk5
-    W_Q4 = SPECDEC_W_Q41, W_Q8 = SPECDEC_W_Q80, W_Q4P = SPECDEC_W_Q41P, W_BF16 = SPECDEC_W_BF16, W_F16 = SPECDEC_W_F16,
-    W_F32 = SPECDEC_W_F32, W_Q6 = SPECDEC_W_Q6, W_Q5 = SPECDEC_W_Q5
+// ---- the weight kinds (specdec_kinds.h's table): W_<NAME> for SPECDEC_W_<NAME>, and each kind's traits ----
+enum {
+#define SHORT_NAME(NAME, ...) W_##NAME = SPECDEC_W_##NAME,
+    SPECDEC_WEIGHT_KINDS(SHORT_NAME)
+#undef SHORT_NAME
 };
-enum { K_STEP = 0, K_PROMPT = 1, K_INT8 = 2, K_Q8A = 3, K_Q8A_REF = 4 };  // the kernels: specdec_native.h's
-                                                                         // specdec_matmul
+enum {
+    K_STEP = SPECDEC_KERNEL_STEP, K_PROMPT = SPECDEC_KERNEL_PROMPT, K_INT8 = SPECDEC_KERNEL_INT8,
+    K_Q8A = SPECDEC_KERNEL_Q8A, K_Q8A_REF = SPECDEC_KERNEL_Q8A_REF
+};
+typedef struct {
+    size_t bytes;      // of an element
+    int per;           // weights an element holds along K
+    int kernels, isas; // SPECDEC_STEP / _PROMPT / _INT8 / _Q8A / _Q8A_REF bits, SPECDEC_ISA_* bits
+} kind_traits;
+static const kind_traits KINDS[SPECDEC_W_COUNT] = {  // by id: a repeated one is an error (-Woverride-init)
+#define TRAITS(NAME, ID, ELEMENT, BYTES, PER, KERNELS, ISAS, DECODE) [ID] = {sizeof(ELEMENT), PER, KERNELS, ISAS},
+    SPECDEC_WEIGHT_KINDS(TRAITS)
+#undef TRAITS
+};
+typedef struct { int linear, head; } model_traits;  // model_t.kind's weight kinds (SPECDEC_W_EACH: per layer)
+static const model_traits MODELS[SPECDEC_MODEL_COUNT] = {
+#define TRAITS(NAME, ID, LINEAR, HEAD) [ID] = {LINEAR, HEAD},
+    SPECDEC_MODEL_KINDS(TRAITS)
+#undef TRAITS
+};
+#if defined(__AVX512VBMI__)
+#define THIS_ISA SPECDEC_ISA_AVX512_VBMI  // the build this is (build.py: isa())
+#elif defined(__AVX512F__)
+#define THIS_ISA SPECDEC_ISA_AVX512
+#else
+#define THIS_ISA SPECDEC_ISA_AVX2
+#endif
+static inline int kind_known(int kind) { return kind >= 0 && kind < SPECDEC_W_COUNT; }
+static inline int rows_kind(int kind) { return kind_known(kind) && KINDS[kind].per == 1; }  // rows [N, K]
+// elements of a column of K weights, and their bytes
+static inline int kind_elements(int kind, int K) { return (K + KINDS[kind].per - 1) / KINDS[kind].per; }
+static inline size_t kind_column_bytes(int kind, int K) { return KINDS[kind].bytes * (size_t)kind_elements(kind, K); }
+
+// ---- linear.c: x [M, K] -> y [M, N] (rows ldy apart) through weights [N, kind_elements(kind, K)] ----
 // scratch of one linear: K_PROMPT decodes columns into `decoded` (linear_decoded_floats per thread), K_INT8 rounds
 // the activations into `rounded` (linear_rounded_bytes)
 void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N, int ldy,
             float *decoded, void *rounded);
 size_t linear_decoded_floats(int K);
 size_t linear_rounded_bytes(int M, int K);
-int linear_blocks_per_column(int K, int kind);
-void decode8_row(const blk8 *c, int nb, float *out);  // a Q8_0 row's values, d * q (a tied embedding's row)
-void decode_blocks(int kind, const void *row, int nb, float *out);  // nb blocks of kind W_Q4, W_Q5, W_Q8 or W_Q6
-int linear_kind_ok(int kernel, int kind);  // whether specdec_matmul's kernel runs weights of this kind
-void decode_row(int kind, const void *row, int K, float *out);  // a bf16 / f16 / f32 row's K values (any alignment)
-int row_kind(int model_kind);  // the linear kind of a model_t kind's rows (W_BF16, W_F16, W_F32), or -1
+int linear_kind_ok(int kernel, int kind);  // whether specdec_matmul's kernel runs weights of this kind in this build
+void linear_decode(int kind, const void *column, int K, float *out);  // a column's K weights as fp32, out at any
+                                                                      // alignment (a kind with the prompt kernel)
 
 // ---- linear_q8a.c: int8 activations (K_Q8A, and its plain C reference K_Q8A_REF) times blk4, blk8 or blk6 ----
 // A row's block of 32 activations rounded to int8: x ~ d * qs; s the block's exact sum (Q4_1's minimum term);
@@ -66,7 +97,7 @@ void linear_q8a(int threads, int reference, int kind, const float *x, int M, int
                 int ldy, void *columns, void *rounded);
 size_t q8a_columns_bytes(int K);
 size_t q8a_rounded_bytes(int M, int K);
-int q8a_kind_ok(int kind);  // whether int8 activations multiply weights of this kind (else they stay fp32)
+int q8a_kind_ok(int kind);  // whether linear_q8a has code for weights of this kind (the table says which take it)
 
 // ---- attention.c: causal GQA of B rows over their own KV ----
 typedef struct {

@@ -6,6 +6,7 @@
 // - a prompt's kernel: the same weights, a task's columns decoded to fp32 once, then multiplied in tiles of rows and
 //   columns.
 // - the draft's: activations rounded to two int8 parts times paired Q4_1 blocks (blk4p) or blk8.
+// Which kernels take which weight kind is specdec_kinds.h's table; KIND_OPS below holds each kind's code.
 // (The int8 activations mode's kernels, one int8 part per block, are linear_q8a.c's.)
 // AVX2 + FMA + F16C; the builds for CPUs that have them add AVX-512 + VNNI, and VBMI's multishift for blk5's codes
 // (build.py: isa()). Every build gives the same bits.
@@ -154,6 +155,7 @@ static inline __attribute__((always_inline)) void q6_decode16(const blk6 *blk, _
     *wb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16)))),
                         _mm512_set1_ps(blk->d[1]));
 }
+// (a block of a row from p: its elements 16-31 start 64 bytes on for f32, 32 for f16 and bf16)
 static inline __attribute__((always_inline)) void row_decode16(const int kind, const char *p, __m512 *wa, __m512 *wb) {
     if (kind == W_F32) {
         *wa = _mm512_loadu_ps(p), *wb = _mm512_loadu_ps(p + 64);
@@ -184,7 +186,7 @@ static inline __attribute__((always_inline)) void row_decode16(const int kind, c
             FETCH(AT(n, b)); FETCH(AT(n + 1, b)); \
             DECODE(AT(n, b), &wa0, &wb0); DECODE(AT(n + 1, b), &wa1, &wb1); \
             for (int r = 0; r < R; r++) { \
-                const float *xr = x + (size_t)r * K + b * 32; \
+                const float *xr = x + (size_t)r * K + b * BLOCK; \
                 __m512 xa = _mm512_loadu_ps(xr), xb = _mm512_loadu_ps(xr + 16); \
                 IN_REGISTERS(xa, xb); \
                 acc0[r] = _mm512_fmadd_ps(wb0, xb, _mm512_fmadd_ps(wa0, xa, acc0[r])); \
@@ -203,34 +205,34 @@ static inline __attribute__((always_inline)) void row_decode16(const int kind, c
             FETCH(AT(n, b)); \
             if (FAR_TOO) FETCH_FAR(AT(n, b)); \
             DECODE(AT(n, b), &wa, &wb); \
-            rows_times16(R, x + b * 32, K, wa, wb, acc); \
+            rows_times16(R, x + b * BLOCK, K, wa, wb, acc); \
         } \
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum16(acc[r]); \
     }
 static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, int K, const blk4 *w, float *y,
                                                           int N, int n0, int n1) {
-    const int nb = K / 32;
+    const int nb = K / BLOCK;
     #define Q4_AT(n, b) (w + (size_t)(n) * nb + (b))
     STEP16(1, R, nb, Q4_AT, q4_decode16, 0)
     #undef Q4_AT
 }
 static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w, float *y,
                                                           int N, int n0, int n1) {
-    const int nb = K / 32;
+    const int nb = K / BLOCK;
     #define Q8_AT(n, b) (w + (size_t)(n) * nb + (b))
     STEP16(1, R, nb, Q8_AT, q8_decode16, 0)
     #undef Q8_AT
 }
 static inline __attribute__((always_inline)) void q6_cols(const int R, const float *x, int K, const blk6 *w, float *y,
                                                           int N, int n0, int n1) {
-    const int nb = K / 32;
+    const int nb = K / BLOCK;
     #define Q6_AT(n, b) (w + (size_t)(n) * nb + (b))
     STEP16(1, R, nb, Q6_AT, q6_decode16, 0)
     #undef Q6_AT
 }
 static inline __attribute__((always_inline)) void q5_cols(const int R, const float *x, int K, const blk5 *w, float *y,
                                                           int N, int n0, int n1) {
-    const int nb = K / 32;
+    const int nb = K / BLOCK;
     #define Q5_AT(n, b) (w + (size_t)(n) * nb + (b))
     STEP16(1, R, nb, Q5_AT, q5_decode16, 0)
     #undef Q5_AT
@@ -238,7 +240,7 @@ static inline __attribute__((always_inline)) void q5_cols(const int R, const flo
 #else
 static inline __attribute__((always_inline)) void q4_cols(const int R, const float *x, int K, const blk4 *w, float *y,
                                                           int N, int n0, int n1) {
-    const int nb = K / 32; const __m256i mask = _mm256_set1_epi32(0x0F);
+    const int nb = K / BLOCK; const __m256i mask = _mm256_set1_epi32(0x0F);
     for (int n = n0; n < n1; n++) {
         const blk4 *c = w + (size_t)n * nb;
         __m256 acc[MAXR][2];
@@ -246,14 +248,14 @@ static inline __attribute__((always_inline)) void q4_cols(const int R, const flo
         for (int b = 0; b < nb; b++) {
             FETCH(c + b);
             Q4_DECODE(c[b], mask, w0, w1, w2, w3);
-            rows_times(R, x + b * 32, K, w0, w1, w2, w3, acc);
+            rows_times(R, x + b * BLOCK, K, w0, w1, w2, w3, acc);
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
     }
 }
 static inline __attribute__((always_inline)) void q8_cols(const int R, const float *x, int K, const blk8 *w, float *y,
                                                           int N, int n0, int n1) {
-    const int nb = K / 32;
+    const int nb = K / BLOCK;
     for (int n = n0; n < n1; n++) {
         const blk8 *c = w + (size_t)n * nb;
         __m256 acc[MAXR][2];
@@ -261,7 +263,7 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
         for (int b = 0; b < nb; b++) {
             FETCH(c + b);
             const __m256 d = _mm256_broadcast_ss(&c[b].d);
-            rows_times(R, x + b * 32, K, _mm256_mul_ps(S8(c[b].qs), d), _mm256_mul_ps(S8(c[b].qs + 8), d),
+            rows_times(R, x + b * BLOCK, K, _mm256_mul_ps(S8(c[b].qs), d), _mm256_mul_ps(S8(c[b].qs + 8), d),
                        _mm256_mul_ps(S8(c[b].qs + 16), d), _mm256_mul_ps(S8(c[b].qs + 24), d), acc);
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
@@ -269,7 +271,7 @@ static inline __attribute__((always_inline)) void q8_cols(const int R, const flo
 }
 static inline __attribute__((always_inline)) void q5_cols(const int R, const float *x, int K, const blk5 *w, float *y,
                                                           int N, int n0, int n1) {
-    const int nb = K / 32;
+    const int nb = K / BLOCK;
     for (int n = n0; n < n1; n++) {
         const blk5 *c = w + (size_t)n * nb;
         __m256 acc[MAXR][2];
@@ -277,14 +279,14 @@ static inline __attribute__((always_inline)) void q5_cols(const int R, const flo
         for (int b = 0; b < nb; b++) {
             FETCH(c + b);
             Q5_DECODE(c[b], w0, w1, w2, w3);
-            rows_times(R, x + b * 32, K, w0, w1, w2, w3, acc);
+            rows_times(R, x + b * BLOCK, K, w0, w1, w2, w3, acc);
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
     }
 }
 static inline __attribute__((always_inline)) void q6_cols(const int R, const float *x, int K, const blk6 *w, float *y,
                                                           int N, int n0, int n1) {
-    const int nb = K / 32;
+    const int nb = K / BLOCK;
     for (int n = n0; n < n1; n++) {
         const blk6 *c = w + (size_t)n * nb;
         __m256 acc[MAXR][2];
@@ -292,40 +294,45 @@ static inline __attribute__((always_inline)) void q6_cols(const int R, const flo
         for (int b = 0; b < nb; b++) {
             FETCH(c + b);
             const __m256 d0 = _mm256_broadcast_ss(&c[b].d[0]), d1 = _mm256_broadcast_ss(&c[b].d[1]);
-            rows_times(R, x + b * 32, K, _mm256_mul_ps(S8(c[b].qs), d0), _mm256_mul_ps(S8(c[b].qs + 8), d0),
+            rows_times(R, x + b * BLOCK, K, _mm256_mul_ps(S8(c[b].qs), d0), _mm256_mul_ps(S8(c[b].qs + 8), d0),
                        _mm256_mul_ps(S8(c[b].qs + 16), d1), _mm256_mul_ps(S8(c[b].qs + 24), d1), acc);
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
     }
 }
 #endif
-static inline void decode4(const blk4 *c, int nb, float *out) {
+// A column's K weights as fp32 (a prompt's kernel; a tied embedding's row), out at any alignment (KIND_OPS' decode)
+#define STORE4(out, w0, w1, w2, w3) \
+    _mm256_storeu_ps(out, w0), _mm256_storeu_ps(out + 8, w1), _mm256_storeu_ps(out + 16, w2), \
+    _mm256_storeu_ps(out + 24, w3)
+static void decode_q41(const void *column, int K, float *out) {
+    const blk4 *c = column;
     const __m256i mask = _mm256_set1_epi32(0x0F);
-    for (int b = 0; b < nb; b++, out += 32) {
+    for (int b = 0; b < K / BLOCK; b++, out += BLOCK) {
         FETCH(c + b);
         Q4_DECODE(c[b], mask, w0, w1, w2, w3);
-        _mm256_store_ps(out, w0); _mm256_store_ps(out + 8, w1); _mm256_store_ps(out + 16, w2);
-        _mm256_store_ps(out + 24, w3);
+        STORE4(out, w0, w1, w2, w3);
     }
 }
-// (also a tied embedding's row, at any alignment)
-void decode8_row(const blk8 *c, int nb, float *out) {
-    for (int b = 0; b < nb; b++, out += 32) {
+static void decode_q80(const void *column, int K, float *out) {
+    const blk8 *c = column;
+    for (int b = 0; b < K / BLOCK; b++, out += BLOCK) {
         FETCH(c + b);
         const __m256 d = _mm256_broadcast_ss(&c[b].d);
         for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(S8(c[b].qs + 8 * j), d));
     }
 }
-static inline void decode5(const blk5 *c, int nb, float *out) {
-    for (int b = 0; b < nb; b++, out += 32) {
+static void decode_q5(const void *column, int K, float *out) {
+    const blk5 *c = column;
+    for (int b = 0; b < K / BLOCK; b++, out += BLOCK) {
         FETCH(c + b);
         Q5_DECODE(c[b], w0, w1, w2, w3);
-        _mm256_store_ps(out, w0); _mm256_store_ps(out + 8, w1); _mm256_store_ps(out + 16, w2);
-        _mm256_store_ps(out + 24, w3);
+        STORE4(out, w0, w1, w2, w3);
     }
 }
-static void decode6_row(const blk6 *c, int nb, float *out) {  // d[0] * q of elements 0-15, d[1] * q of 16-31
-    for (int b = 0; b < nb; b++, out += 32) {
+static void decode_q6(const void *column, int K, float *out) {  // d[0] * q of elements 0-15, d[1] * q of 16-31
+    const blk6 *c = column;
+    for (int b = 0; b < K / BLOCK; b++, out += BLOCK) {
         FETCH(c + b);
         for (int j = 0; j < 4; j++)
             _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(S8(c[b].qs + 8 * j), _mm256_broadcast_ss(&c[b].d[j / 2])));
@@ -378,7 +385,7 @@ static inline __attribute__((always_inline)) void prefill_tile(const int R, cons
     case 5: CALL(1, 1); break; case 6: CALL(1, 2); break; case 7: CALL(1, 3); break; \
     case 9: CALL(2, 1); break; case 10: CALL(2, 2); break; default: CALL(2, 3); }
 #endif
-// x [M, K] -> a [M, K / 32]: per block of 32, x ~ d * (128 * qs + lo): qs = round(x / step) (|qs| <= 127, step =
+// x [M, K] -> a [M, K / BLOCK]: per block of 32, x ~ d * (128 * qs + lo): qs = round(x / step) (|qs| <= 127, step =
 // max |x| / 127), lo the remainder in 1/128ths of a step (|lo| <= 64), d = step / 128; s the exact block sum
 static inline void quantize_block(const float *xb, float *d, float *s, int8_t *qs, int8_t *lo) {
     const __m256 sign = _mm256_set1_ps(-0.0f), fine = _mm256_set1_ps(128.f);
@@ -404,21 +411,23 @@ static inline void quantize_block(const float *xb, float *d, float *s, int8_t *q
     packed = _mm256_packs_epi16(_mm256_packs_epi32(rest[0], rest[1]), _mm256_packs_epi32(rest[2], rest[3]));
     _mm256_storeu_si256((__m256i *)lo, _mm256_permutevar8x32_epi32(packed, order));
 }
-static void quantize_rows(const float *x, int M, int K, blkq *a) {
-    for (int i = 0; i < M * (K / 32); i++) quantize_block(x + (size_t)i * 32, &a[i].d, &a[i].s, a[i].qs, a[i].lo);
+static void quantize_rows(const float *x, int M, int K, void *rounded) {
+    blkq *a = rounded;
+    for (int i = 0; i < M * (K / BLOCK); i++) quantize_block(x + (size_t)i * BLOCK, &a[i].d, &a[i].s, a[i].qs, a[i].lo);
 }
-// ... in pairs of blocks (blkqp), [M, (K / 32 + 1) / 2]
-static void quantize_pairs(const float *x, int M, int K, blkqp *a) {
-    const int nb = K / 32, np = (nb + 1) / 2;
+// ... in pairs of blocks (blkqp), [M, (K / BLOCK + 1) / 2]
+static void quantize_pairs(const float *x, int M, int K, void *rounded) {
+    blkqp *a = rounded;
+    const int nb = K / BLOCK, np = kind_elements(W_Q41P, K);
     for (int r = 0; r < M; r++)
         for (int b = 0; b < nb; b++) {
             blkqp *p = a + (size_t)r * np + b / 2; const int h = b % 2;
-            quantize_block(x + (size_t)r * K + (size_t)b * 32, &p->sc[h], &p->sc[2 + h], p->qs[h], p->lo[h]);
+            quantize_block(x + (size_t)r * K + (size_t)b * BLOCK, &p->sc[h], &p->sc[2 + h], p->qs[h], p->lo[h]);
         }
     if (nb % 2)
         for (int r = 0; r < M; r++) {
             blkqp *p = a + (size_t)r * np + np - 1;
-            p->sc[1] = p->sc[3] = 0.f; memset(p->qs[1], 0, 32); memset(p->lo[1], 0, 32);
+            p->sc[1] = p->sc[3] = 0.f; memset(p->qs[1], 0, sizeof p->qs[1]); memset(p->lo[1], 0, sizeof p->lo[1]);
         }
 }
 // The integer products of a block: 128 * (u . qs) + u . lo for unsigned u (maddubs' pairs stay within int16: u <= 128,
@@ -426,9 +435,6 @@ static void quantize_pairs(const float *x, int M, int K, blkqp *a) {
 static inline __attribute__((always_inline)) __m256i products(__m256i u, __m256i qs, __m256i lo) {
 #ifdef __AVX512VNNI__  // the same integers in three instructions: no pair of products can overflow in either
     return _mm256_dpbusd_epi32(_mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, qs), 7), u, lo);
-#elif defined(__AVXVNNI__)  // ... AVX-VNNI's (the avx2-vnni build)
-    return _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, qs), 7), u,
-                                   lo);
 #else
     return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, qs), _mm256_set1_epi16(128)),
                             _mm256_madd_epi16(_mm256_maddubs_epi16(u, lo), _mm256_set1_epi16(1)));
@@ -512,12 +518,12 @@ static inline __attribute__((always_inline)) void row_block(const int kind, cons
         #undef BF16
     }
 }
-static inline size_t row_bytes(const int kind) { return kind == W_F32 ? 4 : 2; }
+static inline size_t row_bytes(const int kind) { return KINDS[kind].bytes; }
 #ifdef __AVX512F__
 static inline __attribute__((always_inline)) void rows_cols(const int R, const int kind, const float *x, int K,
                                                             const void *w, float *y, int N, int n0, int n1) {
-    const int nb = K / 32;
-    const size_t block = 32 * row_bytes(kind), column = (size_t)K * row_bytes(kind);
+    const int nb = K / BLOCK;
+    const size_t block = BLOCK * row_bytes(kind), column = (size_t)K * row_bytes(kind);
     #define ROW_AT(n, b) ((const char *)w + (size_t)(n) * column + (size_t)(b) * block)
     #define ROW_DECODE(p, wa, wb) row_decode16(kind, p, wa, wb)
     STEP16(0, R, nb, ROW_AT, ROW_DECODE, R > 1)
@@ -527,8 +533,8 @@ static inline __attribute__((always_inline)) void rows_cols(const int R, const i
 #else
 static inline __attribute__((always_inline)) void rows_cols(const int R, const int kind, const float *x, int K,
                                                             const void *w, float *y, int N, int n0, int n1) {
-    const int nb = K / 32;
-    const size_t block = 32 * row_bytes(kind);
+    const int nb = K / BLOCK;
+    const size_t block = BLOCK * row_bytes(kind);
     for (int n = n0; n < n1; n++) {
         const char *c = (const char *)w + (size_t)n * K * row_bytes(kind);
         __m256 acc[MAXR][2], w0, w1, w2, w3;
@@ -537,26 +543,23 @@ static inline __attribute__((always_inline)) void rows_cols(const int R, const i
             FETCH(c + b * block);
             if (R > 1) FETCH_FAR(c + b * block);
             row_block(kind, c + b * block, &w0, &w1, &w2, &w3);
-            rows_times(R, x + b * 32, K, w0, w1, w2, w3, acc);
+            rows_times(R, x + b * BLOCK, K, w0, w1, w2, w3, acc);
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
     }
 }
 #endif
-void decode_row(int kind, const void *row, int K, float *out) {
+static inline __attribute__((always_inline)) void decode_row(const int kind, const void *row, int K, float *out) {
     const char *c = row;
     __m256 w0, w1, w2, w3;
-    for (int b = 0; b < K / 32; b++, out += 32) {
-        #define ROW(k) row_block(k, c + (size_t)b * 32 * row_bytes(k), &w0, &w1, &w2, &w3)
-        if (kind == W_F32) ROW(W_F32); else if (kind == W_F16) ROW(W_F16); else ROW(W_BF16);
-        #undef ROW
-        _mm256_storeu_ps(out, w0), _mm256_storeu_ps(out + 8, w1), _mm256_storeu_ps(out + 16, w2);
-        _mm256_storeu_ps(out + 24, w3);
+    for (int b = 0; b < K / BLOCK; b++, out += BLOCK) {
+        row_block(kind, c + (size_t)b * BLOCK * row_bytes(kind), &w0, &w1, &w2, &w3);
+        STORE4(out, w0, w1, w2, w3);
     }
 }
-int row_kind(int model_kind) {
-    return model_kind == 1 ? W_BF16 : model_kind == 2 ? W_F16 : model_kind == 3 ? W_F32 : -1;
-}
+static void decode_bf16(const void *row, int K, float *out) { decode_row(W_BF16, row, K, out); }
+static void decode_f16(const void *row, int K, float *out) { decode_row(W_F16, row, K, out); }
+static void decode_f32(const void *row, int K, float *out) { decode_row(W_F32, row, K, out); }
 
 // ---- the loops ----
 typedef struct {
@@ -575,65 +578,81 @@ typedef struct {
                                      case 4: CALL(4); break; case 5: CALL(5); break; \
                          EACH_R_WIDE(CALL) }
 
+// A tile of a kind's step kernel (fp32 activations) or int8 kernel: rows m0..m0 + R - 1 by columns n0..n1 - 1
+typedef void tile_fn(const linear_job *j, int m0, int R, int n0, int n1);
+#define FP32_TILE(name, CALL) \
+    static void name(const linear_job *j, int m0, int R, int n0, int n1) { \
+        const int K = j->K, N = j->ldy;  /* N: the stride the cols functions write at */ \
+        const float *xf = (const float *)j->x + (size_t)m0 * K; \
+        float *yr = j->y + (size_t)m0 * N; \
+        EACH_R(R, CALL) \
+    }
+#define Q4F(r) q4_cols(r, xf, K, j->w, yr, N, n0, n1)
+#define Q8F(r) q8_cols(r, xf, K, j->w, yr, N, n0, n1)
+#define Q6F(r) q6_cols(r, xf, K, j->w, yr, N, n0, n1)
+#define Q5F(r) q5_cols(r, xf, K, j->w, yr, N, n0, n1)
+#define BF(r) rows_cols(r, W_BF16, xf, K, j->w, yr, N, n0, n1)
+#define HF(r) rows_cols(r, W_F16, xf, K, j->w, yr, N, n0, n1)
+#define SF(r) rows_cols(r, W_F32, xf, K, j->w, yr, N, n0, n1)
+FP32_TILE(tile_q41, Q4F)
+FP32_TILE(tile_q80, Q8F)
+FP32_TILE(tile_q6, Q6F)
+FP32_TILE(tile_q5, Q5F)
+FP32_TILE(tile_bf16, BF)
+FP32_TILE(tile_f16, HF)
+FP32_TILE(tile_f32, SF)
+static void tile_q80_int8(const linear_job *j, int m0, int R, int n0, int n1) {
+    const int nb = j->K / BLOCK, N = j->ldy;
+    const blkq *xq = (const blkq *)j->x + (size_t)m0 * nb;
+    float *yr = j->y + (size_t)m0 * N;
+    #define Q8I(r) q8q_cols(r, xq, nb, j->w, yr, N, n0, n1)
+    EACH_R(R, Q8I)
+}
+static void tile_q41p_int8(const linear_job *j, int m0, int R, int n0, int n1) {
+    const int np = kind_elements(W_Q41P, j->K), N = j->ldy;
+    const blkqp *xp = (const blkqp *)j->x + (size_t)m0 * np;
+    float *yr = j->y + (size_t)m0 * N;
+    #define Q4P(r) q4p_cols(r, xp, np, j->w, yr, N, n0, n1)
+    EACH_R(R, Q4P)
+}
+
+// Each weight kind's kernels, by id: the tiles of its step and int8 kernels, how the int8 kernel rounds the
+// activations (blkq a block, or blkqp a pair), and its decoder (a prompt's kernel multiplies decoded columns).
+// specdec_kinds.h's table says which kernels a kind has: linear_kind_ok takes a kernel where both have it, and
+// tests/native/test_kinds.py runs every one the table lists.
+typedef void round_fn(const float *x, int M, int K, void *rounded);
+typedef void decode_fn(const void *column, int K, float *out);
+static const struct { tile_fn *step, *int8; round_fn *round; decode_fn *decode; } KIND_OPS[SPECDEC_W_COUNT] = {
+    [W_Q41] = {tile_q41, NULL, NULL, decode_q41},
+    [W_Q80] = {tile_q80, tile_q80_int8, quantize_rows, decode_q80},
+    [W_Q41P] = {NULL, tile_q41p_int8, quantize_pairs, NULL},
+    [W_BF16] = {tile_bf16, NULL, NULL, decode_bf16},
+    [W_F16] = {tile_f16, NULL, NULL, decode_f16},
+    [W_F32] = {tile_f32, NULL, NULL, decode_f32},
+    [W_Q6] = {tile_q6, NULL, NULL, decode_q6},
+    [W_Q5] = {tile_q5, NULL, NULL, decode_q5},
+};
+
 // a task's columns, COLUMNS at a time, each over every row MAXR rows at a time: the columns' weights come from
 // memory once, then from cache
-static void step_columns(const linear_job *j, int n0, int n1);
 static void step_task(void *ctx, int first, int last, int worker) {
     const linear_job *j = ctx;
+    tile_fn *const tile = j->kernel == K_INT8 ? KIND_OPS[j->kind].int8 : KIND_OPS[j->kind].step;
     (void)worker;
-    for (int n0 = first * COLUMNS; n0 < last * COLUMNS && n0 < j->N; n0 += COLUMNS)
-        step_columns(j, n0, n0 + COLUMNS < j->N ? n0 + COLUMNS : j->N);
-}
-static void step_columns(const linear_job *j, int n0, int n1) {
-    const int K = j->K, N = j->ldy, nb = K / 32, np = (nb + 1) / 2;  // N: the stride the cols functions write at
-    for (int m0 = 0; m0 < j->M; m0 += MAXR) {
-        const int R = j->M - m0 < MAXR ? j->M - m0 : MAXR;
-        const float *xf = (const float *)j->x + (size_t)m0 * K;
-        const blkq *xq = (const blkq *)j->x + (size_t)m0 * nb;
-        const blkqp *xp = (const blkqp *)j->x + (size_t)m0 * np;
-        float *yr = j->y + (size_t)m0 * N;
-        #define Q4F(r) q4_cols(r, xf, K, j->w, yr, N, n0, n1)
-        #define Q8F(r) q8_cols(r, xf, K, j->w, yr, N, n0, n1)
-        #define Q6F(r) q6_cols(r, xf, K, j->w, yr, N, n0, n1)
-        #define Q5F(r) q5_cols(r, xf, K, j->w, yr, N, n0, n1)
-        #define Q8I(r) q8q_cols(r, xq, nb, j->w, yr, N, n0, n1)
-        #define Q4P(r) q4p_cols(r, xp, np, j->w, yr, N, n0, n1)
-        #define BF(r) rows_cols(r, W_BF16, xf, K, j->w, yr, N, n0, n1)
-        #define HF(r) rows_cols(r, W_F16, xf, K, j->w, yr, N, n0, n1)
-        #define SF(r) rows_cols(r, W_F32, xf, K, j->w, yr, N, n0, n1)
-        if (j->kernel == K_INT8) {
-            if (j->kind == W_Q4P) EACH_R(R, Q4P) else EACH_R(R, Q8I)
-        } else if (j->kind == W_Q4) {
-            EACH_R(R, Q4F)
-        } else if (j->kind == W_Q8) {
-            EACH_R(R, Q8F)
-        } else if (j->kind == W_Q6) {
-            EACH_R(R, Q6F)
-        } else if (j->kind == W_Q5) {
-            EACH_R(R, Q5F)
-        } else if (j->kind == W_BF16) {
-            EACH_R(R, BF)
-        } else if (j->kind == W_F16) {
-            EACH_R(R, HF)
-        } else {
-            EACH_R(R, SF)
-        }
+    for (int n0 = first * COLUMNS; n0 < last * COLUMNS && n0 < j->N; n0 += COLUMNS) {
+        const int n1 = n0 + COLUMNS < j->N ? n0 + COLUMNS : j->N;
+        for (int m0 = 0; m0 < j->M; m0 += MAXR) tile(j, m0, j->M - m0 < MAXR ? j->M - m0 : MAXR, n0, n1);
     }
 }
 
 // a prompt's rows: the task's columns decoded to fp32 once (into its worker's buffer), then tiles of PR x PC
 static void prompt_chunk(const linear_job *j, int task, int worker) {
-    const int K = j->K, N = j->ldy, nb = K / 32, n0 = task * PREFILL_COLUMNS;
+    const int K = j->K, N = j->ldy, n0 = task * PREFILL_COLUMNS;
     const int n1 = n0 + PREFILL_COLUMNS < j->N ? n0 + PREFILL_COLUMNS : j->N;
+    const size_t column = kind_column_bytes(j->kind, K);
     float *buf = j->decoded + (size_t)worker * linear_decoded_floats(K);
-    for (int n = n0; n < n1; n++) {
-        float *out = buf + (size_t)(n - n0) * K;
-        if (j->kind == W_Q4) decode4((const blk4 *)j->w + (size_t)n * nb, nb, out);
-        else if (j->kind == W_Q8) decode8_row((const blk8 *)j->w + (size_t)n * nb, nb, out);
-        else if (j->kind == W_Q6) decode6_row((const blk6 *)j->w + (size_t)n * nb, nb, out);
-        else if (j->kind == W_Q5) decode5((const blk5 *)j->w + (size_t)n * nb, nb, out);
-        else decode_row(j->kind, (const char *)j->w + (size_t)n * K * row_bytes(j->kind), K, out);
-    }
+    for (int n = n0; n < n1; n++)
+        KIND_OPS[j->kind].decode((const char *)j->w + (size_t)n * column, K, buf + (size_t)(n - n0) * K);
     for (int r0 = 0; r0 < j->M; r0 += PR) {
         const int R = j->M - r0 < PR ? j->M - r0 : PR;
         for (int n = n0; n < n1; n += PC) {
@@ -654,21 +673,16 @@ size_t linear_decoded_floats(int K) {  // a prompt's decoded columns, or int8 ac
     return (prompt > q8a ? prompt : q8a) / sizeof(float);
 }
 size_t linear_rounded_bytes(int M, int K) {  // the draft's rounded activations, or int8 activations' blocks
-    const size_t draft = ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / 32 + 1)), q8a = q8a_rounded_bytes(M, K);
+    const size_t draft = ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / BLOCK + 1)), q8a = q8a_rounded_bytes(M, K);
     return draft > q8a ? draft : q8a;
 }
-void decode_blocks(int kind, const void *row, int nb, float *out) {
-    if (kind == W_Q4) decode4(row, nb, out);
-    else if (kind == W_Q5) decode5(row, nb, out);
-    else if (kind == W_Q6) decode6_row(row, nb, out);
-    else decode8_row(row, nb, out);
-}
+void linear_decode(int kind, const void *column, int K, float *out) { KIND_OPS[kind].decode(column, K, out); }
 int linear_kind_ok(int kernel, int kind) {
-    if (kernel == K_INT8) return kind == W_Q4P || kind == W_Q8;
-    if (kernel == K_Q8A || kernel == K_Q8A_REF) return q8a_kind_ok(kind);
-    return (kernel == K_STEP || kernel == K_PROMPT) && kind >= W_Q4 && kind <= W_Q5 && kind != W_Q4P;
+    if (!kind_known(kind) || kernel < K_STEP || kernel > K_Q8A_REF) return 0;
+    const int has = kernel == K_STEP ? KIND_OPS[kind].step != NULL : kernel == K_PROMPT ? KIND_OPS[kind].decode != NULL
+                  : kernel == K_INT8 ? KIND_OPS[kind].int8 && KIND_OPS[kind].round : q8a_kind_ok(kind);
+    return has && (KINDS[kind].kernels >> kernel & 1) && (KINDS[kind].isas & THIS_ISA);
 }
-int linear_blocks_per_column(int K, int kind) { return kind == W_Q4P ? (K / 32 + 1) / 2 : K / 32; }
 
 void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N, int ldy,
             float *decoded, void *rounded) {
@@ -678,8 +692,7 @@ void linear(int threads, int kernel, int kind, const float *x, int M, int K, con
     }
     linear_job j = {kernel, kind, M, K, N, ldy, x, w, y, decoded};
     if (kernel == K_INT8) {
-        if (kind == W_Q4P) quantize_pairs(x, M, K, rounded);
-        else quantize_rows(x, M, K, rounded);
+        KIND_OPS[kind].round(x, M, K, rounded);
         j.x = rounded;
     }
     if (kernel == K_PROMPT) pool_run(threads, prompt_task, &j, (N + PREFILL_COLUMNS - 1) / PREFILL_COLUMNS);

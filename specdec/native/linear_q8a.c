@@ -41,11 +41,11 @@
 typedef struct { _Alignas(64) uint8_t q[8][64]; float a[COLS], b[COLS]; } cols16;
 _Static_assert(sizeof(cols16) == 640, "cols16 is 640 bytes");
 
-size_t q8a_columns_bytes(int K) { return ALIGNED(sizeof(cols16) * (size_t)(K / 32)); }
-size_t q8a_rounded_bytes(int M, int K) { return ALIGNED(sizeof(blkx) * (size_t)M * (size_t)(K / 32)); }
-int q8a_kind_ok(int kind) { return kind == W_Q4 || kind == W_Q8 || kind == W_Q6; }
+size_t q8a_columns_bytes(int K) { return ALIGNED(sizeof(cols16) * (size_t)(K / BLOCK)); }
+size_t q8a_rounded_bytes(int M, int K) { return ALIGNED(sizeof(blkx) * (size_t)M * (size_t)(K / BLOCK)); }
+int q8a_kind_ok(int kind) { return kind == W_Q41 || kind == W_Q80 || kind == W_Q6; }
 
-// ---- the activations: x [M, K] -> blkx [M, K / 32] ----
+// ---- the activations: x [M, K] -> blkx [M, K / BLOCK] ----
 // d = max |x| / 127, qs = x * (127 / max |x|) to nearest (even), so |qs| <= 127; s the block's exact sum, lanes
 // (x[j] + x[8 + j]) + (x[16 + j] + x[24 + j]) added as hsum adds them; off[h] = -128 * the sum of half h's qs (the
 // offset of weights stored + 128). A block holding inf or NaN gets d = s = NaN: its outputs are NaN, which the logits
@@ -110,7 +110,7 @@ static void round_block_reference(const float *x, blkx *out) {
 typedef struct {
     int reference, kind, M, K, N, ldy;
     const float *x;
-    blkx *a;  // [M, K / 32]
+    blkx *a;  // [M, K / BLOCK]
     const void *w;
     float *y;
     char *columns;  // q8a_columns_bytes(K) per worker
@@ -118,7 +118,7 @@ typedef struct {
 
 static void round_task(void *ctx, int first, int last, int worker) {
     const q8a_job *j = ctx;
-    const int nb = j->K / 32;
+    const int nb = j->K / BLOCK;
     (void)worker;
     for (size_t i = (size_t)first * nb; i < (size_t)last * nb; i++)
         (j->reference ? round_block_reference : round_block)(j->x + i * 32, j->a + i);
@@ -128,13 +128,13 @@ static void round_task(void *ctx, int first, int last, int worker) {
 static float output_reference(int kind, const char *column, const blkx *x, int nb) {
     float acc = 0.f;
     for (int b = 0; b < nb; b++, x++) {
-        if (kind == W_Q4) {
+        if (kind == W_Q41) {
             const blk4 *c = (const blk4 *)column + b;
             int dot = 0;
             for (int i = 0; i < 16; i++) dot += (c->qs[i] & 15) * x->qs[i] + (c->qs[i] >> 4) * x->qs[i + 16];
             acc = fmaf(c->d * x->d, (float)dot, acc);
             acc = fmaf(c->m, x->s, acc);
-        } else if (kind == W_Q8) {
+        } else if (kind == W_Q80) {
             const blk8 *c = (const blk8 *)column + b;
             int dot = 0;
             for (int i = 0; i < 32; i++) dot += c->qs[i] * x->qs[i];
@@ -150,12 +150,12 @@ static float output_reference(int kind, const char *column, const blkx *x, int n
     return acc;
 }
 
-static size_t block_bytes(int kind) { return kind == W_Q4 ? sizeof(blk4) : kind == W_Q8 ? sizeof(blk8) : sizeof(blk6); }
+static size_t block_bytes(int kind) { return kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : sizeof(blk6); }
 
 // ---- decoding a task's columns into cols16 ----
 // where a block's codes start (its scale starts it; the minimum or the second scale follows)
 static size_t codes_at(int kind) {
-    return kind == W_Q4 ? offsetof(blk4, qs) : kind == W_Q8 ? offsetof(blk8, qs) : offsetof(blk6, qs);
+    return kind == W_Q41 ? offsetof(blk4, qs) : kind == W_Q80 ? offsetof(blk8, qs) : offsetof(blk6, qs);
 }
 #define LOAD16(p) _mm_loadu_si128((const __m128i *)(p))
 
@@ -179,11 +179,11 @@ static inline __attribute__((always_inline)) void transposed(const char *const c
 static inline __attribute__((always_inline)) void decode_regs(const int kind, const char *const col[COLS],
                                                               const char *first, __m512i at, size_t b, __m512i w[8],
                                                               __m512 *da, __m512 *db) {
-    const size_t bytes = kind == W_Q4 ? sizeof(blk4) : kind == W_Q8 ? sizeof(blk8) : sizeof(blk6);
+    const size_t bytes = kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : sizeof(blk6);
     const size_t codes = b * bytes + codes_at(kind);
     __m512i t[4];
     transposed(col, codes, t);
-    if (kind == W_Q4) {
+    if (kind == W_Q41) {
         const __m512i low = _mm512_set1_epi8(0x0F);
         for (int i = 0; i < 4; i++) w[i] = _mm512_and_si512(t[i], low);
         for (int i = 0; i < 4; i++) w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(t[i], 4), low);
@@ -193,7 +193,7 @@ static inline __attribute__((always_inline)) void decode_regs(const int kind, co
         transposed(col, codes + 16, t);
         for (int i = 0; i < 4; i++) w[4 + i] = _mm512_xor_si512(t[i], flip);
     }
-    if (kind == W_Q8) {
+    if (kind == W_Q80) {
         *da = _mm512_i32gather_ps(at, first + b * bytes, 1);
         *db = _mm512_setzero_ps();
         return;
@@ -213,7 +213,7 @@ static inline __attribute__((always_inline)) void decode_block(const int kind, c
     _mm512_store_ps(out->a, da), _mm512_store_ps(out->b, db);
 }
 #else
-static size_t second_at(int kind) { return kind == W_Q4 ? offsetof(blk4, m) : offsetof(blk6, d) + sizeof(float); }
+static size_t second_at(int kind) { return kind == W_Q41 ? offsetof(blk4, m) : offsetof(blk6, d) + sizeof(float); }
 // 8 columns' 16 bytes at `at` -> t[i], lane c holding column c's bytes 4i..4i+3 (as above, with two 128-bit lanes)
 static inline __attribute__((always_inline)) void transposed(const char *const col[8], size_t at, __m256i t[4]) {
     __m256i z[4];
@@ -229,14 +229,14 @@ static inline __attribute__((always_inline)) void transposed(const char *const c
 static inline __attribute__((always_inline)) void decode_block(const int kind, const char *const col[COLS],
                                                                const char *first, __m256i at[2], size_t b,
                                                                cols16 *out) {
-    const size_t bytes = kind == W_Q4 ? sizeof(blk4) : kind == W_Q8 ? sizeof(blk8) : sizeof(blk6);
+    const size_t bytes = kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : sizeof(blk6);
     const size_t codes = b * bytes + codes_at(kind);
     const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(VNNI ? (char)0x80 : 0);
     for (int h = 0; h < 2; h++) {
         __m256i t[4];
         transposed(col + 8 * h, codes, t);
         for (int i = 0; i < 4; i++) {
-            if (kind == W_Q4) {
+            if (kind == W_Q41) {
                 _mm256_store_si256((__m256i *)(out->q[i] + 32 * h), _mm256_and_si256(t[i], low));
                 _mm256_store_si256((__m256i *)(out->q[4 + i] + 32 * h),
                                    _mm256_and_si256(_mm256_srli_epi16(t[i], 4), low));
@@ -244,13 +244,13 @@ static inline __attribute__((always_inline)) void decode_block(const int kind, c
                 _mm256_store_si256((__m256i *)(out->q[i] + 32 * h), _mm256_xor_si256(t[i], flip));
             }
         }
-        if (kind != W_Q4) {
+        if (kind != W_Q41) {
             transposed(col + 8 * h, codes + 16, t);
             for (int i = 0; i < 4; i++)
                 _mm256_store_si256((__m256i *)(out->q[4 + i] + 32 * h), _mm256_xor_si256(t[i], flip));
         }
         _mm256_storeu_ps(out->a + 8 * h, _mm256_i32gather_ps((const float *)(first + b * bytes), at[h], 1));
-        if (kind != W_Q8)
+        if (kind != W_Q80)
             _mm256_storeu_ps(out->b + 8 * h, _mm256_i32gather_ps((const float *)(first + b * bytes + second_at(kind)),
                                                                  at[h], 1));
     }
@@ -295,8 +295,8 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
         }
         for (int r = 0; r < R; r++) {
             const blkx *x = a + (size_t)r * nb + b;
-            __m512i lo = _mm512_set1_epi32(kind == W_Q4 ? 0 : x->off[0]);  // the two halves: two chains
-            __m512i hi = _mm512_set1_epi32(kind == W_Q4 ? 0 : x->off[1]);
+            __m512i lo = _mm512_set1_epi32(kind == W_Q41 ? 0 : x->off[0]);  // the two halves: two chains
+            __m512i hi = _mm512_set1_epi32(kind == W_Q41 ? 0 : x->off[1]);
             for (int k = 0; k < 4; k++) {
                 lo = _mm512_dpbusd_epi32(lo, w[k], _mm512_set1_epi32(codes4(x, k)));
                 hi = _mm512_dpbusd_epi32(hi, w[4 + k], _mm512_set1_epi32(codes4(x, 4 + k)));
@@ -307,7 +307,7 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
                 acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(db, dx), _mm512_cvtepi32_ps(hi), acc[r]);
             } else {
                 acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(da, dx), _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), acc[r]);
-                if (kind == W_Q4) acc[r] = _mm512_fmadd_ps(db, _mm512_set1_ps(x->s), acc[r]);
+                if (kind == W_Q41) acc[r] = _mm512_fmadd_ps(db, _mm512_set1_ps(x->s), acc[r]);
             }
         }
     }
@@ -318,13 +318,13 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
 static inline __attribute__((always_inline)) __m256i dot4(const int kind, const __m256i *w, const blkx *x, int k0,
                                                           int32_t start) {
 #if VNNI
-    __m256i s = _mm256_set1_epi32(kind == W_Q4 ? 0 : start);
+    __m256i s = _mm256_set1_epi32(kind == W_Q41 ? 0 : start);
     for (int k = 0; k < 4; k++) s = _mm256_dpbusd_avx_epi32(s, w[k], _mm256_set1_epi32(codes4(x, k0 + k)));
     return s;
 #else
     const __m256i ones = _mm256_set1_epi16(1);
     (void)start;
-    if (kind == W_Q4) {  // 4 pairs of codes <= 15 times |x| <= 127 stay within int16
+    if (kind == W_Q41) {  // 4 pairs of codes <= 15 times |x| <= 127 stay within int16
         __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(codes4(x, k0)));
         for (int k = 1; k < 4; k++)
             s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(codes4(x, k0 + k))));
@@ -357,7 +357,7 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
                 acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(db, dx), _mm256_cvtepi32_ps(hi), acc[r]);
             } else {
                 acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(da, dx), _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), acc[r]);
-                if (kind == W_Q4) acc[r] = _mm256_fmadd_ps(db, _mm256_set1_ps(x->s), acc[r]);
+                if (kind == W_Q41) acc[r] = _mm256_fmadd_ps(db, _mm256_set1_ps(x->s), acc[r]);
             }
         }
     }
@@ -382,7 +382,7 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
 // with every block decoded once into the worker's buffer first
 static inline __attribute__((always_inline)) void columns_task(const int kind, const q8a_job *j, int n0,
                                                                cols16 *buf) {
-    const int nb = j->K / 32, keep = j->N - n0 < COLS ? j->N - n0 : COLS;
+    const int nb = j->K / BLOCK, keep = j->N - n0 < COLS ? j->N - n0 : COLS;
     const size_t column = block_bytes(kind) * (size_t)nb;
     task_cols t;
     t.first = (const char *)j->w + (size_t)n0 * column, t.next = t.first + COLS * column;
@@ -429,15 +429,15 @@ static void q8a_task(void *ctx, int first, int last, int worker) {
     const q8a_job *j = ctx;
     cols16 *buf = (cols16 *)(j->columns + (size_t)worker * q8a_columns_bytes(j->K));
     for (int task = first; task < last; task++) {
-        if (j->kind == W_Q4) columns_task(W_Q4, j, task * COLS, buf);
-        else if (j->kind == W_Q8) columns_task(W_Q8, j, task * COLS, buf);
+        if (j->kind == W_Q41) columns_task(W_Q41, j, task * COLS, buf);
+        else if (j->kind == W_Q80) columns_task(W_Q80, j, task * COLS, buf);
         else columns_task(W_Q6, j, task * COLS, buf);
     }
 }
 
 static void reference_task(void *ctx, int first, int last, int worker) {
     const q8a_job *j = ctx;
-    const int nb = j->K / 32;
+    const int nb = j->K / BLOCK;
     const size_t column = block_bytes(j->kind) * (size_t)nb;
     (void)worker;
     for (int n = first * COLS; n < last * COLS && n < j->N; n++)

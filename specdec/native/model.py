@@ -5,15 +5,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from enum import StrEnum
 
 import numpy as np
 
-from specdec.blocks import BF16, BLOCK, BLOCK4, BLOCK4P, BLOCK5, BLOCK6, BLOCK8, KINDS, WEIGHT_LAYOUTS
 from specdec.errors import BackendError, nonfinite_logits
 from specdec.lowering import Geometry
-from specdec.manifest import Activation, Activations, ModelDims, Role
+from specdec.manifest import Activation, Activations, ModelDims
+from specdec.native.core import KernelModel
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
+from specdec.weight_kinds import KERNELS, KIND_OF, WEIGHT_LAYOUTS, Kernel, WeightKind
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
 STATUS = {  # specdec_native.h's status codes
@@ -21,21 +21,7 @@ STATUS = {  # specdec_native.h's status codes
     "weights' vocabulary", 4: "a position is below 0 or past the static buffers", 5: "the scratch is too small",
     6: "the thread count is out of range", 7: "a row of logits holds NaN or inf"}
 NONFINITE = 7  # specdec_native.h's SPECDEC_E_NONFINITE: the forward ran; a row of its logits has no distribution
-WEIGHT_KINDS = {BLOCK4: 0, BLOCK8: 1, BLOCK4P: 2, BF16: 3, np.dtype("<f2"): 4, np.dtype("<f4"): 5,
-                BLOCK6: 6, BLOCK5: 7}  # specdec_native.h's SPECDEC_W_*: specdec_matmul's kind, model_t.kinds
-
-
-class Kernel(StrEnum):
-    """A kernel of specdec_matmul (KERNELS: its code in specdec_native.h)."""
-
-    STEP = "step"  # a decode step's and a verify pass's
-    PROMPT = "prompt"  # a prompt's (fp32)
-    INT8 = "int8"  # the activations rounded to two int8 parts: the draft's
-    Q8A = "q8a"  # each row's activations rounded per block of 32 to int8 (the int8 activations mode)
-    Q8A_REFERENCE = "q8a-reference"  # ... in plain C: the bits every build of Q8A must give
-
-
-KERNELS = {Kernel.STEP: 0, Kernel.PROMPT: 1, Kernel.INT8: 2, Kernel.Q8A: 3, Kernel.Q8A_REFERENCE: 4}
+WEIGHT_KINDS = KIND_OF  # an array's dtype -> its WeightKind (specdec_matmul's kind, model_t.kinds)
 
 
 class ModelStruct(ctypes.Structure):
@@ -55,35 +41,30 @@ class FeaturesStruct(ctypes.Structure):
 
 MLPS = {Activation.SILU_GATED: 0, Activation.GELU_TANH: 1, Activation.GELU: 2}  # specdec_native.h's SPECDEC_MLP_*
 ACT_DRAFT = 1  # specdec_native.h's SPECDEC_ACT_DRAFT: the draft's kernels (specdec_forward's quant)
-QUANT = {Activations.FP32: 0, Activations.INT8: 2}  # ... SPECDEC_ACT_F32 and SPECDEC_ACT_INT8
-BIASES = ("input_norm_bias", "post_norm_bias", "o_bias", "gate_up_bias", "down_bias")  # model_t's [L] tables of them
+QUANT = {Activations.FP32: 0, Activations.INT8: 2}  # ... SPECDEC_ACT_F32 and SPECDEC_ACT_INT8: a target's
+PER_LAYER = {"in_norm": "input_norm", "post_norm": "post_norm", **{name: name for name in LINEARS},
+             "qkv_bias": "qkv_bias", "q_norm": "q_norm", "k_norm": "k_norm", "in_norm_bias": "input_norm_bias",
+             "post_norm_bias": "post_norm_bias", "o_bias": "o_bias", "gate_up_bias": "gate_up_bias",
+             "down_bias": "down_bias"}  # model_t's [L] tables of pointers -> the Layer field each points to
 
 
 def _pointers(arrays: list) -> np.ndarray:
     return np.array([a.ctypes.data for a in arrays], dtype=np.uintp)
 
 
+def _per_layer(layers: list, name: str) -> np.ndarray | None:
+    """The [L] pointers to every layer's `name`, or None where the layers hold none (a family without it)."""
+    return None if getattr(layers[0], name) is None else _pointers([getattr(layer, name) for layer in layers])
+
+
+def _address(array) -> int | None:
+    return None if array is None else array.ctypes.data
+
+
 def raise_for(status: int, what: str) -> None:
     if status:
         raise BackendError(f"the native kernels refused {what}: {STATUS.get(status, f'status {status}')}",
                            "this is a bug in specdec's call; report it with the bundle's manifest")
-
-
-def check_rows(rows: int, steps: int, pos, slots, held: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(positions int32 [rows], slots int64 [rows]) of a forward of `rows` x `steps` tokens over `held` KV slots of
-    `size` positions; BackendError where either is not one integer per row, a position or its last token falls
-    outside 0..size - 1 (never wrapped to 32 bits), or the slots are not distinct held slots."""
-    pos, slots = np.asarray(pos), np.asarray(slots)
-    if pos.shape != (rows,) or slots.shape != (rows,) or pos.dtype.kind not in "iu" or slots.dtype.kind not in "iu":
-        raise BackendError(f"a forward of {rows} rows got positions {pos.dtype} {list(pos.shape)} and slots "
-                           f"{slots.dtype} {list(slots.shape)}", "pass one integer position and one slot per row")
-    at, into = pos.tolist(), slots.tolist()
-    if any(p < 0 or p + steps > size for p in at):
-        raise BackendError(f"positions {at} with {steps} tokens fall outside the {size} positions of the KV",
-                           "end the row first (finish reason 'length'), or re-export with a larger --max-seq-len")
-    if any(s < 0 or s >= held for s in into) or len(set(into)) != rows:
-        raise BackendError(f"slots {into} are not distinct slots of 0..{held - 1}", "call reset with enough slots")
-    return pos.astype(np.int32), slots.astype(np.int64)
 
 
 class Scratch:
@@ -101,25 +82,20 @@ class Scratch:
         return self.buffer.ctypes.data, self.buffer.size
 
 
-class NativeModel:
-    """One model on the kernels. Also a KV source for the gqa driver's copy_kv (a draft taking this target's KV):
-    `geometry` and `buffers`, the per-layer keys then values [slots, Hkv, S, D], as GqaDriver holds its own.
-
-    draft: the paired weights and head of an int4-q41 draft (activations rounded to two int8 parts before each
-    weight: the draft's kernels; the target keeps fp32); it runs on `weights` (its target's norms and tables).
-    kv_owner: a model whose KV this one reads and writes (a draft beside its target), else its own.
-    activations: a target's (Activations): fp32, or int8 per block of 32 before every product with blocked weights.
-    """
+class NativeModel(KernelModel):
+    """One model on the CPU kernels (specdec.native.core.KernelModel). Also a KV source for the gqa driver's copy_kv
+    (a draft taking this target's KV): `geometry` and `buffers`, the per-layer keys then values [slots, Hkv, S, D], as
+    GqaDriver holds its own. A draft's products round its activations to two int8 parts before each weight (the
+    draft's kernels); the target keeps fp32. threads: the threads each call uses (the caller and its workers).
+    activations: a target's (Activations): fp32, or int8, each row's rounded per block of 32 before every product
+    with blk4, blk8 or blk6 weights (the kernels' SPECDEC_ACT_INT8)."""
 
     def __init__(self, weights: NativeWeights, dims: ModelDims, kernels, max_seq_len: int,
-                 draft: DraftWeights | None = None, kv_owner: "NativeModel | None" = None,
+                 draft: DraftWeights | None = None, kv_owner: "NativeModel | None" = None, threads: int = 1,
                  activations: Activations = Activations.FP32):
-        self.weights = weights
-        self.dims = dims
+        super().__init__(weights, dims, max_seq_len, draft, kv_owner)
         self.kernels = kernels
-        self.max_seq_len = max_seq_len
-        self.draft = draft
-        self.kv_owner = kv_owner
+        self.threads = threads
         self.geometry = Geometry(dims, max_seq_len, "float32")
         self._keys = self._values = None  # [L, slots, Hkv, S, D]
         self.buffers = []
@@ -130,51 +106,39 @@ class NativeModel:
         self.activations = Activations(activations)
 
     @property
-    def role(self) -> Role:
-        return Role.TARGET if self.draft is None else Role.DRAFT
-
-    @property
     def head(self) -> np.ndarray:
         """[V or V', H / 32] of BLOCK8: the rows the head scores."""
         return self.weights.head if self.draft is None else self.draft.head
 
     @functools.cached_property
     def struct(self) -> ModelStruct:
-        """specdec_native.h's model_t over the weights (built once; the arrays it points into live as long as
-        this)."""
-        weights, dims, layers = self.weights, self.dims, self.weights.layers
-        tables = [_pointers([getattr(layer, name) for layer in layers])
-                  for name in ("input_norm", "post_norm", *LINEARS)]
-        paired = [_pointers(list(column)) for column in zip(*self.draft.pairs)] if self.draft else []
-        biases = _pointers([layer.qkv_bias for layer in layers]) if layers[0].qkv_bias is not None else None
+        """specdec_native.h's model_t over the weights, every field by its name (built once; the arrays it points into
+        live as long as this)."""
+        weights, dims = self.weights, self.dims
+        tables = {field: _per_layer(weights.layers, name) for field, name in PER_LAYER.items()}
+        if self.draft:  # the draft's pairs, a column of [L] per linear; NULL for a target
+            tables.update({f"{name}_p": _pointers(list(column)) for name, column in zip(LINEARS, zip(*self.draft.pairs))})
         mixed = WEIGHT_LAYOUTS[weights.layout].mixed
-        kinds = np.array([[WEIGHT_KINDS[getattr(layer, name).dtype] for name in LINEARS] +
-                          [WEIGHT_KINDS[(layer.qkv_v if layer.qkv_v is not None else layer.qkv).dtype]]
-                          for layer in layers], np.int32) if mixed else None  # each linear's own blocks ("mixed")
-        split = [layer.qkv_v for layer in layers]  # a mixed layer's v rows apart, else NULL
-        v_rows = np.array([0 if v is None else v.ctypes.data for v in split], np.uintp) if any(
-            v is not None for v in split) else None
-        head_norms = [_pointers([getattr(layer, name) for layer in layers]) for name in ("q_norm", "k_norm")] \
-            if layers[0].q_norm is not None else [None, None]
-        more = [_pointers([getattr(layer, name) for layer in layers]) if getattr(layers[0], name) is not None else None
-                for name in BIASES]  # LayerNorm's biases, and those after o, gate_up and down (GPT-2's)
-        self._tables = tables + paired + [biases, kinds, v_rows, *head_norms, *more]  # kept alive with the struct
-        address = lambda array: None if array is None else array.ctypes.data  # noqa: E731
+        if mixed:  # each linear's own blocks, and its v rows' where a layer holds them apart
+            tables["kinds"] = np.array([[WEIGHT_KINDS[getattr(layer, name).dtype] for name in LINEARS] +
+                                        [WEIGHT_KINDS[(layer.qkv if layer.qkv_v is None else layer.qkv_v).dtype]]
+                                        for layer in weights.layers], np.int32)
+        if any(layer.qkv_v is not None for layer in weights.layers):
+            tables["qkv_v"] = np.array([0 if layer.qkv_v is None else layer.qkv_v.ctypes.data
+                                        for layer in weights.layers], np.uintp)
+        self._tables = tables  # kept alive with the struct
         rows = WEIGHT_LAYOUTS[weights.layout].rows  # rows: a tied embedding is the head itself
         embedding = weights.head if rows and weights.embedding is None else weights.embedding
+        arrays = {**tables, "embedding": embedding, "final_norm": weights.final_norm, "head": self.head,
+                  "cos": weights.cos, "sin": weights.sin, "final_norm_bias": weights.final_norm_bias,
+                  "position_table": weights.positions,
+                  "embedding_rows": weights.head if embedding is None else None}  # the whole head, not a draft's rows
         return ModelStruct(
-            dims.num_layers, dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim, weights.mlp_width,
-            len(self.head), weights.vocab, weights.max_position, KINDS[weights.layout], weights.epsilon, weights.scale,
-            None if embedding is None else embedding.ctypes.data, *(table.ctypes.data for table in tables),
-            *([table.ctypes.data for table in paired] or [None] * len(LINEARS)),  # NULL for a target
-            weights.final_norm.ctypes.data, self.head.ctypes.data, address(weights.cos), address(weights.sin),
-            weights.head.ctypes.data if embedding is None else None,  # the whole head, not a draft's rows
-            None if biases is None else biases.ctypes.data, None if kinds is None else kinds.ctypes.data,
-            None if v_rows is None else v_rows.ctypes.data,
-            *(None if table is None else table.ctypes.data for table in head_norms),
-            WEIGHT_KINDS[weights.head.dtype] if mixed else WEIGHT_KINDS[BLOCK8], weights.window,
-            MLPS[weights.activation], *(address(table) for table in more[:2]), address(weights.final_norm_bias),
-            *(address(table) for table in more[2:]), address(weights.positions))
+            L=dims.num_layers, H=dims.hidden_size, Hq=dims.num_heads, Hkv=dims.num_kv_heads, D=dims.head_dim,
+            I=weights.mlp_width, V=len(self.head), vocab=weights.vocab, positions=weights.max_position,
+            kind=WEIGHT_LAYOUTS[weights.layout].kind, eps=weights.epsilon, scale=weights.scale, window=weights.window,
+            head_kind=WEIGHT_KINDS[weights.head.dtype] if mixed else WeightKind.Q80,
+            mlp=MLPS[weights.activation], **{name: _address(array) for name, array in arrays.items()})
 
     @property
     def keys(self):
@@ -194,40 +158,32 @@ class NativeModel:
             self.buffers = list(self._keys) + list(self._values)  # views, [slots, Hkv, S, D] each
 
     def matmul(self, x: np.ndarray, blocks: np.ndarray, kernel: Kernel = Kernel.STEP, threads: int = 1) -> np.ndarray:
-        """x [M, K] -> [M, N] through blocks [N, K / 32] (BLOCK4, BLOCK5, BLOCK8, BLOCK6; BLOCK4P with Kernel.INT8) or
-        rows [N, K] (BF16, float16, float32), by `kernel` (a Kernel or its name); the products alone, for benchmarks
-        and tests."""
+        """x [M, K] -> [M, N] through weights [N, elements] of any WeightKind (blocks [N, K / 32], pairs, rows [N, K])
+        by `kernel` (a Kernel or its name) where the kind's table gives it that kernel; the products alone, for
+        benchmarks and tests."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or blocks.ndim != 2 or blocks.dtype not in WEIGHT_KINDS:
             raise BackendError(f"matmul of {x.shape} by {blocks.dtype} {blocks.shape}", "pass x [M, K], blocks [N, nb]")
         kind = WEIGHT_KINDS[blocks.dtype]
-        rows = blocks.dtype.names is None  # rows [N, K]: K / 32 blocks of 32 a column
-        per_column = blocks.shape[1] // BLOCK if rows and blocks.shape[1] % BLOCK == 0 else -1 if rows else blocks.shape[1]
         y = np.empty((x.shape[0], blocks.shape[0]), np.float32)
         need = self.kernels.specdec_matmul_scratch_bytes(x.shape[0], x.shape[1], KERNELS[kernel], threads)
         with self._lock:
             address, size = self.scratch.at_least(need)
             raise_for(self.kernels.specdec_matmul(
-                x.ctypes.data, x.shape[0], x.shape[1], blocks.ctypes.data, per_column, kind,
+                x.ctypes.data, x.shape[0], x.shape[1], blocks.ctypes.data, blocks.shape[1], kind,
                 KERNELS[kernel], y.ctypes.data, blocks.shape[0], address, size, threads),
                 f"a product of {list(x.shape)} by {blocks.dtype.name} blocks {list(blocks.shape)}")
         return y
 
-    def forward(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool = False,
-                threads: int = 1) -> np.ndarray:
-        """tokens [B, T] of rows at positions pos[b].. of slots[b] -> logits [B, T or 1, V]; K/V land at
-        [pos[b], pos[b] + T) of each slot. One call for all rows: each weight is read once for all of them. Checks its
-        positions and slots (check_rows); NativeBackend, whose forward has checked them, calls compute."""
-        tokens = np.asarray(tokens)
-        rows, steps = tokens.shape if tokens.ndim == 2 else (0, 0)
-        if rows and steps and self.keys is not None:  # else compute says what is wrong
-            pos, slots = check_rows(rows, steps, pos, slots, self.keys.shape[1], self.max_seq_len)
-        return self.compute(tokens, pos, slots, last_only, threads)
+    def held_slots(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[1]
 
     def compute(self, tokens: np.ndarray, pos: np.ndarray, slots: np.ndarray, last_only: bool = False,
-                threads: int = 1, layers: tuple = ()) -> np.ndarray | tuple:
-        """forward without check_rows: positions and slots already checked. With `layers` (indices 0..L-1) ->
-        (logits, features [B, T, len(layers), H]: every fed token's hidden state after each of those layers)."""
+                layers: tuple = ()) -> np.ndarray | tuple:
+        """forward without check_rows: every row in one kernel call (each weight read once for all of them). With
+        `layers` (indices 0..L-1) -> (logits, features [B, T, len(layers), H]: every fed token's hidden state after
+        each of those layers)."""
+        threads = self.threads
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
         rows, steps = tokens.shape if tokens.ndim == 2 else (0, 0)
         keys, values = self.keys, self.values
@@ -248,10 +204,7 @@ class NativeModel:
         if status == NONFINITE:  # the kernels checked every logit; which positions, on this path alone
             raise nonfinite_logits(self.role, np.isfinite(out.max(axis=-1)).tolist(), pos32.tolist(), steps, last_only)
         raise_for(status, f"a forward of {rows} x {steps} tokens at {pos32.tolist()}")
-        logits = out
-        if self.draft is not None and self.draft.head_rows is not None:
-            logits = np.full(out.shape[:2] + (self.dims.vocab_size,), self.draft.fill, np.float32)
-            logits[..., self.draft.head_rows] = out
+        logits = self.widen(out)
         return (logits, features) if layers else logits
 
     def _features(self, rows: int, steps: int, layers: tuple) -> tuple:

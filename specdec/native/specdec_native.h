@@ -1,6 +1,7 @@
-// specdec's native engine: the block layouts, the model descriptor and the exported functions, defined once.
-// specdec/blocks.py mirrors the blocks (numpy dtypes) and specdec/native/model.py the model descriptor (ctypes); the
-// loader (specdec/native/build.py) checks SPECDEC_ABI_VERSION and every size below against the library it opened.
+// specdec's native engine: the model descriptor and the exported functions, defined once (the weight kinds and their
+// blocks: specdec_kinds.h). specdec/native/model.py mirrors the model descriptor (ctypes); the loader
+// (specdec/native/build.py) checks SPECDEC_ABI_VERSION, every weight kind and every size below against the library it
+// opened.
 // Bump SPECDEC_ABI_VERSION with any change to model_t, an export's signature or a status code, and
 // SPECDEC_FORMAT_VERSION (what a bundle's weights file records) with any change to a block layout.
 #ifndef SPECDEC_NATIVE_H
@@ -9,67 +10,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SPECDEC_ABI_VERSION 9
+#include "specdec_kinds.h"  // the weight kinds: SPECDEC_BLOCK, the block structs, SPECDEC_W_*, model_t.kind's SPECDEC_*
+
+#define SPECDEC_ABI_VERSION 10
 #define SPECDEC_FORMAT_VERSION 4
-#define SPECDEC_BLOCK 32        // weights per block along K (a GGUF's)
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
 #define SPECDEC_MAX_FEATURES 16 // layers one forward may return the hidden states of
 
-// Q4_1: w = d * q + m; qs[j] holds q[j] in its low nibble and q[j + 16] in its high one
-typedef struct { float d, m; uint8_t qs[SPECDEC_BLOCK / 2]; } blk4;
-// Q8_0: w = d * q
-typedef struct { float d; int8_t qs[SPECDEC_BLOCK]; } blk8;
-// 5-bit codes with a scale and a minimum (a GGUF's Q5_0, Q5_1 or Q5_K block): w = d * q + m, q in 0..31. The 32
-// codes are packed in `codes` as 160 bits (little-endian: bit t of byte b is bit 8 b + t), 5 bits a slot, slot i
-// holding q[SPECDEC_Q5_ORDER[i]]: q[0..15] all lie in bytes 0-15 and q[16..31] in bytes 5-20, at the same offsets
-// from them, so each half is one 16-byte load; and within each 8-byte half of such a load lie the codes of the
-// 16-lane vector's lanes that a 128-bit broadcast puts there (linear.c: q5_decode16). d and m follow the codes, so
-// the second load stays inside the block.
-#define SPECDEC_Q5_ORDER {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29, \
-                          2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}
-typedef struct { uint8_t codes[20]; float d, m; } blk5;
-// Q8_0 with a scale per 16 (a GGUF Q6_K's sub-blocks): w = d[0] * q for elements 0-15, d[1] * q for 16-31
-typedef struct { float d[2]; int8_t qs[SPECDEC_BLOCK]; } blk6;
-// Two Q4_1 blocks of a column (the draft's copy): fp16 d0, d1, m0, m1 (a GGUF's own precision), then
-// qs[j] = q0[j] | q1[j] << 4. 40 bytes per 64 weights where two blk4 take 48. An odd count ends in a zero block.
-typedef struct { uint16_t h[4]; uint8_t qs[SPECDEC_BLOCK]; } blk4p;
 // A block of activations rounded to two int8 parts (the draft): x ~ d * (128 * qs + lo), s the exact block sum
 typedef struct { float d, s; int8_t qs[SPECDEC_BLOCK], lo[SPECDEC_BLOCK]; } blkq;
 // ... two of them, for blk4p: sc = {d0, d1, s0, s1}
 typedef struct { float sc[4]; int8_t qs[2][SPECDEC_BLOCK], lo[2][SPECDEC_BLOCK]; } blkqp;
 
-_Static_assert(sizeof(blk4) == 24, "blk4 is 24 bytes");
-_Static_assert(sizeof(blk8) == 36, "blk8 is 36 bytes");
-_Static_assert(sizeof(blk6) == 40, "blk6 is 40 bytes");
-_Static_assert(sizeof(blk5) == 28, "blk5 is 28 bytes");
-_Static_assert(sizeof(blk4p) == 40, "blk4p is 40 bytes");
 _Static_assert(sizeof(blkq) == 72, "blkq is 72 bytes");
 _Static_assert(sizeof(blkqp) == 2 * sizeof(blkq), "blkqp is two blkq");
-
-// How a target holds its linear weights, head and embedding (model_t.kind): the GGUF grids, or rows [N, K] of a
-// checkpoint's own precision (activations fp32, or int8 where SPECDEC_ACT_INT8 says)
-enum {
-    SPECDEC_Q41 = 0,   // linears blk4 [N, K / 32], head blk8 [V, H / 32], embedding fp32 or embedding_rows
-    SPECDEC_BF16 = 1,  // linears, head and embedding as bf16 rows (the top halves of fp32 values)
-    SPECDEC_F16 = 2,   // ... as IEEE half rows
-    SPECDEC_F32 = 3,   // ... as fp32 rows
-    SPECDEC_Q80 = 4,   // linears and head blk8 [N, K / 32] (a Q8_0 GGUF's), embedding fp32 or embedding_rows
-    SPECDEC_MIXED = 5, // each linear and the head in blocks of their own grid (kinds, head_kind), embedding fp32 or
-                       // embedding_rows:
-                       // a K-quant GGUF's (Q4_K as blk4, Q5_0 / Q5_1 / Q5_K as blk5, Q8_0 as blk8, Q6_K as blk6)
-};
-
-// The kinds of a product's weights (specdec_matmul's kind, model_t.kinds)
-enum {
-    SPECDEC_W_Q41 = 0,   // blk4 [N, K / 32]
-    SPECDEC_W_Q80 = 1,   // blk8 [N, K / 32]
-    SPECDEC_W_Q41P = 2,  // blk4p [N, (K / 32 + 1) / 2] (int8 activations only)
-    SPECDEC_W_BF16 = 3,  // rows [N, K]
-    SPECDEC_W_F16 = 4,
-    SPECDEC_W_F32 = 5,
-    SPECDEC_W_Q6 = 6,    // blk6 [N, K / 32]
-    SPECDEC_W_Q5 = 7,    // blk5 [N, K / 32]
-};
 
 // A model's MLP (model_t.mlp)
 enum {
@@ -93,19 +47,21 @@ typedef struct {
     float eps, scale;                // RMSNorm epsilon, attention scores' scale
     const void *embedding;  // [vocab, H]: fp32 (Q41, Q80) or rows of kind; NULL where embedding_rows holds it
     const float *const *in_norm, *const *post_norm;  // [L] of [H]
-    const void *const *qkv, *const *o, *const *gate_up, *const *down;  // [L] of blk4 / blk8 [N, K / 32] or rows [N, K]
-    const blk4p *const *qkv_p, *const *o_p, *const *gate_up_p, *const *down_p;  // [L] of [N, (K / 32 + 1) / 2]: the
+    const void *const *qkv, *const *o, *const *gate_up, *const *down;  // [L] of blocks [N, K / SPECDEC_BLOCK] or
+                                                                        // rows [N, K]
+    const blk4p *const *qkv_p, *const *o_p, *const *gate_up_p, *const *down_p;  // [L] of [N, ceil(K / 64)]: the
                                                                                   // draft's (quant); else NULL
     const float *final_norm;  // [H]
-    const void *head;         // blk8 [V, H / 32] (Q41, Q80, and a draft's), or rows of kind [V, H]
+    const void *head;         // blk8 [V, H / SPECDEC_BLOCK] (Q41, Q80, a draft's), or rows [V, H]
     const float *cos, *sin;   // [positions, D / 2], or both NULL where position_table is set
-    const void *embedding_rows;  // [vocab, H / 32] of the head's blocks (blk8, or head_kind's): row t of the embedding
-                                 // is their values (tied weights), or NULL
+    const void *embedding_rows;  // [vocab, H / SPECDEC_BLOCK] of the head's blocks (blk8, or head_kind's): row t of
+                                 // the embedding is their values (tied weights), or NULL
     const float *const *qkv_bias;  // [L] of [(Hq + 2 Hkv) D]: biases added to q/k/v before rotary (Qwen2), or NULL
-    const int32_t *kinds;  // [L][5]: the weight kind (SPECDEC_W_Q41, _Q5, _Q80 or _Q6) of each layer's qkv (its q/k
-                           // rows where qkv_v[l] is set), o, gate_up, down and qkv_v (SPECDEC_MIXED); NULL otherwise
-    const void *const *qkv_v;  // [L]: the v rows [Hkv D, H / 32] of a layer whose q/k and v lie on different grids
-                               // (SPECDEC_MIXED; NULL entries for the others), or NULL
+    const int32_t *kinds;  // [L][5]: the weight kind (a block of SPECDEC_BLOCK with fp32 kernels: SPECDEC_W_Q41, _Q5,
+                           // _Q80 or _Q6) of each layer's qkv (its q/k rows where qkv_v[l] is set), o, gate_up, down
+                           // and qkv_v (SPECDEC_MIXED); NULL otherwise
+    const void *const *qkv_v;  // [L]: the v rows [Hkv D, H / SPECDEC_BLOCK] of a layer whose q/k and v lie on
+                               // different grids (SPECDEC_MIXED; NULL entries for the others), or NULL
     const float *const *q_norm, *const *k_norm;  // [L] of [D]: RMSNorm (eps) of each head of q and of k before rotary
                                                   // (Qwen3), or both NULL
     int32_t head_kind;  // SPECDEC_MIXED: the head's weight kind (SPECDEC_W_Q41, _Q5, _Q80 or _Q6: a Q6_K output's
@@ -134,8 +90,9 @@ typedef struct {
 enum {
     SPECDEC_ACT_F32 = 0,    // fp32 activations times the model's weights (a target's graph's function)
     SPECDEC_ACT_DRAFT = 1,  // the draft's: activations rounded to two int8 parts times its paired blocks (*_p)
-    SPECDEC_ACT_INT8 = 2,   // each row's activations rounded per block of 32 to int8 (a Q8 block) before every product
-                            // with blk4, blk8 or blk6 weights (the head's too); other kinds' products stay fp32
+    SPECDEC_ACT_INT8 = 2,   // a target's, each row's activations rounded per block of 32 to int8 (one scale a block)
+                            // before every product whose weights the table gives SPECDEC_Q8A (blk4, blk8, blk6), the
+                            // head's too; other kinds' products stay fp32
 };
 
 // Status codes: 0, or what was wrong with the arguments (nothing is written where a call fails its checks), or
@@ -144,7 +101,7 @@ enum {
 enum {
     SPECDEC_OK = 0,
     SPECDEC_E_NULL = 1,      // a pointer the call needs is NULL
-    SPECDEC_E_SHAPE = 2,     // a count or size is out of range (rows, tokens, K % 32, the model's dims)
+    SPECDEC_E_SHAPE = 2,     // a count or size is out of range (rows, tokens, K % SPECDEC_BLOCK, dims)
     SPECDEC_E_TOKEN = 3,     // a token id outside 0..vocab - 1
     SPECDEC_E_POSITION = 4,  // pos < 0, pos + T > S, or past the rotary tables
     SPECDEC_E_SCRATCH = 5,   // the scratch is smaller than specdec_scratch_bytes asks
@@ -154,28 +111,30 @@ enum {
 };
 
 int specdec_abi_version(void);
-// sizeof of 0: blk4, 1: blk8, 2: blk4p, 3: blkq, 4: blkqp, 5: model_t, 6: blk6, 7: blk5, 8: features_t; -1 for any
-// other
+// sizeof of 0: blkq, 1: blkqp, 2: model_t, 3: features_t; -1 for any other
 long specdec_layout_size(int which);
+// The table of weight kinds this library was built from (specdec_kinds.h): kind's element bytes, weights per element
+// along K, kernels (SPECDEC_STEP, _PROMPT, _INT8, _Q8A, _Q8A_REF bits) and builds (SPECDEC_ISA_* bits) into traits[0..3], and the
+// build this library is (one SPECDEC_ISA_* bit) into traits[4]; SPECDEC_E_SHAPE for a kind outside
+// 0..SPECDEC_W_COUNT - 1.
+int specdec_weight_kind(int kind, int32_t traits[5]);
 
-// Bytes of scratch a forward of B rows of T tokens with the given threads needs (quant: the draft's int8 path),
+// Bytes of scratch a forward of B rows of T tokens with the given threads needs (whatever its quant),
 // or -1 for arguments a forward would refuse.
 long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads);
 
 // B rows of T tokens each; row b at positions pos[b].. of its own KV (keys[b], values[b]: [L][Hkv, S, D], layer l at
 // + l * layer_stride floats) -> logits [B][T or 1 (last_only)][V], and where features is not NULL, the hidden states
 // it names (every fed token's, last_only or not). K/V land at [pos[b], pos[b] + T). Every logit is checked:
-// SPECDEC_E_NONFINITE where a row holds NaN or has no finite largest logit. quant: SPECDEC_ACT_*.
+// SPECDEC_E_NONFINITE where a row holds NaN or has no finite largest logit. quant: a SPECDEC_ACT_* (in each, a row's
+// logits are the same bits whatever the call's B, T and threads).
 int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
                     const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
                     int last_only, int quant, int threads, float *logits, const features_t *features);
 
-// The products alone, for tests and benchmarks: x [M, K] fp32 -> y [M, N] through blocks [N, wblocks] of kind 0:
-// Q4_1, 1: Q8_0, 2: paired Q4_1 (int8 activations only), 6: Q8 with a scale per 16, 7: 5-bit, or rows [N, K] of kind 3: bf16,
-// 4: f16, 5: f32 (SPECDEC_W_*); kernel
-// 0: the step kernel, 1: a prompt's (fp32), 2: the draft's int8 activations (two parts), 3: int8 activations
-// (SPECDEC_ACT_INT8's: blk4, blk8, blk6), 4: kernel 3's plain C reference (the same bits). wblocks must be what K needs
-// (K / 32 blocks of 32, or (K / 32 + 1) / 2 pairs).
+// The products alone, for tests and benchmarks: x [M, K] fp32 -> y [M, N] through weights [N, wblocks] of a weight kind
+// (SPECDEC_W_*) by a kernel (SPECDEC_KERNEL_*) that the table gives it; wblocks must be what K needs: ceil(K / PER)
+// elements a column, K a multiple of SPECDEC_BLOCK.
 long specdec_matmul_scratch_bytes(int M, int K, int kernel, int threads);
 int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int kind, int kernel, float *y, int N,
                    void *scratch, size_t scratch_bytes, int threads);

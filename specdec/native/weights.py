@@ -32,10 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import (BLOCK, CHUNK, DTYPES, MIXED_LINEARS, WEIGHT_LAYOUTS, LayoutName, Pages, TensorEntry,
-                            check_extent, check_format, index_from, nonfinite, read_tensors)
 from specdec.errors import BackendError
-from specdec.manifest import Activation, Method, ModelDims, ModelEntry, NativeRecord
+from specdec.manifest import (Activation, FamilyRecord, Method, ModelDims, ModelEntry, NativeRecord, NormKind,
+                              PositionKind)
+from specdec.weight_kinds import MIXED_KINDS, WEIGHT_LAYOUTS, LayoutName
+from specdec.weights_file import CHUNK, Pages, check_extent, check_format, index_from, nonfinite, read_tensors
 
 HINT = "re-export the bundle with this specdec (specdec-export writes native weights), or use backend='onnxruntime'"
 LINEARS = ("qkv", "o", "gate_up", "down")
@@ -75,11 +76,12 @@ class NativeWeights:
     sin: np.ndarray | None
     epsilon: float
     scale: float  # attention scores' scale
-    layout: LayoutName = LayoutName.Q41  # a key of specdec.blocks.WEIGHT_LAYOUTS
+    layout: LayoutName = LayoutName.Q41  # a key of specdec.weight_kinds.WEIGHT_LAYOUTS
     window: int = 0  # keys a query sees, its own included (a sliding window), or 0: every earlier key
     final_norm_bias: np.ndarray | None = None  # [H]: LayerNorm's bias (GPT-2), or None
     positions: np.ndarray | None = None  # [positions, H]: learned positions added to the embedding (GPT-2), or None
     activation: str = Activation.SILU_GATED  # the MLP's
+    family: FamilyRecord = FamilyRecord()  # what its layers do (the record export wrote; the fields above agree)
 
     @property
     def max_position(self) -> int:
@@ -200,42 +202,74 @@ def _expect(tensors: dict, name: str, kind: np.dtype | tuple, shape: tuple, role
     return array
 
 
+def family_of(record: NativeRecord) -> FamilyRecord:
+    """A target's family facts: the record export wrote, or for a bundle written before it, its record's fields and
+    which tensors its index names (the file's own table agrees with the index: read_tensors)."""
+    if record.family is not None:
+        return record.family
+    names = set(record.tensors)
+    return FamilyRecord(norm=NormKind.LAYER if "final_norm_bias" in names else NormKind.RMS,
+                        positions=PositionKind.LEARNED if "positions" in names else PositionKind.ROTARY,
+                        activation=record.activation, biases=[n for n in LINEARS if f"layers.0.{n}_bias" in names],
+                        qk_norm="layers.0.q_norm" in names, window=record.window, epsilon=record.epsilon,
+                        scale=record.scale)
+
+
+def _check_family(family: FamilyRecord, t: dict) -> None:
+    """BackendError where the family's facts are not ones this engine reads, or the file's tensors say otherwise."""
+    kinds = ((family.norm, NormKind), (family.positions, PositionKind), (family.activation, Activation))
+    if any(value not in set(kind) for value, kind in kinds) or not set(family.biases) <= set(LINEARS):
+        raise BackendError(f"the target's family record {family} names what this engine does not run", HINT)
+    held = {"LayerNorm biases": "final_norm_bias" in t, "learned positions": "positions" in t,
+            "q/k norms": "layers.0.q_norm" in t, **{f"{n} biases": f"layers.0.{n}_bias" in t for n in LINEARS}}
+    said = {"LayerNorm biases": family.norm == NormKind.LAYER, "learned positions":
+            family.positions == PositionKind.LEARNED, "q/k norms": family.qk_norm,
+            **{f"{n} biases": n in family.biases for n in LINEARS}}
+    wrong = [name for name in held if held[name] != said[name]]
+    if wrong:
+        raise BackendError(f"the target's family record and its weights file disagree on {', '.join(wrong)} (the "
+                           "record says " + ", ".join(f"{n} {'yes' if said[n] else 'no'}" for n in wrong) + ")", HINT)
+
+
+def _layer_shapes(t: dict, family: FamilyRecord, dims: ModelDims, per: int, linear) -> dict:
+    """{name: (shape, kind)} of every layer's tensors as the family and layout say."""
+    f32, H, D = np.dtype("<f4"), dims.hidden_size, dims.head_dim
+    qkv, width = (dims.num_heads + 2 * dims.num_kv_heads) * D, dims.num_heads * D
+    down = t.get("layers.0.down")
+    mlp = (down.shape[1] if down is not None and down.ndim == 2 else 0) * per
+    up = (2 if family.activation == Activation.SILU_GATED else 1) * mlp
+    shapes = {"input_norm": ((H,), f32), "post_norm": ((H,), f32), "qkv": ((qkv, H // per), linear),
+              "o": ((H, width // per), linear), "gate_up": ((up, H // per), linear),
+              "down": ((H, mlp // per), linear)}
+    sizes = {"qkv": qkv, "o": H, "gate_up": up, "down": H}
+    shapes.update({f"{name}_bias": ((sizes[name],), f32) for name in family.biases})
+    if family.norm == NormKind.LAYER:
+        shapes["input_norm_bias"], shapes["post_norm_bias"] = ((H,), f32), ((H,), f32)
+    if family.qk_norm:
+        shapes["q_norm"], shapes["k_norm"] = ((D,), f32), ((D,), f32)
+    return shapes
+
+
 def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str = Pages.SHARED) -> NativeWeights:
     """The weights of a target (layout "q41", "q80" or "mixed", or rows), each tensor's kind and shape checked against
-    `dims`."""
-    from specdec.blocks import BLOCK8
-
+    `dims` and its family record."""
     t = _tensors(root, record, "target", pages)
-    f32, rows = np.dtype("<f4"), WEIGHT_LAYOUTS[record.layout].rows
-    H, D, V, layers = dims.hidden_size, dims.head_dim, dims.vocab_size, dims.num_layers
-    learned = t.get("positions")
-    table, columns = ("positions", H) if learned is not None else ("cos", D // 2)
+    family = family_of(record)
+    _check_family(family, t)
+    f32, rows, layout = np.dtype("<f4"), WEIGHT_LAYOUTS[record.layout].rows, WEIGHT_LAYOUTS[record.layout]
+    H, D, V = dims.hidden_size, dims.head_dim, dims.vocab_size
+    learned = family.positions == PositionKind.LEARNED
+    table, columns = ("positions", H) if learned else ("cos", D // 2)
     cos = t.get(table)
     if cos is None or cos.ndim != 2 or cos.shape[1] != columns or cos.dtype != f32:
         raise BackendError(f"the target's {table} table is {None if cos is None else list(cos.shape)}, not "
                            f"[positions, {columns}] f32", HINT)
-    if record.activation not in set(Activation):
-        raise BackendError(f"the target's MLP activation is {record.activation!r}, which this engine does not run", HINT)
-    gated = record.activation == Activation.SILU_GATED
-    layout = WEIGHT_LAYOUTS[record.layout]
-    per, linear, head_kind = (1, DTYPES[record.layout], DTYPES[record.layout]) if rows else \
-        (BLOCK, DTYPES[layout.linear] if layout.linear else MIXED_LINEARS, MIXED_LINEARS if layout.mixed else BLOCK8)
-    qkv, width = (dims.num_heads + 2 * dims.num_kv_heads) * D, dims.num_heads * D
-    down = t.get("layers.0.down")
-    mlp = (down.shape[1] if down is not None and down.ndim == 2 else 0) * per
-    up = (2 if gated else 1) * mlp
-    shapes = {"input_norm": ((H,), f32), "post_norm": ((H,), f32), "qkv": ((qkv, H // per), linear),
-              "o": ((H, width // per), linear), "gate_up": ((up, H // per), linear),
-              "down": ((H, mlp // per), linear)}
-    for name, size in (("qkv", qkv), ("o", H), ("gate_up", up), ("down", H)):
-        if t.get(f"layers.0.{name}_bias") is not None:  # every layer or none (Qwen2's q/k/v biases, GPT-2's all)
-            shapes[f"{name}_bias"] = ((size,), f32)
-    if t.get("layers.0.input_norm_bias") is not None:  # LayerNorm (GPT-2)
-        shapes["input_norm_bias"], shapes["post_norm_bias"] = ((H,), f32), ((H,), f32)
-    if t.get("layers.0.q_norm") is not None:  # every layer or none (Qwen3's per-head q/k norms)
-        shapes["q_norm"], shapes["k_norm"] = ((D,), f32), ((D,), f32)
+    mixed = tuple(kind.dtype for kind in MIXED_KINDS)  # each weight of its own kind (None in the layout)
+    per, linear = layout.per, mixed if layout.linear is None else layout.linear.dtype
+    head_kind = mixed if layout.head is None else layout.head.dtype
+    shapes, qkv = _layer_shapes(t, family, dims, per, linear), (dims.num_heads + 2 * dims.num_kv_heads) * D
     layer_list = []
-    for i in range(layers):
+    for i in range(dims.num_layers):
         own = dict(shapes)
         if layout.mixed and t.get(f"layers.{i}.qkv_v") is not None:  # q/k rows and v rows apart
             own["qkv"] = ((qkv - dims.num_kv_heads * D, H // per), linear)
@@ -245,31 +279,29 @@ def target_weights(root: Path, record: NativeRecord, dims: ModelDims, pages: str
     embedding = t.get("embedding")
     if embedding is not None:
         _expect(t, "embedding", head_kind if rows else f32, (V, H), "target")
-    layer_norm = layer_list[0].input_norm_bias is not None
+    layer_norm = family.norm == NormKind.LAYER
     return NativeWeights(embedding=embedding, layers=layer_list, final_norm=_expect(t, "final_norm", f32, (H,), "target"),
                          head=_expect(t, "head", head_kind, (V, H // per), "target"),
-                         cos=None if learned is not None else cos,
-                         sin=None if learned is not None else _expect(t, "sin", f32, cos.shape, "target"),
-                         epsilon=record.epsilon, scale=record.scale, layout=record.layout, window=record.window,
+                         cos=None if learned else cos, sin=None if learned else _expect(t, "sin", f32, cos.shape, "target"),
+                         epsilon=family.epsilon, scale=family.scale, layout=record.layout, window=family.window,
                          final_norm_bias=_expect(t, "final_norm_bias", f32, (H,), "target") if layer_norm else None,
-                         positions=learned, activation=record.activation)
+                         positions=cos if learned else None, activation=family.activation, family=family)
 
 
 def draft_weights(root: Path, record: NativeRecord, dims: ModelDims, target: NativeWeights,
                   pages: str = Pages.SHARED) -> DraftWeights:
     """The "q41-draft" weights of an int4-q41 draft of `target`."""
-    from specdec.blocks import BLOCK4P, BLOCK8
-
     t = _tensors(root, record, "draft", pages)
-    pairs, per = [], WEIGHT_LAYOUTS[target.layout].per
+    pairs, per, draft = [], WEIGHT_LAYOUTS[target.layout].per, WEIGHT_LAYOUTS[record.layout]
     for i, layer in enumerate(target.layers):
         shapes = [(layer.qkv_rows, layer.qkv.shape[1])] + [getattr(layer, name).shape for name in LINEARS[1:]]
         # [N, K / 32] blocks or [N, K] rows; a mixed layer's q/k/v whole, its v rows apart or not
-        pairs.append([_expect(t, f"layers.{i}.{name}_p", BLOCK4P, (n, (k * per // BLOCK + 1) // 2), "draft")
+        pairs.append([_expect(t, f"layers.{i}.{name}_p", draft.linear.dtype, (n, draft.linear.elements(k * per)),
+                              "draft")
                       for name, (n, k) in zip(LINEARS, shapes)])
     rows = t.get("head_rows")
     scored = len(rows) if rows is not None else dims.vocab_size
-    head = _expect(t, "head", BLOCK8, (scored, dims.hidden_size // BLOCK), "draft")
+    head = _expect(t, "head", draft.head.dtype, (scored, draft.head.elements(dims.hidden_size)), "draft")
     if rows is not None and (rows.dtype != np.int64 or rows.ndim != 1 or (rows.size and not (
             rows.min() >= 0 and rows.max() < dims.vocab_size and len(np.unique(rows)) == len(rows)))):
         raise BackendError("the draft's head_rows are not distinct token ids of its vocabulary", HINT)

@@ -156,27 +156,6 @@ class Backend:
         self.close()
 
 
-class SharedKvDraft:
-    """A backend whose draft runs on its target's KV (native, cuda): `self.target` is the draft's open target (None
-    for a target), `self.model` the open model (None when closed)."""
-
-    def takes_kv_from(self, source) -> bool:
-        """A draft sharing its target's KV: copying it is nothing to do."""
-        return self.target is not None and unwrapped(source) is self.target
-
-    def copy_kv(self, source, slot: int, start: int, stop: int) -> None:
-        if not self.takes_kv_from(source):
-            super().copy_kv(source, slot, start, stop)
-
-    def _reset(self, batch: int) -> None:
-        if self.model is None:
-            raise BackendError(f"the {self.entry.role} backend is closed", "open it again (specdec.load)")
-        if self.target is not None and self.target.batch < batch:
-            raise BackendError(f"the {self.name} draft shares its target's KV, which holds {self.target.batch} "
-                               f"slots, not {batch}", "reset the target with as many slots first")
-        self.model.reset(batch)
-
-
 def unwrapped(backend):
     """The backend inside its wrappers (Observed)."""
     while hasattr(backend, "backend"):

@@ -20,13 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.blocks import WEIGHT_LAYOUTS, Pages
+from specdec.weights_file import Pages
 from specdec.errors import BackendError, CapacityError
-from specdec.manifest import ModelEntry, Role
-from specdec.runtime.backend import Backend, SharedKvDraft, bounds, check_capacity, check_tokens
+from specdec.manifest import ModelEntry
+from specdec.native.core import FamilyFeature
+from specdec.native.weights import LINEARS
+from specdec.runtime.backend import Backend, bounds, check_capacity, check_tokens
 from specdec.runtime.config import BackendName, Device
-from specdec.runtime.forward import Capabilities, ForwardRequest, ForwardResult, Output
-from specdec.native.weights import LINEARS, check_file, drafts_natively
+from specdec.runtime.forward import Capabilities, ForwardRequest, Output
+from specdec.runtime.kernel_backend import KernelBackend
 
 MAX_HEAD_DIM = 256  # kernels.cu's attention holds D / 32 values a lane in 8 registers
 MEMORY_MARGIN = 256 << 20  # left free on the GPU for the CUDA context, cuBLAS and CuPy's pool
@@ -52,18 +54,19 @@ def device_index(device: str) -> int:
     return int(index or 0)
 
 
-class CudaBackend(SharedKvDraft, Backend):
+class CudaBackend(KernelBackend):
     name = BackendName.CUDA
     devices = (Device.CUDA,)
     exact_prefix_kv = False  # a prefill chunk's products run on cuBLAS, a verify pass's on kernels.cu
     capabilities = Capabilities(frozenset({Output.LOGITS, Output.FEATURES, Output.GREEDY_CHAIN}), feature_layers=None)
+    unsupported = frozenset(FamilyFeature)  # kernels.cu runs the LLaMA layout on q41, q80 and row weights
+    other_backends = "use backend='native' (on the CPU) or 'onnxruntime'"
 
     def __init__(self, root: Path, entry: ModelEntry, options: CudaOptions = CudaOptions(),
                  target: "CudaBackend | None" = None):
-        super().__init__(root, entry)
+        super().__init__(root, entry, target)
         self.options = options
-        self.target = target  # a draft's target: its kernels, norms, tables and KV
-        self.kernels = self.model = None
+        self.kernels = None  # a draft's are its target's
         self.defaults = None  # the manifest's γ_max and prefill chunk, read at open
         self.memory = {}  # bytes the engine holds, by part (weights, kv, workspace)
 
@@ -72,61 +75,33 @@ class CudaBackend(SharedKvDraft, Backend):
         return cls(root, entry, CudaOptions(device=device_index(device)))
 
     @classmethod
-    def check_files(cls, root: Path, entry: ModelEntry) -> None:
-        check_file(root, entry.native, entry.role)  # native.bin's size against its header's, before it is hashed
-
-    @classmethod
-    def runs_draft(cls, draft: ModelEntry, target: Backend) -> bool:
-        return isinstance(target, cls) and drafts_natively(draft, target.entry)
-
-    @classmethod
     def for_draft(cls, root: Path, draft: ModelEntry, threads: int | None, target: Backend) -> "CudaBackend":
         return cls(root, draft, target.options, target=target)
-
-    @classmethod
-    def files_read(cls, entry: ModelEntry) -> list:
-        return [entry.native.path] if entry.native is not None else []
 
     # ---- lifetime ----
     def open(self) -> "CudaBackend":
         from specdec.manifest import read_manifest
-        from specdec.native.weights import LINEARS, check_layout, draft_weights, target_weights
 
         self.defaults = read_manifest(self.root).defaults
-        role = Role.TARGET if self.target is None else Role.DRAFT
-        record = check_layout(self.entry.native, role, self.entry.native_note)
-        dims = self.entry.dims
-        if dims.head_dim > MAX_HEAD_DIM:
-            raise BackendError(f"the {role}'s head size is {dims.head_dim}; the cuda kernels take at most "
-                               f"{MAX_HEAD_DIM}", "use backend='native' or 'onnxruntime'")
-        if self.target is None:
-            weights = target_weights(self.root, record, dims, Pages.SHARED)  # mapped: uploaded, then dropped
-            if weights.positions is not None or not weights.gated or weights.final_norm_bias is not None:
-                raise BackendError("the cuda kernels do not run GPT-2's layout (LayerNorm, learned positions, GELU) yet",
-                                   "use backend='native' (on the CPU) or 'onnxruntime'")
-            if any(getattr(weights.layers[0], f"{name}_bias") is not None for name in LINEARS):
-                raise BackendError("the cuda kernels do not add biases to products (Qwen2's q/k/v, GPT-2's) yet",
-                                   "use backend='native' (on the CPU) or 'onnxruntime'")
-            if weights.window:
-                raise BackendError(f"the cuda kernels do not attend within a sliding window ({weights.window} keys) "
-                                   "yet", "use backend='native' (on the CPU) or 'onnxruntime'")
-            if weights.layers[0].q_norm is not None:
-                raise BackendError("the cuda kernels do not normalize q/k heads (Qwen3's) yet",
-                                   "use backend='native' (on the CPU) or 'onnxruntime'")
-            if WEIGHT_LAYOUTS[weights.layout].mixed:
-                raise BackendError("the cuda kernels do not read a K-quant GGUF's mixed blocks (layout 'mixed') yet",
-                                   "use backend='native' (on the CPU) or 'onnxruntime'")
-            self.kernels = self._kernels()
-            self.model = self._model(weights, None, None)
-        else:
-            if self.target.model is None or not drafts_natively(self.entry, self.target.entry):
-                raise BackendError("the cuda backend runs an int4-q41 draft of an open cuda target only",
-                                   "open the draft on onnxruntime (the pair planner chooses)")
-            self.kernels = self.target.kernels
-            target = self.target.model
-            draft = draft_weights(self.root, record, dims, target.weights, Pages.SHARED)
-            self.model = self._model(target.weights, draft, target)
-        return self
+        if self.entry.dims.head_dim > MAX_HEAD_DIM:
+            raise BackendError(f"the {self.entry.role}'s head size is {self.entry.dims.head_dim}; the cuda kernels take "
+                               f"at most {MAX_HEAD_DIM}", self.other_backends)
+        return super().open()
+
+    def _open_target(self, record):
+        from specdec.native.weights import target_weights
+
+        weights = target_weights(self.root, record, self.entry.dims, Pages.SHARED)  # mapped: uploaded, then dropped
+        self.check_family(weights)
+        self.kernels = self._kernels()
+        return self._model(weights, None, None)
+
+    def _open_draft(self, record, target_model):
+        from specdec.native.weights import draft_weights
+
+        self.kernels = self.target.kernels
+        draft = draft_weights(self.root, record, self.entry.dims, target_model.weights, Pages.SHARED)
+        return self._model(target_model.weights, draft, target_model)
 
     def _kernels(self):
         from specdec.cuda.device import CupyKernels
@@ -175,12 +150,8 @@ class CudaBackend(SharedKvDraft, Backend):
         return None  # KV lives on the device
 
 
-    def _run(self, request: ForwardRequest, slots: np.ndarray, layers: tuple) -> ForwardResult:
-        # input_ids: [B, T] -> logits [B, T or 1, V] (DeviceLogits), features [B, T, F, H] of `layers` (host)
-        check_tokens(request.input_ids, self.vocab_size)
+    def _check_call(self, request: ForwardRequest) -> None:
         self._check_positions(request.cache_len, request.input_ids.shape[1])
-        out = self.model.compute(request.input_ids, request.cache_len, slots, request.last_only, layers)  # checked
-        return ForwardResult(*out) if layers else ForwardResult(out)
 
     def propose_greedy(self, tokens: np.ndarray, cache_len: np.ndarray, slots: np.ndarray, steps: int) -> np.ndarray:
         """`steps` greedy draft tokens for each row, in one graph (each step's argmax feeds the next on the device):
@@ -207,11 +178,10 @@ class CudaBackend(SharedKvDraft, Backend):
         """The model's GraphCache (captures, replays, shapes)."""
         return self.model.graphs
 
-    def close(self) -> None:
+    def _release(self) -> None:
         if self.model is not None:
             self.model.close()
         if self.kernels is not None and self.target is None:
             self.kernels.close()
-        self.model = self.kernels = None
-        self.batch = 0
+        self.kernels = None
 

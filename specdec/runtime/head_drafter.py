@@ -61,7 +61,7 @@ def open_head(root: Path, manifest: Manifest, target, verify: bool) -> HeadModel
 
         native = backend.model.weights
         table = native.embedding if native.embedding is not None else native.head
-        products = BlockProducts(matrices, backend.model.kernels, backend.workers) if blocks_fit(matrices) \
+        products = BlockProducts(matrices, backend.model.kernels, backend.model.threads) if blocks_fit(matrices) \
             else FloatProducts(matrices)
     else:
         table, products = embedding_table(root, manifest.target), FloatProducts(matrices)
@@ -71,7 +71,7 @@ def open_head(root: Path, manifest: Manifest, target, verify: bool) -> HeadModel
 def embedding_table(root: Path, entry: ModelEntry) -> np.ndarray:
     """The target's token embedding from the bundle's native weights (memory-mapped): its `embedding` rows, or its
     head's where the weights are tied."""
-    from specdec.blocks import Pages, index_from, read_tensors
+    from specdec.weights_file import Pages, index_from, read_tensors
 
     record = entry.native
     if record is None:

@@ -161,7 +161,7 @@ class SpeculativeLoop:
         which no row verified drafts (a one-token pass)."""
         runs = {}  # per gate: (gate, [(proposed, accepted) of each of its rows])
         for row, row_record in zip(rows, record.rows):
-            if row_record is not None and row.gate is not None and row_record.source is DrafterName.MODEL:
+            if row_record is not None and row.gate is not None and row_record.source == DrafterName.MODEL:
                 runs.setdefault(id(row.gate), (row.gate, []))[1].append((row_record.proposed, row_record.accepted))
         for gate, pairs in runs.values():
             gate.observe(sum(p for p, _ in pairs), sum(a for _, a in pairs), record.verify_s, pairs)

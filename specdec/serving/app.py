@@ -16,7 +16,7 @@ from specdec.errors import CapacityError, ConfigError, ManifestError, SpecDecErr
 from specdec.runtime.config import GenerationConfig
 from specdec.serving.engine import Engine, EngineClosedError, EventKind, QueueFullError
 from specdec.serving.metrics import Metrics
-from specdec.serving.options import ServeOptions
+from specdec.serving.options import REPLICA_HEADER, ServeOptions
 from specdec.serving.prompts import INLINE_CHARS, PromptBudgetError, PromptPool, PromptWorkersBusy
 from specdec.serving.schemas import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
@@ -63,7 +63,7 @@ def build_app(options: ServeOptions, engine: Engine | None = None, replica: str 
         @app.middleware("http")
         async def _replica_header(request: Request, call_next):
             response = await call_next(request)
-            response.headers["x-specdec-replica"] = replica
+            response.headers[REPLICA_HEADER] = replica
             return response
     app.add_middleware(BodyLimit, limit=options.max_body_bytes)
     if options.loopback:

@@ -29,6 +29,7 @@ class Speculation(StrEnum):
 SPECULATION = tuple(mode.value for mode in Speculation)  # plain strings: argparse prints them
 API_KEY_ENV = "SPECDEC_API_KEY"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+REPLICA_HEADER = "x-specdec-replica"  # a response header naming the Ray Serve replica that answered (ray_app)
 MAX_ROWS = 1 << 12  # rows decoded together: far more than a CPU or GPU step gains from
 MAX_REPLICAS = 1 << 10  # Ray Serve replicas (and CPUs one asks for) on a cluster, whose cores we cannot count
 

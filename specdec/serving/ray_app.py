@@ -30,9 +30,9 @@ import sys
 import threading
 import time
 
-from specdec.errors import missing_dependency
-from specdec.serving.options import ServeOptions, check_replicas
-from specdec.serving.ray_local import (LOOPBACK, can_list, listeners, local_ray_env, refuse_exposed,
+from specdec.errors import ConfigError, missing_dependency
+from specdec.serving.options import REPLICA_HEADER, ServeOptions, check_replicas
+from specdec.serving.ray_local import (LOOPBACK, WILDCARD_HOSTS, can_list, listeners, local_ray_env, refuse_exposed,
                                       replica_grpc_on_loopback)
 
 logger = logging.getLogger(__name__)
@@ -123,6 +123,7 @@ def _run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, addr
         if not stop.is_set():
             serve.start(http_options={"host": options.host, "port": options.port})
             serve.run(application, name=APP_NAME, route_prefix="/")
+            _check_answering(options)
             checked = _check_loopback(ray, options) if own else ""
             print(f"specdec: {replicas} Ray Serve replicas on http://{options.host}:{options.port}/v1{checked}; "
                   "Ctrl-C or SIGTERM stops", file=sys.stderr)
@@ -133,6 +134,28 @@ def _run_ray(options: ServeOptions, replicas: int, cpus_per_replica: float, addr
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _check_answering(options: ServeOptions) -> None:
+    """ConfigError where the API's port answers without a replica's `x-specdec-replica` header: another process
+    (one of Ray's own agents picks a free port at random) held the port before Ray Serve's proxy could bind it."""
+    import urllib.error
+    import urllib.request
+
+    host = LOOPBACK if options.host in WILDCARD_HOSTS else options.host
+    url = f"http://{host}:{options.port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            headers = response.headers
+    except urllib.error.HTTPError as exc:  # a 503 from a replica still names it
+        headers = exc.headers
+    except OSError as exc:
+        raise ConfigError(f"the Ray Serve replicas are deployed but {url} does not answer ({exc})",
+                          hint="another process may hold the port: choose a free one with --port") from exc
+    if REPLICA_HEADER not in headers:
+        raise ConfigError(f"port {options.port} answers {url} without a specdec replica: another process holds it",
+                          hint="choose a free port with --port (one below the kernel's ephemeral range, "
+                               "/proc/sys/net/ipv4/ip_local_port_range, is never handed to Ray's own agents)")
 
 
 def _check_loopback(ray, options: ServeOptions) -> str:

@@ -30,7 +30,7 @@ TOKEN_ENV = "RAY_AUTH_TOKEN"
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 LOCAL_SETTINGS = {LOCAL_ONLY_ENV: "0", AUTH_MODE_ENV: "token"}  # read by Ray when it is imported
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
-WILDCARD_HOSTS = frozenset({"[::]", "0.0.0.0", ""})  # a gRPC address binding every interface
+WILDCARD_HOSTS = frozenset({"[::]", "::", "0.0.0.0", ""})  # an address binding every interface
 TCP_LISTEN = 0x0A  # the kernel's TCP_LISTEN in a table's `st` column
 
 

@@ -184,7 +184,7 @@ def test_refusals_say_what_and_how(q41_pair, monkeypatch):
         closed.reset(1)
     backend = _open(q41_pair)
     backend.reset(1)
-    with pytest.raises(BackendError, match="outside the vocabulary"):
+    with pytest.raises(BackendError, match="outside the weights' vocabulary"):
         backend.forward(np.array([[backend.vocab_size]]), np.array([0]))
     with pytest.raises(BackendError, match="not a GPU index"):
         CudaOptions(device=-1)

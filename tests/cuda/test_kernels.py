@@ -1,8 +1,9 @@
-"""kernels.cu and its numpy references: the source compiles under NVRTC (no GPU needed) and defines every kernel the
-launcher names; each reference computes its kernel's documented function (block layouts decoded as the native
-engine's are, causal GQA attention, the first of equal logits); a product's row never depends on the call's other
-rows; capture records without running and replays what it recorded. The GPU's numerics against these references
-are the device check's (benchmarks/cuda_check.py)."""
+"""kernels.cu and its numpy references: the source compiles under NVRTC (no GPU needed) with the weight kinds' header
+inlined, whose asserts it runs; it defines every kernel the launcher names, for every weight kind of the table but those
+specdec/cuda/layouts.py declares unserved; each reference computes its kernel's documented function (block layouts
+decoded as the native engine's are, causal GQA attention, the first of equal logits); a product's row never depends on
+the call's other rows; capture records without running and replays what it recorded. The GPU's numerics against these
+references are the device check's (benchmarks/cuda_check.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -15,8 +16,9 @@ import pytest
 
 from specdec.blocks import BLOCK8, float_rows, q8_blocks, q41_blocks, q41_pairs, rows_of
 from specdec.cuda import device
-from specdec.cuda.layouts import Layout, layout_of
+from specdec.cuda.layouts import SERVED, UNSERVED, layout_of
 from specdec.cuda.reference import ReferenceKernels, dense
+from specdec.weight_kinds import HEADER, WeightKind
 
 ARCHS = ("compute_80", "compute_90")  # A100, H100 / H200
 
@@ -50,14 +52,41 @@ def compile_ptx(source: bytes, arch: str) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_kernels_compile_without_warnings_and_define_what_the_launcher_names(arch):
-    status, log, ptx = compile_ptx(device.SOURCE.read_bytes(), arch)
+    status, log, ptx = compile_ptx(device.source().encode(), arch)
     assert status == 0 and not log.strip(), log
     entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
-    launched = re.findall(r'_launch\(\s*(f?)"(\w+?)(_\{w\.layout\.suffix\})?"', Path(device.__file__).read_text())
-    names = {name + (f"_{layout.suffix}" if per_layout else "") for _, name, per_layout in launched
-             for layout in Layout}
+    launched = re.findall(r'_launch\(\s*(f?)"(\w+?)(_\{w\.layout\.label\})?"', Path(device.__file__).read_text())
+    names = {name + (f"_{kind.label}" if per_kind else "") for _, name, per_kind in launched for kind in SERVED}
     assert {"embed", "rmsnorm", "rope_kv", "attention", "silu_mul", "argmax", "linear_bf16", "linear_norm_q41",
             "linear_silu_q41p", "dequant_f16"} <= names <= entries
+    per_kind = {entry.rpartition("_")[2] for entry in entries if entry.startswith(("linear_", "dequant_"))}
+    assert per_kind == {kind.label for kind in SERVED}  # every kind of the table served, or declared UNSERVED
+
+
+def test_every_weight_kind_is_served_or_declared_unserved():
+    assert set(SERVED) | set(UNSERVED) == set(WeightKind) and not set(SERVED) & set(UNSERVED)
+    assert all(why for why in UNSERVED.values())
+    for kind in UNSERVED:
+        with pytest.raises(TypeError, match=f"do not read {kind.label} weights"):
+            layout_of(np.zeros((2, 2), kind.dtype))
+
+
+def test_kernels_cu_holds_no_layout_of_its_own():
+    """Its structs and kind codes are the header's, inlined once: a struct or enum of a kind here could drift."""
+    text = device.SOURCE.read_text()
+    assert text.count(device.INCLUDE) == 1 and device.source().count("#define SPECDEC_WEIGHT_KINDS(X)") == 1
+    assert not re.search(r"\bstruct\s+blk|\benum\s*\{[^}]*Q4_1", text)
+    assert "SPECDEC_W_Q41" in text
+
+
+@pytest.mark.parametrize("edit", [("X(Q41,  0, blk4,  24,", "X(Q41,  0, blk4,  28,"),  # a size the struct is not
+                                  ("uint8_t qs[SPECDEC_BLOCK / 2]; } blk4;", "uint8_t qs[SPECDEC_BLOCK]; } blk4;")])
+def test_nvrtc_checks_the_table_as_gcc_does(edit):
+    """The header's asserts run where kernels.cu compiles: a struct that drifts from the table's bytes fails."""
+    source = device.source()
+    assert source.count(edit[0]) == 1 and HEADER.read_text().count(edit[0]) == 1
+    status, log, _ = compile_ptx(source.replace(*edit).encode(), ARCHS[0])
+    assert status != 0 and "the weight kind Q41 as the table gives it" in log
 
 
 def test_a_broken_kernel_is_caught():
@@ -78,7 +107,7 @@ def test_dense_decodes_every_layout():
     rng = np.random.default_rng(0)
     weight = _grid_weight(rng, 6, 96)
     blocks, error = q41_blocks(weight)
-    assert error < 1e-4 and layout_of(blocks) is Layout.Q4_1
+    assert error < 1e-4 and layout_of(blocks) is WeightKind.Q41
     np.testing.assert_allclose(dense(blocks), weight, rtol=0, atol=1e-6)
     pairs = q41_pairs(blocks)  # 3 blocks: the second pair is half empty
     half = blocks.copy()

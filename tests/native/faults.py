@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from specdec.blocks import DTYPES
+from specdec.weight_kinds import DTYPES
 from specdec.manifest import sha256_file
 
 OVERFLOW, GAIN = 60000.0, 9000.0  # within the bounds at open (scales ±65504, gains ±1e4); a model of them overflows

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specdec import GenerationConfig
-from specdec.blocks import ABI_VERSION
+from specdec.native.build import ABI_VERSION
 from specdec.errors import BackendError
 from specdec.native import build
 from specdec.runtime import load
@@ -59,7 +59,7 @@ def _counting_cc(folder: Path) -> Path:
     return cc
 
 
-@pytest.mark.parametrize("damage", ["garbage", "foreign", "other ABI", "group-writable"])
+@pytest.mark.parametrize("damage", ["garbage", "foreign", "other ABI", "other table", "group-writable"])
 def test_a_bad_cached_library_is_rebuilt(fresh_build, monkeypatch, damage):
     monkeypatch.setenv("CC", str(_counting_cc(fresh_build)))
     library = _cached()
@@ -70,14 +70,18 @@ def test_a_bad_cached_library_is_rebuilt(fresh_build, monkeypatch, damage):
         stub = fresh_build / "stub.c"
         stub.write_text(f"int specdec_abi_version(void) {{ return {ABI_VERSION}; }}\n")
         subprocess.run(["gcc", "-shared", "-fPIC", str(stub), "-o", str(library)], check=True)
-    elif damage == "other ABI":
+    elif damage in ("other ABI", "other table"):  # the same ABI built from another table of weight kinds: as foreign
         copies = fresh_build / "src"
         copies.mkdir()
         for path in build.SOURCES + build.HEADERS:
             shutil.copy(path, copies / path.name)
-        header = copies / "specdec_native.h"
-        header.write_text(header.read_text().replace(f"#define SPECDEC_ABI_VERSION {ABI_VERSION}",
-                                                      f"#define SPECDEC_ABI_VERSION {ABI_VERSION - 1}"))
+        other_abi = (copies / "specdec_native.h", f"#define SPECDEC_ABI_VERSION {ABI_VERSION}",
+                     f"#define SPECDEC_ABI_VERSION {ABI_VERSION - 1}")
+        other_table = (copies / "specdec_kinds.h", "SPECDEC_STEP | SPECDEC_PROMPT,  SPECDEC_EVERY_ISA",
+                       "SPECDEC_STEP,  SPECDEC_EVERY_ISA")  # kinds without their prompt kernel
+        header, old, new = other_abi if damage == "other ABI" else other_table
+        assert old in header.read_text()
+        header.write_text(header.read_text().replace(old, new))
         subprocess.run(["gcc", *build.FLAGS, *(str(copies / p.name) for p in build.SOURCES), "-o", str(library),
                         "-lm"], check=True)
     else:
@@ -85,7 +89,7 @@ def test_a_bad_cached_library_is_rebuilt(fresh_build, monkeypatch, damage):
         library.chmod(0o775)
     before = (fresh_build / "runs").read_text().count("run") if (fresh_build / "runs").exists() else 0
     lib = build.load_kernels()
-    assert lib.specdec_abi_version() == ABI_VERSION and lib.specdec_layout_size(0) == 24
+    assert lib.specdec_abi_version() == ABI_VERSION and lib.specdec_layout_size(0) == 72  # blkq
     assert (fresh_build / "runs").read_text().count("run") == before + 1  # rebuilt once
     build.load_kernels.cache_clear()
     build.load_kernels()  # and the rebuilt library is used from now on

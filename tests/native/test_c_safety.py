@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import ctypes
 import json
-import re
 import shutil
 
 import numpy as np
 import pytest
 
-from specdec.blocks import ABI_VERSION, BLOCK4, BLOCK5, BLOCK6, FORMAT_VERSION, Q5_ORDER, SIZES
+from specdec.blocks import BLOCK4, BLOCK5, BLOCK6
+from specdec.native.build import ABI_VERSION
+from specdec.weight_kinds import ISA_BITS, Q5_ORDER, WeightKind
+from specdec.weights_file import FORMAT_VERSION
 from specdec.errors import BackendError, SpecDecError
 from specdec.manifest import read_manifest
 from specdec.native import build
@@ -36,15 +38,12 @@ def test_the_library_reports_the_header_and_the_python_layouts():
     assert f"#define SPECDEC_ABI_VERSION {ABI_VERSION}\n" in header
     assert f"#define SPECDEC_FORMAT_VERSION {FORMAT_VERSION}\n" in header
     assert lib.specdec_abi_version() == ABI_VERSION
-    assert [lib.specdec_layout_size(i) for i in range(3)] == [SIZES["blk4"], SIZES["blk8"], SIZES["blk4p"]]
-    assert [BLOCK4.itemsize, lib.specdec_layout_size(5), lib.specdec_layout_size(6)] == \
-        [24, ctypes.sizeof(ModelStruct), SIZES["blk6"]]
-    assert [BLOCK6.itemsize, BLOCK5.itemsize, lib.specdec_layout_size(7), lib.specdec_layout_size(8),
-            lib.specdec_layout_size(9), lib.specdec_layout_size(-1)] == \
-        [SIZES["blk6"], SIZES["blk5"], SIZES["blk5"], ctypes.sizeof(FeaturesStruct), -1, -1]
-    order = re.search(r"#define SPECDEC_Q5_ORDER \{([^}]*)\}", header).group(1)  # blk5's slots, as blocks.py packs them
-    assert [int(v) for v in order.replace("\\", " ").split(",")] == Q5_ORDER.tolist()
-    assert sorted(Q5_ORDER.tolist()) == list(range(32))
+    assert [lib.specdec_layout_size(i) for i in range(-1, 5)] == \
+        [-1, 72, 144, ctypes.sizeof(ModelStruct), ctypes.sizeof(FeaturesStruct), -1]  # blkq, blkqp, model_t, features_t
+    found, build_isa = build.library_kinds(lib)
+    assert found == [kind.traits() for kind in WeightKind] and build_isa == ISA_BITS[build.isa()]
+    assert [BLOCK4.itemsize, BLOCK6.itemsize, BLOCK5.itemsize] == [24, 40, 28]
+    assert sorted(Q5_ORDER.tolist()) == list(range(32))  # blk5's slots (specdec_kinds.h), as blocks.py packs them
 
 
 @pytest.mark.parametrize("ids,start,last_only,match", [

@@ -95,7 +95,9 @@ def test_gpt2_layernorms_positions_and_biases_are_native_weights(gpt2_bundles):
     GroupQueryAttention without rotary and FastGelu; native export reads all of it."""
     bundle, q41 = gpt2_bundles
     native = read_manifest(bundle).target.native
-    assert native is not None and native.layout == "f32" and native.activation == "gelu-tanh"
+    assert native is not None and native.layout == "f32" and native.family.activation == "gelu-tanh"
+    assert (native.family.norm, native.family.positions, native.family.biases) == \
+        ("layer", "learned", ["qkv", "o", "gate_up", "down"])
     assert native.tensors["positions"]["shape"] == [512, 64] and "cos" not in native.tensors
     for name, size in (("qkv_bias", 3 * 64), ("o_bias", 64), ("gate_up_bias", 256), ("down_bias", 64),
                        ("input_norm_bias", 64), ("post_norm_bias", 64)):
@@ -110,7 +112,7 @@ def test_gpt2_layernorms_positions_and_biases_are_native_weights(gpt2_bundles):
 def test_gpt2_with_exact_gelu_runs_natively(tmp_path):
     """activation_function "gelu" (the erf form): onnxruntime's Gelu in the graph, the same function natively."""
     bundle = _gqa_export(tmp_path / "b", _gpt2(tmp_path / "hf", "gelu"), no_draft=True)
-    assert read_manifest(bundle).target.native.activation == "gelu"
+    assert read_manifest(bundle).target.native.family.activation == "gelu"
     assert_logits_match_onnxruntime(bundle)
     with load(bundle) as gen:
         assert gen.backend == "native"
@@ -141,7 +143,7 @@ def test_the_cuda_backend_refuses_qwen3_and_auto_stays_native(qwen3_bundles):
     from specdec.runtime.cuda_backend import CudaBackend, CudaOptions
 
     bundle, _ = qwen3_bundles
-    with pytest.raises(BackendError, match="normalize q/k heads"):
+    with pytest.raises(BackendError, match="q/k heads normalized"):
         CudaBackend(bundle, read_manifest(bundle).target, CudaOptions(kernels=ReferenceKernels)).open()
     with load(bundle) as gen:
         assert gen.backend == "native"
@@ -167,7 +169,8 @@ def test_a_family_the_engine_does_not_run_says_why(tmp_path, family):
         _gpt2(tmp_path / "hf", "relu")
     bundle = _gqa_export(tmp_path / "b", model, no_draft=True)
     note = read_manifest(bundle).target.native_note
-    assert note.startswith(f"{family}, gqa lowering: ") and "native engine does not run" in note, note
+    why = {"qwen3": "rotates whole heads of a multiple of 16", "gpt2": "MLP is neither SiLU(gate)·up"}[family]
+    assert note.startswith(f"{family}, gqa lowering: ") and why in note, note
     with load(bundle) as gen:
         assert gen.backend == "onnxruntime" and note in gen.backend_note
 
@@ -204,7 +207,7 @@ def test_a_window_shorter_than_s_runs_natively(tmp_path):
     model = _mistral_with_window(tmp_path / "hf", 24)
     bundle = _gqa_export(tmp_path / "b", model, no_draft=True)
     native = read_manifest(bundle).target.native
-    assert native is not None and native.window == 24
+    assert native is not None and native.family.window == 24
     assert_logits_match_onnxruntime(bundle)
     plain = export_bundle(ExportConfig(out=tmp_path / "plain", target=str(model), max_seq_len=256, max_batch=4,
                                        max_prefill_chunk=16, progress=False, lowering="plain", no_draft=True))

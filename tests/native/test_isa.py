@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec.blocks import BLOCK5, BLOCK6, mixed_blocks, q41_blocks, q41_pairs, q8_blocks, rows_of
+from specdec.blocks import encode
 from specdec.errors import BackendError
 from specdec.native import build
-from tests.native.test_mixed import _q6_like
+from specdec.weight_kinds import WeightKind
 
 ROOT = Path(__file__).resolve().parents[2]
 AVX512 = "flags\t\t: fpu avx2 fma f16c " + " ".join(build.AVX512_CPU)
@@ -74,7 +74,8 @@ def test_each_set_builds_its_own_library(monkeypatch):
 
 
 def products(bundle: str, out: str) -> None:
-    """Every layout's products by every kernel at 1..13 rows, into `out` (npz); run under each SPECDEC_NATIVE_ISA."""
+    """Every weight kind's products by every kernel the table gives it, at 1..13 rows, into `out` (npz); run under
+    each SPECDEC_NATIVE_ISA."""
     from specdec.manifest import read_manifest
     from specdec.runtime.native_backend import NativeBackend
 
@@ -83,16 +84,7 @@ def products(bundle: str, out: str) -> None:
     results = {}
     for n, k in ((37, 96), (50, 576), (7, 32)):  # odd block counts (pairs padded), a column count no tile divides
         weight = rng.normal(0, 0.1, (n, k)).astype(np.float32)
-        q4, _ = q41_blocks(weight)
-        q8, _ = q8_blocks(weight)
-        q5 = mixed_blocks("q5", rng.integers(0, 32, (n, k)).astype(np.float32) * np.float32(0.01) - np.float32(0.1))
-        q6 = mixed_blocks("q6", _q6_like(rng, n, k))
-        assert q5.dtype == BLOCK5 and q6.dtype == BLOCK6
-        layouts = {"q4": (q4, ("step", "prompt")), "q8": (q8, ("step", "prompt", "int8")),
-                   "q5": (q5, ("step", "prompt")), "q6": (q6, ("step", "prompt")),
-                   "q4p": (q41_pairs(q4), ("int8",)), "f32": (weight, ("step", "prompt")),
-                   "f16": (weight.astype(np.float16), ("step", "prompt")),
-                   "bf16": (rows_of(weight, "bf16"), ("step", "prompt"))}
+        layouts = {kind.label: (encode(kind, weight), sorted(kind.kernels)) for kind in WeightKind}
         for rows in (1, 2, 5, 6, 7, 8, 9, 13):
             x = rng.normal(0, 2, (rows, k)).astype(np.float32)
             for name, (blocks, kernels) in layouts.items():

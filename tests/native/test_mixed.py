@@ -12,8 +12,8 @@ import shutil
 import numpy as np
 import pytest
 
-from specdec.blocks import (BLOCK4, BLOCK5, BLOCK6, BLOCK8, FORMAT_VERSION, MAGIC, GridError, TensorEntry, check_format,
-                            float_gcd, float_rows, mixed_blocks, read_tensors)
+from specdec.blocks import BLOCK4, BLOCK5, BLOCK6, BLOCK8, GridError, float_gcd, float_rows, mixed_blocks
+from specdec.weights_file import FORMAT_VERSION, MAGIC, TensorEntry, check_format, read_tensors
 from specdec.cuda.reference import ReferenceKernels
 from specdec.errors import BackendError
 from specdec.manifest import read_manifest

@@ -71,24 +71,37 @@ def test_greedy_identical_to_onnxruntime_target_only(grid_bundle, drafter, gamma
     assert got.token_ids == reference and len(reference) > 8
 
 
-def test_weights_read_from_external_data(grid_bundle, tmp_path):
-    """A graph whose every initializer lies in its external data file (as large bundles' do) gives the same native
-    tensors: each is read from the file when it is converted, again where two nodes share it."""
-    import onnx
+def test_the_family_record_says_what_the_weights_hold(grid_bundle, tmp_path):
+    """Export writes the family's facts from its Architecture; the engine checks the weights file against them, and
+    a bundle written before the record (its facts in the record's older fields) still opens and decodes the same."""
+    import json
+    import shutil
 
-    from specdec.export.native_pack import native_tensors
+    from specdec.manifest import FamilyRecord
 
-    manifest = read_manifest(grid_bundle)
-    inline = grid_bundle / manifest.target.onnx_path
-    moved = tmp_path / "model.onnx"
-    onnx.save_model(onnx.load(str(inline)), str(moved), save_as_external_data=True, location="model.onnx.data",
-                    size_threshold=0)
-    assert not any(init.raw_data for init in onnx.load(str(moved), load_external_data=False).graph.initializer)
-    (layout, want, *scalars), (same, got, *again) = (native_tensors(path, manifest.target.dims)
-                                                      for path in (inline, moved))
-    assert layout == same == "q41" and scalars == again and sorted(want) == sorted(got)
-    for name in want:
-        assert np.array_equal(got[name], want[name]), name
+    family = read_manifest(grid_bundle).target.native.family
+    assert family == FamilyRecord(norm="rms", positions="rotary", activation="silu-gated", biases=[], qk_norm=False,
+                                  window=0, epsilon=family.epsilon, scale=0.25)  # head size 16
+    config = GenerationConfig(max_new_tokens=12, drafter="none")
+    with load(grid_bundle) as gen:
+        want = gen.generate([5, 9, 14], config).token_ids
+    for edit, match in ((lambda f: {**f, "qk_norm": True}, "disagree on q/k norms"),
+                        (lambda f: {**f, "biases": ["qkv"]}, "disagree on qkv biases"),
+                        (lambda f: {**f, "norm": "group"}, "names what this engine does not run"),
+                        (lambda f: None, None)):  # no record: the facts of its older fields
+        bundle = shutil.copytree(grid_bundle, tmp_path / f"edited{len(list(tmp_path.iterdir()))}")
+        data = json.loads((bundle / "manifest.json").read_text())
+        native = data["models"]["target"]["native"]
+        native["family"] = edit(native["family"])
+        if native["family"] is None:
+            native.update(epsilon=family.epsilon, scale=family.scale, window=0, activation="silu-gated")
+        (bundle / "manifest.json").write_text(json.dumps(data))
+        if match is None:
+            with load(bundle, verify=False) as gen:
+                assert gen.backend == "native" and gen.generate([5, 9, 14], config).token_ids == want
+            continue
+        with pytest.raises(BackendError, match=match):
+            NativeBackend(bundle, read_manifest(bundle).target).open()
 
 
 def test_weights_off_the_grids_run_as_fp32_rows(off_grid_bundle):
@@ -108,14 +121,11 @@ def test_weights_off_the_grids_run_as_fp32_rows(off_grid_bundle):
         _rows({"layers.0.qkv": weight}, np.ones((4, 32), np.float32), np.ones((4, 32), np.float32))
 
 
-def test_graph_outside_the_layout_gets_no_native_weights(gqa_int4_bundle, int4_bundle):
-    from specdec.export.native_pack import NativeSkipped, native_tensors
-
-    manifest = read_manifest(gqa_int4_bundle)  # head size 8: rotary as Cos, Sin, ... outside the attention op
-    with pytest.raises(NativeSkipped, match="Cos.*which the native engine does not run"):
-        native_tensors(gqa_int4_bundle / manifest.target.onnx_path, manifest.target.dims)
+def test_a_model_outside_the_layout_gets_no_native_weights(gqa_int4_bundle, int4_bundle):
+    manifest = read_manifest(gqa_int4_bundle)  # head size 8: rotary outside the attention op
+    assert manifest.target.native is None and "rotates whole heads of a multiple of 16" in manifest.target.native_note
     plain = read_manifest(int4_bundle).target
-    assert manifest.target.native is None and plain.native is None
+    assert plain.native is None and "runs gqa exports" in plain.native_note
     with pytest.raises(BackendError, match="carries no native weights"):
         NativeBackend(int4_bundle, plain).open()
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from specdec.blocks import FORMAT_VERSION
+from specdec.weights_file import FORMAT_VERSION
 from specdec.native import build
 from tests.bench.test_entry_points import BENCH, read_record, run_script
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from specdec import GenerationConfig
-from specdec.blocks import BF16, BLOCK4, nonfinite
+from specdec.blocks import BF16, BLOCK4
+from specdec.weights_file import nonfinite
 from specdec.errors import BackendError, ManifestError, NumericError
 from specdec.manifest import sha256_file
 from specdec.native import build

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.blocks import TensorEntry, read_tensors
+from specdec.weights_file import TensorEntry, read_tensors
 from specdec.errors import BackendError
 from specdec.manifest import read_manifest
 from specdec.native import build

@@ -113,7 +113,8 @@ def test_generate_chat_under_a_4_gb_address_space_is_a_message(greedy_bundle):
     """The report's case: `ulimit -v 4000000; specdec generate --chat` with a growing template ended in a raw
     MemoryError traceback. The worker's data limit (1024 MB by default) is reached first, in the worker."""
     command = [sys.executable, "-m", "specdec.cli", "generate", str(greedy_bundle), "--prompt", "grow", "--chat",
-               "--backend", "onnxruntime"]
+               "--backend", "onnxruntime", "--prompt-timeout", "240"]  # time enough that memory is what stops it,
+    # on a loaded machine too
     done = subprocess.run(command, capture_output=True, text=True, timeout=300,
                           preexec_fn=_address_space(4_000_000 << 10))
     assert done.returncode == 1, done.stderr

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 
 import pytest
 
@@ -25,6 +25,7 @@ import httpx  # noqa: E402
 from specdec.errors import ConfigError  # noqa: E402
 from specdec.serving.options import API_KEY_ENV, ServeOptions  # noqa: E402
 from specdec.serving.server import BackgroundServer  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
 
 SLOW_ROUNDS = (  # a subprocess `specdec serve` whose engine pauses before each round (a tiny model is too fast)
     "import sys, time\n"
@@ -38,17 +39,12 @@ SLOW_ROUNDS = (  # a subprocess `specdec serve` whose engine pauses before each 
 PARTIAL = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
 
 
-def _free_port() -> int:
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @contextmanager
 def _serve_process(bundle, args=(), code="", open_files=None):
     """`specdec serve` in a subprocess (the CLI's own signal handling), with an optional open-file limit; yields
     (process, url) once /health answers."""
-    port = _free_port()
+    port = free_port()
     argv = ["serve", str(bundle), "--port", str(port), *args]
     script = code + f"from specdec.cli import main\nsys.exit(main({argv!r}))\n"
 

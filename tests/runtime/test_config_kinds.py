@@ -23,7 +23,7 @@ def test_the_strings_users_pass_become_members():
 
 
 @pytest.mark.parametrize("option, value, hint", [
-    ("drafter", "Auto", "choose one of auto, model, prompt_lookup, none"),
+    ("drafter", "Auto", "choose one of auto, model, prompt_lookup, none, head"),
     ("gamma_policy", "greedy", "choose one of fixed, adaptive, heuristic"),
     ("coupling", 1, "choose one of leviathan, gumbel"),
 ])

@@ -3,15 +3,19 @@ sockets of this process read back from /proc, and synthetic listeners off loopba
 address and a hint. The instance itself is checked in test_serve_ray_loopback.py."""
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import socket
 import sys
+import threading
 
 import pytest
 
-from specdec.errors import ExposureError
+from specdec.errors import ConfigError, ExposureError
 from specdec.serving import ray_local
+from specdec.serving.options import ServeOptions
+from specdec.serving.ray_app import _check_answering
 from specdec.serving.ray_local import Listener, is_loopback, listeners, local_ray_env, refuse_exposed
 
 needs_proc = pytest.mark.skipif(not ray_local.can_list(), reason="reads sockets from /proc/net/tcp (Linux)")
@@ -152,3 +156,43 @@ def test_ray_imported_under_the_local_settings_is_let_through(monkeypatch):
         monkeypatch.setenv(name, value)
     with local_ray_env():
         assert os.environ[ray_local.LOCAL_ONLY_ENV] == "0"
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    replica: str | None = None
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(200)
+        if self.replica is not None:
+            self.send_header("x-specdec-replica", self.replica)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("replica", [None, "r0"], ids=["another-process", "a-replica"])
+def test_the_api_port_must_answer_from_a_replica(replica):
+    """serve --ray refuses a port another process answers on (one of Ray's agents took it once, before the
+    proxy), and passes one a replica answers on."""
+    handler = type("Answer", (_Answer,), {"replica": replica})
+    with http.server.HTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        options = ServeOptions(bundle="b", port=server.server_address[1])
+        try:
+            if replica is None:
+                with pytest.raises(ConfigError, match=f"port {options.port} answers .* without a specdec replica"
+                                   r"(.|\n)*Hint: choose a free port"):
+                    _check_answering(options)
+            else:
+                _check_answering(options)
+        finally:
+            server.shutdown()
+
+
+def test_a_port_nothing_answers_on_is_refused():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(ConfigError, match="does not answer"):
+        _check_answering(ServeOptions(bundle="b", port=port))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,20 +16,16 @@ serve = pytest.importorskip("ray.serve")
 
 from specdec.serving.options import ServeOptions  # noqa: E402
 from specdec.serving.ray_app import APP_NAME, build_app  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
 
 BODY = {"model": "gqa", "prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0}
 TIMEOUT_S = 60.0  # a request still unanswered after this counts as hung
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def service(gqa_int4_bundle, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="specdec-test", _node_ip_address="127.0.0.1",
              _temp_dir=str(tmp_path_factory.mktemp("ray")))
     try:

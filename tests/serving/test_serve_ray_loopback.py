@@ -8,7 +8,6 @@ import ipaddress
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ import time
 
 import httpx
 import pytest
+from tests.conftest import free_port  # noqa: E402
 
 pytest.importorskip("ray", reason="the [ray] extra is not installed: pip install -e '.[ray]'")
 psutil = pytest.importorskip("psutil")
@@ -23,11 +23,6 @@ psutil = pytest.importorskip("psutil")
 DRAIN_S = 2
 READY = "Ray's control plane on loopback"
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _loopback(address: str) -> bool:
@@ -71,7 +66,7 @@ def _status_without_token(gcs_port: int, home: str) -> str:
 
 
 def test_every_listener_of_the_local_ray_instance_is_on_loopback(gqa_int4_bundle, tmp_path):
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "specdec.cli", "serve", str(gqa_int4_bundle), "--ray", "--replicas", "1",
                "--port", str(port), "--drain-timeout", str(DRAIN_S), "--max-batch", "2"]
     ray_dir = tempfile.mkdtemp(prefix="sl", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes

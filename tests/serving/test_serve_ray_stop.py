@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,15 +17,11 @@ import pytest
 pytest.importorskip("ray", reason="the [ray] extra is not installed: pip install -e '.[ray]'")
 
 from specdec.serving.ray_app import STOP_MARGIN_S, _descendants  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads processes from /proc")
 DRAIN_S = 2
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _running(pid: int) -> bool:
@@ -39,7 +34,7 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_serve_ray_stops_and_leaves_no_ray_process(gqa_int4_bundle, tmp_path, sig):
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "specdec.cli", "serve", str(gqa_int4_bundle), "--ray", "--replicas", "1",
                "--port", str(port), "--drain-timeout", str(DRAIN_S), "--max-batch", "2"]
     ray_dir = tempfile.mkdtemp(prefix="sr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes

@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from specdec.runtime.forward import Capabilities, ForwardResult, Observed, Outpu
 from specdec.runtime.state import Round, RowRound
 from specdec.serving.goodput import Costs, GoodputGamma
 from specdec.serving.options import API_KEY_ENV, ServeOptions
+from tests.conftest import free_port  # noqa: E402
 
 GAMMA_MAX = 6
 
@@ -220,15 +220,10 @@ def test_serve_options_are_checked():
         del os.environ[API_KEY_ENV]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def test_specdec_serve_binds_loopback_and_answers(gqa_int4_bundle):
     pytest.importorskip("uvicorn", reason="the [serve] extra is not installed")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, API_KEY_ENV: "cli-key"}
     command = [sys.executable, "-m", "specdec.cli", "serve", str(gqa_int4_bundle), "--port", str(port), "--max-batch", "2"]
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
