@@ -205,6 +205,9 @@ class Activations(StrEnum):
 
 
 ACTIVATIONS = tuple(mode.value for mode in Activations)
+ACTIVATIONS_HELP = ("the native target's activations: fp32, or int8 (each row's rounded per block of 32 before every "
+                    "product with blk4, blk8 or blk6 weights: integer dot products, faster prompts; docs/backends.md); "
+                    "default: the bundle's defaults.activations, fp32 where it has none; int8 needs the native backend")
 
 
 class NormKind(StrEnum):

@@ -142,3 +142,19 @@ def test_load_chooses_the_mode_and_refuses_what_cannot_run_it(q41_bundle, off_gr
         assert gen.activations is Activations.FP32
     with load(copy, backend="onnxruntime") as gen:  # the bundle's default, where int8 cannot run: fp32
         assert gen.activations is Activations.FP32
+
+
+def test_the_commands_take_activations(q41_bundle, capsys):
+    from specdec.cli.main import main
+    from specdec.serving.options import ServeOptions
+
+    assert main(["generate", str(q41_bundle), "--prompt", "The quick", "--max-new-tokens", "4", "--backend", "native",
+                 "--activations", "int8"]) == 0
+    assert ", int8]" in capsys.readouterr().err
+    assert main(["generate", str(q41_bundle), "--prompt", "The quick", "--backend", "onnxruntime", "--activations", "int8"]) == 1
+    assert "runs on the native backend" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's choices
+        main(["generate", str(q41_bundle), "--prompt", "The quick", "--activations", "int4"])
+    assert ServeOptions(bundle=str(q41_bundle), activations="int8").activations is Activations.INT8
+    with pytest.raises(ConfigError, match="not one of fp32, int8"):
+        ServeOptions(bundle=str(q41_bundle), activations="int4")
