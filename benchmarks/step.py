@@ -8,6 +8,7 @@
     python benchmarks/step.py bundles/smollm2-q41 --by-op --backends onnxruntime  # where a step spends its time
     python benchmarks/step.py bundles/smollm2-bf16-q41 --backends native --pages private,shared  # huge pages or not
     python benchmarks/step.py bundles/smollm2-q41 --backends native --isa avx2,avx512          # the kernels' ISA
+    python benchmarks/step.py bundles/smollm2-q41 --backends native --activations fp32,int8    # int8 activations
 
 Models are opened through specdec.load, so a call runs the backend, threads and session options a user gets. Every
 (model, case) takes its turn in each round, the order rotated per round, after a warm-up call of every shape.
@@ -25,7 +26,8 @@ minimum over the calls, for T = 1 and the widest verify case. The profiler makes
 
 --pages opens the native backend once per way of holding its weights (SPECDEC_NATIVE_PAGES: private copies on huge
 pages, or the bundle's file mapped shared), each a model of its own in the same rounds; --isa once per instruction set
-of its kernels (SPECDEC_NATIVE_ISA: avx2, avx512), the same way.
+of its kernels (SPECDEC_NATIVE_ISA: avx2, avx512), the same way; --activations once per mode of its target's
+activations (load(activations=...): fp32, int8).
 
 Writes step.md (the tables), steps.csv and record.json. A benchmark, not a test: it asserts nothing.
 """
@@ -41,6 +43,7 @@ from pathlib import Path
 import numpy as np
 from harness import opening, record, tables, timer
 
+from specdec.native_record import ACTIVATIONS
 from specdec.weights_file import PAGES
 from specdec.native.build import ISAS
 
@@ -74,28 +77,31 @@ def call(backend, case: tuple, gamma_max: int):
     return lambda: backend.forward(ids, cache_len, last_only=last_only)
 
 
-def _opened(stack: contextlib.ExitStack, bundle, backend: str, threads, pages: str | None, isa: str | None):
-    """A generator of `bundle`, its native weights held as `pages` says and its kernels built for `isa` (None: as
-    this process would); each instruction set loads a library of its own, so both run in one process."""
+def _opened(stack: contextlib.ExitStack, bundle, backend: str, threads, pages: str | None, isa: str | None,
+            activations: str | None = None):
+    """A generator of `bundle`, its native weights held as `pages` says, its kernels built for `isa` (None: as
+    this process would) and its target's activations `activations` (None: the bundle's default); each instruction set
+    loads a library of its own, so both run in one process."""
     with opening.native_env(pages=pages, isa=isa):
-        return stack.enter_context(opening.open_bundle(bundle, backend, threads))
+        return stack.enter_context(opening.open_bundle(bundle, backend, threads, activations=activations))
 
 
 def open_all(stack: contextlib.ExitStack, bundles: list, backends: list, roles: list, threads,
-             pages: list = (None,), isas: list = (None,)) -> tuple:
+             pages: list = (None,), isas: list = (None,), activations: list = (None,)) -> tuple:
     """({model label: backend}, {system label: settings}, {model label: its bundle}) over bundles × backends × roles
-    (× pages × instruction sets, native only)."""
+    (× pages × instruction sets × activations, native only)."""
     models, settings, sources = {}, {}, {}
     names = [Path(b).name for b in bundles]
-    variants = [(p, i) for p in pages for i in isas]
+    variants = [(p, i, a) for p in pages for i in isas for a in activations]
     for bundle, name in zip(bundles, names):
         name = name if names.count(name) == 1 else str(bundle)
-        for backend, (held, isa) in ((b, v) for b in backends for v in (variants if b == "native" else [(None, None)])):
-            generator = _opened(stack, bundle, backend, threads, held, isa)
-            label = ", ".join([f"{held} pages"] * bool(held) + [isa] * bool(isa))
+        for backend, (held, isa, mode) in ((b, v) for b in backends
+                                           for v in (variants if b == "native" else [(None, None, None)])):
+            generator = _opened(stack, bundle, backend, threads, held, isa, mode)
+            label = ", ".join([f"{held} pages"] * bool(held) + [isa] * bool(isa) + [str(mode)] * bool(mode))
             system = f"{name} ({generator.backend}{f', {label}' if label else ''})"
             settings[system] = (opening.describe(generator) | {"threads": threads} | ({"pages": held} if held else {})
-                                | ({"native_isa": isa} if isa else {}))
+                                | ({"native_isa": isa} if isa else {}) | {"activations": str(generator.activations)})
             for role, model in opening.models(generator).items():  # the target first: a draft may share its KV
                 model.reset(1)
                 if role in roles:
@@ -392,6 +398,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "default: as SPECDEC_NATIVE_PAGES says, private unless set)")
     parser.add_argument("--isa", default=None, help="native only: avx2,avx512 (the kernels' instruction sets, each "
                         "a library of its own; default: as SPECDEC_NATIVE_ISA says, the widest the CPU has unless set)")
+    parser.add_argument("--activations", default=None, help="native only: fp32,int8 (the target's activations, each "
+                        "mode a model of its own in the same rounds; default: the bundle's)")
     parser.add_argument("--by-op-cache-len", type=int, default=200)
     parser.add_argument("--top", type=int, default=12, help="op types shown by --by-op")
     opening.add_common(parser, backend=False)
@@ -412,8 +420,11 @@ def main(argv=None) -> int:
     isas = [i.strip() for i in args.isa.split(",") if i.strip()] if args.isa else [None]
     if any(i not in ISAS for i in isas if i is not None):
         raise SystemExit(f"unknown instruction set in {args.isa!r}; choose from {', '.join(ISAS)}")
+    modes = [a.strip() for a in args.activations.split(",") if a.strip()] if args.activations else [None]
+    if any(m not in ACTIVATIONS for m in modes if m is not None):
+        raise SystemExit(f"unknown activations in {args.activations!r}; choose from {', '.join(ACTIVATIONS)}")
     with contextlib.ExitStack() as stack:
-        models, settings, sources = open_all(stack, args.bundles, backends, roles, args.threads, pages, isas)
+        models, settings, sources = open_all(stack, args.bundles, backends, roles, args.threads, pages, isas, modes)
         if not models:
             raise SystemExit(f"no model with a role in {roles!r} in {args.bundles}")
         run = record.run_record(EXPERIMENT, settings, args.threads, __file__, argv,

@@ -18,7 +18,7 @@ from typing import Any
 
 from specdec.errors import ManifestError
 from specdec.files import open_regular, read_regular
-from specdec.native_record import FamilyRecord, NativeRecord
+from specdec.native_record import ACTIVATIONS, Activations, FamilyRecord, NativeRecord
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -248,6 +248,7 @@ class Defaults:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    activations: str = Activations.FP32  # the native target's (an Activations); a bundle written before it runs fp32
 
 
 @dataclass(frozen=True)
@@ -471,6 +472,10 @@ def _check_defaults(defaults: Defaults) -> None:
     if problem is not None:
         raise ManifestError(f"manifest defaults: {problem[0]}", f"{problem[1]} (edit defaults in manifest.json, or "
                             "re-export the bundle)")
+    if defaults.activations not in ACTIVATIONS:
+        raise ManifestError(f"manifest defaults.activations is {defaults.activations!r}, not one of "
+                            f"{', '.join(ACTIVATIONS)}", "set it to fp32 or int8 in manifest.json, or re-export the "
+                            "bundle")
 
 
 def check_vocab_agreement(manifest: Manifest) -> None:

@@ -15,6 +15,20 @@ class Activation(StrEnum):
     GELU = "gelu"
 
 
+class Activations(StrEnum):
+    """What a native target's activations are in its products with blocked weights (load(activations=...), the
+    bundle's Defaults.activations); not Activation, the MLP's nonlinearity."""
+
+    FP32 = "fp32"  # fp32: the target's graph's function, in another summation order
+    INT8 = "int8"  # each row's rounded per block of 32 to int8 (a Q8 block): integer dot products (docs/backends.md)
+
+
+ACTIVATIONS = tuple(mode.value for mode in Activations)
+ACTIVATIONS_HELP = ("the native target's activations: fp32, or int8 (each row's rounded per block of 32 before every "
+                    "product with blk4, blk8 or blk6 weights: integer dot products, faster prompts; docs/backends.md); "
+                    "default: the bundle's defaults.activations, fp32 where it has none; int8 needs the native backend")
+
+
 class NormKind(StrEnum):
     """A native target's norms: RMSNorm (the LLaMA layout), or LayerNorm with a bias (GPT-2's)."""
 

@@ -47,6 +47,8 @@ class Kernel(StrEnum):
     STEP = "step"  # a decode step's and a verify pass's
     PROMPT = "prompt"  # a prompt's (fp32)
     INT8 = "int8"  # the activations rounded to two int8 parts: the draft's
+    Q8A = "q8a"  # ... to one int8 part per block of 32: a target's int8 activations mode (SPECDEC_ACT_INT8)
+    Q8A_REF = "q8a-ref"  # Q8A in plain C: the bits every build of Q8A must give
 
 
 class Isa(StrEnum):

@@ -80,7 +80,7 @@ def test_a_row_of_the_header_is_a_kind_everywhere_it_is_read():
     ("X(Q5,   7, blk5,  28,", "X(Q5,   7, blk9,  28,", "element blk9 is not"),
     ("typedef struct { float d; int8_t qs[SPECDEC_BLOCK]; } blk8;",
      "typedef struct { double d; int8_t qs[SPECDEC_BLOCK]; } blk8;", "a field of type double"),
-    ("X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK, SPECDEC_INT8,", "X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK, 8,",
+    ("X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK, SPECDEC_INT8,", "X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK, 32,",
      "beyond those of"),
     ("X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK,", "X(Q41P, 2, blk4p, 40, 2.5 * SPECDEC_BLOCK,", "not an integer"),
 ])

@@ -8,11 +8,13 @@ import os
 from pathlib import Path
 
 
-def open_bundle(bundle: str | Path, backend: str = "auto", threads: int | None = None, verify: bool = False):
-    """specdec.load(bundle, ...): a Generator. Hashes are skipped by default (the runs re-open bundles often)."""
+def open_bundle(bundle: str | Path, backend: str = "auto", threads: int | None = None, verify: bool = False,
+                activations: str | None = None):
+    """specdec.load(bundle, ...): a Generator. Hashes are skipped by default (the runs re-open bundles often);
+    activations: the native target's (None: the bundle's default)."""
     from specdec.runtime import load
 
-    return load(bundle, backend=backend, threads=threads, verify=verify)
+    return load(bundle, backend=backend, threads=threads, verify=verify, activations=activations)
 
 
 def models(generator) -> dict:

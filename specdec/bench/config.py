@@ -49,6 +49,7 @@ class BenchConfig:
     temperature: float = 0.0
     threads: int | None = None
     backend: BackendName = BackendName.ONNXRUNTIME  # or NATIVE / CUDA (the target on specdec's own CPU / GPU kernels)
+    activations: str | None = None  # the native target's, fp32 or int8 (None: the bundle's default; load())
     verify: bool = True  # check the bundle's file hashes
     peers: str | None = None  # a folder of peer results (*.jsonl) to merge into the table
     plots: bool = True
@@ -71,6 +72,10 @@ class BenchConfig:
         if self.backend not in NAMED_BACKENDS:
             raise ConfigError(f"backend {self.backend!r} is not a backend a benchmark can name",
                               f"use one of {', '.join(NAMED_BACKENDS)}")
+        if self.activations is not None:
+            from specdec.runtime.native_backend import checked_activations
+
+            object.__setattr__(self, "activations", checked_activations(self.activations))
         bad = [d for d in self.drafters if d not in DRAFTERS or not DRAFTER_KINDS[d].drafts]
         if bad:
             raise ConfigError(f"drafter {bad[0]!r} is unknown", "choose from model, prompt_lookup, auto, head")

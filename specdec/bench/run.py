@@ -98,7 +98,8 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
     from specdec.runtime import load
     from specdec.bench.report import write_outputs
 
-    with load(config.bundle, backend=config.backend, verify=config.verify, threads=config.threads) as generator:
+    with load(config.bundle, backend=config.backend, verify=config.verify, threads=config.threads,
+              activations=config.activations) as generator:
         manifest = generator.manifest
         every = read_prompts(config.prompts)
         room = manifest.target.max_seq_len - config.max_new_tokens - 1

@@ -6,6 +6,7 @@ import shlex
 import sys
 
 from specdec.bench.config import BENCH_DRAFTERS
+from specdec.native_record import ACTIVATIONS, ACTIVATIONS_HELP
 from specdec.runtime.config import NAMED_BACKENDS, BackendName
 
 DEFAULT_BACKEND = BackendName.ONNXRUNTIME  # every bundle
@@ -44,6 +45,7 @@ def add_bench_parser(commands) -> None:
     parser.add_argument("--backend", choices=NAMED_BACKENDS, default=DEFAULT_BACKEND,
                         help="onnxruntime (default); native: specdec's own CPU kernels; cuda: specdec's own GPU "
                              "kernels (cuda:0)")
+    parser.add_argument("--activations", choices=ACTIVATIONS, default=None, help=ACTIVATIONS_HELP)
     parser.add_argument("--peers", default=None, help="folder of peer results (*.jsonl) to merge into the table")
     parser.add_argument("--quick", action="store_true", help="smoke run: shortest prompt per class, 12 tokens, "
                         "one repeat, γ in {1, 2}")
@@ -59,6 +61,7 @@ def config_from_args(args: argparse.Namespace):
     common = dict(prompts=args.prompts, seed=args.seed, temperature=args.temperature, drafters=args.drafters,
                   policies=args.gamma_policies,
                   threads=args.threads, backend=args.backend, verify=not args.no_verify, peers=args.peers,
+                  activations=args.activations,
                   plots=not args.no_plots,
                   progress=not args.no_progress and sys.stderr.isatty())
     if args.quick:
@@ -84,6 +87,8 @@ def command_from_args(args: argparse.Namespace) -> str:
             parts += [flag, str(value)]
     if BackendName(args.backend) is not DEFAULT_BACKEND:
         parts += ["--backend", args.backend]
+    if args.activations:
+        parts += ["--activations", args.activations]
     if args.temperature:
         parts += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
     return " ".join(shlex.quote(p) for p in parts)

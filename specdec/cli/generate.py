@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specdec.native_record import ACTIVATIONS, ACTIVATIONS_HELP
 from specdec.runtime.adaptive_gamma import GammaPolicyName
 from specdec.runtime.config import (AUTO_BACKEND, BACKEND_CHOICES, COUPLINGS, DRAFTERS, GAMMA_POLICIES, BackendName,
                                     Coupling, DrafterName)
@@ -35,6 +36,7 @@ def add_generate_parser(commands) -> None:
                              "NVIDIA GPU and the [cuda] extra); onnxruntime: any bundle")
     parser.add_argument("--device", default=None,
                         help="cpu or cuda:N (default: cuda:0 for --backend cuda; with auto, a GPU where CuPy sees one)")
+    parser.add_argument("--activations", choices=ACTIVATIONS, default=None, help=ACTIVATIONS_HELP)
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     from specdec.cli.serve import add_prompt_budget_args
 
@@ -55,12 +57,13 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     budget = PromptBudget(workers=1, timeout_s=args.prompt_timeout, memory_mb=args.prompt_worker_memory)
     with load(args.bundle, backend=args.backend, device=args.device, verify=not args.no_verify,
-              prompt_budget=budget) as generator:
+              prompt_budget=budget, activations=args.activations) as generator:
         for piece in generator.stream(args.prompt, config):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        print(f"[{args.drafter}, {generator.backend}] {generator.last_stats.summary()}", file=sys.stderr)
+        print(f"[{args.drafter}, {generator.backend}, {generator.activations}] {generator.last_stats.summary()}",
+              file=sys.stderr)
         if BackendName(args.backend) is BackendName.AUTO and generator.backend_note:
             print(f"({generator.backend}: {generator.backend_note})", file=sys.stderr)
     return 0

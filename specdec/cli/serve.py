@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specdec.native_record import ACTIVATIONS, ACTIVATIONS_HELP
 from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES
 from specdec.serving.options import API_KEY_ENV, SPECULATION, ServeOptions, Speculation, check_replicas
 
@@ -36,6 +37,7 @@ def add_serve_parser(commands) -> None:
                              "every bundle")
     parser.add_argument("--device", default=None,
                         help="cpu or cuda:N (default: cuda:0 for --backend cuda; with auto, a GPU where CuPy sees one)")
+    parser.add_argument("--activations", choices=ACTIVATIONS, default=None, help=ACTIVATIONS_HELP)
     parser.add_argument("--no-verify", action="store_true", help="skip checking the bundle's file hashes")
     parser.add_argument("--no-prefix-reuse", action="store_true",
                         help="prefill every prompt whole; by default a request skips the prefix whose K/V its slot "
@@ -93,6 +95,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         max_queue=args.max_queue, api_key=args.api_key, model_name=args.model_name,
                         speculation=args.speculation, gamma=args.gamma, max_body_bytes=args.max_body_bytes,
                         threads=args.threads, verify_files=not args.no_verify, backend=args.backend, device=args.device,
+                        activations=args.activations,
                         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                         keep_alive_s=args.keep_alive,
                         max_connections=args.max_connections, drain_s=args.drain_timeout,

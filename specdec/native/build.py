@@ -31,9 +31,9 @@ from specdec.weight_kinds import Isa, WeightKind
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-SOURCES = tuple(HERE / name for name in ("forward.c", "linear.c", "attention.c", "pool.c"))
+SOURCES = tuple(HERE / name for name in ("forward.c", "linear.c", "linear_q8a.c", "attention.c", "pool.c"))
 HEADERS = tuple(HERE / name for name in ("specdec_native.h", "specdec_kinds.h", "internal.h", "pool.h"))
-ABI_VERSION = 9  # specdec_native.h's SPECDEC_ABI_VERSION: the exports (SIGNATURES), model_t and status codes
+ABI_VERSION = 10  # specdec_native.h's SPECDEC_ABI_VERSION: the exports (SIGNATURES), model_t and status codes
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror")
 SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all")
 SANITIZE_ENV = "SPECDEC_NATIVE_SANITIZE"  # "1": build with ASan + UBSan (the CI's sanitizer run; needs LD_PRELOAD)

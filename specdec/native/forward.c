@@ -213,6 +213,7 @@ typedef struct {
     char *base;  // the scratch, aligned
     layout_t at;
     int B, T, S, threads, kernel, quant;
+    int fp32;  // the kernel of weights int8 activations do not take (SPECDEC_ACT_INT8): a prompt's or the step's
     const int32_t *pos;
     float *const *keys, *const *values;
     long stride;
@@ -227,17 +228,26 @@ static int weights_kind(const pass_t *p, int l, int which) {  // of layer l's li
     return kind == SPECDEC_W_EACH ? p->m->kinds[5 * l + which] : kind;
 }
 
+// The kernel of a product with weights of `kind`: SPECDEC_ACT_INT8 rounds the activations of every product whose
+// weights the int8 kernel takes (linear_kind_ok(K_Q8A, ...): blk4, blk8, blk6), the four linears and the head alike;
+// any other kind (blk5, rows) keeps the pass's fp32 kernel, `fp32` (a prompt's, or the step's for the head).
+static int kernel_for(const pass_t *p, int kind, int fp32) {
+    if (p->kernel == K_Q8A) return linear_kind_ok(K_Q8A, kind) ? K_Q8A : fp32;
+    return p->kernel;
+}
+
 static void dense(const pass_t *p, int l, int which, const float *x, int K, const void *w, float *y, int N) {
-    const int v_rows = p->m->Hkv * p->m->D;
+    const int v_rows = p->m->Hkv * p->m->D, kind = weights_kind(p, l, which);
     if (which == L_QKV && !p->quant && MODELS[p->m->kind].linear == SPECDEC_W_EACH && p->m->qkv_v && p->m->qkv_v[l]) {
         // q/k rows and v rows in blocks of their own kinds: two products into one [rows, N] buffer
-        linear(p->threads, p->kernel, weights_kind(p, l, L_QKV), x, p->B * p->T, K, w, y, N - v_rows, N,
+        const int v_kind = p->m->kinds[5 * l + L_V];
+        linear(p->threads, kernel_for(p, kind, p->fp32), kind, x, p->B * p->T, K, w, y, N - v_rows, N,
                BUF(p, decoded), p->base + p->at.rounded);
-        linear(p->threads, p->kernel, p->m->kinds[5 * l + L_V], x, p->B * p->T, K, p->m->qkv_v[l], y + N - v_rows,
+        linear(p->threads, kernel_for(p, v_kind, p->fp32), v_kind, x, p->B * p->T, K, p->m->qkv_v[l], y + N - v_rows,
                v_rows, N, BUF(p, decoded), p->base + p->at.rounded);
         return;
     }
-    linear(p->threads, p->kernel, weights_kind(p, l, which), x, p->B * p->T, K, w, y, N, N, BUF(p, decoded),
+    linear(p->threads, kernel_for(p, kind, p->fp32), kind, x, p->B * p->T, K, w, y, N, N, BUF(p, decoded),
            p->base + p->at.rounded);
 }
 
@@ -340,7 +350,8 @@ static void score(const pass_t *p, int last_only, float *logits) {
         norm(m, BUF(p, x) + from * H, m->final_norm, m->final_norm_bias, BUF(p, xn) + (size_t)r * H);
     }
     const int kind = p->quant ? W_Q80 : head_kind(m);  // a draft's: blk8
-    linear(p->threads, p->quant ? K_INT8 : K_STEP, kind, BUF(p, xn), rows, H, m->head, logits, m->V, m->V, BUF(p, decoded),
+    const int kernel = p->quant ? K_INT8 : kernel_for(p, kind, K_STEP);
+    linear(p->threads, kernel, kind, BUF(p, xn), rows, H, m->head, logits, m->V, m->V, BUF(p, decoded),
            p->base + p->at.rounded);
 }
 
@@ -408,7 +419,8 @@ static void keep_features(const pass_t *p, const features_t *f, int l) {
 int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
                     const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
                     int last_only, int quant, int threads, float *logits, const features_t *features) {
-    int status = check_model(m, quant != 0);
+    if (out_of(quant, SPECDEC_ACT_F32, SPECDEC_ACT_INT8)) return SPECDEC_E_SHAPE;
+    int status = check_model(m, quant == SPECDEC_ACT_DRAFT);
     if (status) return status;
     if (!scratch || !tokens || !pos || !keys || !values || !logits) return SPECDEC_E_NULL;
     if ((status = check_call(m, B, T, S, threads))) return status;
@@ -416,9 +428,10 @@ int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const
     if ((status = check_rows(m, tokens, B, T, pos, keys, values, layer_stride, S))) return status;
     const layout_t at = layout_of(m, B, T, S, threads);
     if (scratch_bytes < at.end) return SPECDEC_E_SCRATCH;
-    const int kernel = quant ? K_INT8 : last_only && T > 1 ? K_PROMPT : K_STEP;  // a prompt's rows: its own kernel
-    const pass_t p = {m, (char *)ALIGNED((uintptr_t)scratch), at, B, T, S, threads, kernel, quant != 0, pos, keys,
-                      values, layer_stride};
+    const int fp32 = last_only && T > 1 ? K_PROMPT : K_STEP;  // a prompt's rows: its own kernel
+    const int kernel = quant == SPECDEC_ACT_DRAFT ? K_INT8 : quant == SPECDEC_ACT_INT8 ? K_Q8A : fp32;
+    const pass_t p = {m, (char *)ALIGNED((uintptr_t)scratch), at, B, T, S, threads, kernel,
+                      quant == SPECDEC_ACT_DRAFT, fp32, pos, keys, values, layer_stride};
     embed(&p, tokens);
     for (int l = 0; l < m->L; l++) {
         layer(&p, l);
@@ -433,6 +446,8 @@ long specdec_matmul_scratch_bytes(int M, int K, int kernel, int threads) {
     if (out_of(M, 1, MAX_ROWS) || out_of(K, BLOCK, MAX_DIM) || K % BLOCK || out_of(threads, 1, SPECDEC_MAX_THREADS))
         return -1;
     if (kernel == K_PROMPT) return (long)(sizeof(float) * threads * linear_decoded_floats(K) + 64);
+    if (kernel == K_Q8A || kernel == K_Q8A_REF)  // each worker's decoded columns, then the rounded activations
+        return (long)((size_t)threads * q8a_columns_bytes(K) + q8a_rounded_bytes(M, K) + 64);
     return kernel == K_INT8 ? (long)(linear_rounded_bytes(M, K) + 64) : 64;
 }
 
@@ -446,7 +461,8 @@ int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int
         return SPECDEC_E_SHAPE;
     if (scratch_bytes < (size_t)need) return SPECDEC_E_SCRATCH;
     char *base = (char *)ALIGNED((uintptr_t)scratch);
-    linear(threads, kernel, kind, x, M, K, w, y, N, N, (float *)base, base);
+    const size_t columns = kernel == K_Q8A || kernel == K_Q8A_REF ? (size_t)threads * q8a_columns_bytes(K) : 0;
+    linear(threads, kernel, kind, x, M, K, w, y, N, N, (float *)base, base + columns);
     return SPECDEC_OK;
 }
 

@@ -42,11 +42,14 @@ enum {
     SPECDEC_WEIGHT_KINDS(SHORT_NAME)
 #undef SHORT_NAME
 };
-enum { K_STEP = SPECDEC_KERNEL_STEP, K_PROMPT = SPECDEC_KERNEL_PROMPT, K_INT8 = SPECDEC_KERNEL_INT8 };
+enum {
+    K_STEP = SPECDEC_KERNEL_STEP, K_PROMPT = SPECDEC_KERNEL_PROMPT, K_INT8 = SPECDEC_KERNEL_INT8,
+    K_Q8A = SPECDEC_KERNEL_Q8A, K_Q8A_REF = SPECDEC_KERNEL_Q8A_REF
+};
 typedef struct {
     size_t bytes;      // of an element
     int per;           // weights an element holds along K
-    int kernels, isas; // SPECDEC_STEP / _PROMPT / _INT8 bits, SPECDEC_ISA_* bits
+    int kernels, isas; // SPECDEC_STEP / _PROMPT / _INT8 / _Q8A / _Q8A_REF bits, SPECDEC_ISA_* bits
 } kind_traits;
 static const kind_traits KINDS[SPECDEC_W_COUNT] = {  // by id: a repeated one is an error (-Woverride-init)
 #define TRAITS(NAME, ID, ELEMENT, BYTES, PER, KERNELS, ISAS, DECODE) [ID] = {sizeof(ELEMENT), PER, KERNELS, ISAS},
@@ -82,6 +85,19 @@ size_t linear_rounded_bytes(int M, int K);
 int linear_kind_ok(int kernel, int kind);  // whether specdec_matmul's kernel runs weights of this kind in this build
 void linear_decode(int kind, const void *column, int K, float *out);  // a column's K weights as fp32, out at any
                                                                       // alignment (a kind with the prompt kernel)
+
+// ---- linear_q8a.c: int8 activations (K_Q8A, and its plain C reference K_Q8A_REF) times blk4, blk8 or blk6 ----
+// A row's block of 32 activations rounded to int8: x ~ d * qs; s the block's exact sum (Q4_1's minimum term);
+// off[h] = -128 * the sum of qs[16 h..16 h + 15] (weights stored + 128 for vpdpbusd)
+typedef struct { float d, s; int32_t off[2]; int8_t qs[32]; } blkx;
+_Static_assert(sizeof(blkx) == 48, "blkx is 48 bytes");
+// x [M, K] -> y [M, N] (rows ldy apart): `columns` holds q8a_columns_bytes(K) per worker, `rounded`
+// q8a_rounded_bytes(M, K)
+void linear_q8a(int threads, int reference, int kind, const float *x, int M, int K, const void *w, float *y, int N,
+                int ldy, void *columns, void *rounded);
+size_t q8a_columns_bytes(int K);
+size_t q8a_rounded_bytes(int M, int K);
+int q8a_kind_ok(int kind);  // whether linear_q8a has code for weights of this kind (the table says which take it)
 
 // ---- attention.c: causal GQA of B rows over their own KV ----
 typedef struct {

@@ -7,6 +7,7 @@
 //   columns.
 // - the draft's: activations rounded to two int8 parts times paired Q4_1 blocks (blk4p) or blk8.
 // Which kernels take which weight kind is specdec_kinds.h's table; KIND_OPS below holds each kind's code.
+// (The int8 activations mode's kernels, one int8 part per block, are linear_q8a.c's.)
 // AVX2 + FMA + F16C; the builds for CPUs that have them add AVX-512 + VNNI, and VBMI's multishift for blk5's codes
 // (build.py: isa()). Every build gives the same bits.
 //
@@ -667,18 +668,28 @@ static void prompt_task(void *ctx, int first, int last, int worker) {
     for (int task = first; task < last; task++) prompt_chunk(ctx, task, worker);
 }
 
-size_t linear_decoded_floats(int K) { return ALIGNED(sizeof(float) * PREFILL_COLUMNS * (size_t)K) / sizeof(float); }
-size_t linear_rounded_bytes(int M, int K) { return ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / BLOCK + 1)); }
+size_t linear_decoded_floats(int K) {  // a prompt's decoded columns, or int8 activations' (linear_q8a.c)
+    const size_t prompt = ALIGNED(sizeof(float) * PREFILL_COLUMNS * (size_t)K), q8a = q8a_columns_bytes(K);
+    return (prompt > q8a ? prompt : q8a) / sizeof(float);
+}
+size_t linear_rounded_bytes(int M, int K) {  // the draft's rounded activations, or int8 activations' blocks
+    const size_t draft = ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / BLOCK + 1)), q8a = q8a_rounded_bytes(M, K);
+    return draft > q8a ? draft : q8a;
+}
 void linear_decode(int kind, const void *column, int K, float *out) { KIND_OPS[kind].decode(column, K, out); }
 int linear_kind_ok(int kernel, int kind) {
-    if (!kind_known(kind) || kernel < K_STEP || kernel > K_INT8) return 0;
+    if (!kind_known(kind) || kernel < K_STEP || kernel > K_Q8A_REF) return 0;
     const int has = kernel == K_STEP ? KIND_OPS[kind].step != NULL : kernel == K_PROMPT ? KIND_OPS[kind].decode != NULL
-                                                                    : KIND_OPS[kind].int8 && KIND_OPS[kind].round;
+                  : kernel == K_INT8 ? KIND_OPS[kind].int8 && KIND_OPS[kind].round : q8a_kind_ok(kind);
     return has && (KINDS[kind].kernels >> kernel & 1) && (KINDS[kind].isas & THIS_ISA);
 }
 
 void linear(int threads, int kernel, int kind, const float *x, int M, int K, const void *w, float *y, int N, int ldy,
             float *decoded, void *rounded) {
+    if (kernel == K_Q8A || kernel == K_Q8A_REF) {  // int8 activations: linear_q8a.c
+        linear_q8a(threads, kernel == K_Q8A_REF, kind, x, M, K, w, y, N, ldy, decoded, rounded);
+        return;
+    }
     linear_job j = {kernel, kind, M, K, N, ldy, x, w, y, decoded};
     if (kernel == K_INT8) {
         KIND_OPS[kind].round(x, M, K, rounded);

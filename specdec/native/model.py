@@ -11,7 +11,7 @@ import numpy as np
 from specdec.errors import BackendError, nonfinite_logits
 from specdec.lowering import Geometry
 from specdec.manifest import ModelDims
-from specdec.native_record import Activation
+from specdec.native_record import Activation, Activations
 from specdec.native.core import KernelModel
 from specdec.native.weights import LINEARS, DraftWeights, NativeWeights
 from specdec.weight_kinds import KERNELS, KIND_OF, WEIGHT_LAYOUTS, Kernel, WeightKind
@@ -41,6 +41,8 @@ class FeaturesStruct(ctypes.Structure):
 
 
 MLPS = {Activation.SILU_GATED: 0, Activation.GELU_TANH: 1, Activation.GELU: 2}  # specdec_native.h's SPECDEC_MLP_*
+ACT_DRAFT = 1  # specdec_native.h's SPECDEC_ACT_DRAFT: the draft's kernels (specdec_forward's quant)
+QUANT = {Activations.FP32: 0, Activations.INT8: 2}  # ... SPECDEC_ACT_F32 and SPECDEC_ACT_INT8: a target's
 PER_LAYER = {"in_norm": "input_norm", "post_norm": "post_norm", **{name: name for name in LINEARS},
              "qkv_bias": "qkv_bias", "q_norm": "q_norm", "k_norm": "k_norm", "in_norm_bias": "input_norm_bias",
              "post_norm_bias": "post_norm_bias", "o_bias": "o_bias", "gate_up_bias": "gate_up_bias",
@@ -85,10 +87,13 @@ class NativeModel(KernelModel):
     """One model on the CPU kernels (specdec.native.core.KernelModel). Also a KV source for the gqa driver's copy_kv
     (a draft taking this target's KV): `geometry` and `buffers`, the per-layer keys then values [slots, Hkv, S, D], as
     GqaDriver holds its own. A draft's products round its activations to two int8 parts before each weight (the
-    draft's kernels); the target keeps fp32. threads: the threads each call uses (the caller and its workers)."""
+    draft's kernels); the target keeps fp32. threads: the threads each call uses (the caller and its workers).
+    activations: a target's (Activations): fp32, or int8, each row's rounded per block of 32 before every product
+    with blk4, blk8 or blk6 weights (the kernels' SPECDEC_ACT_INT8)."""
 
     def __init__(self, weights: NativeWeights, dims: ModelDims, kernels, max_seq_len: int,
-                 draft: DraftWeights | None = None, kv_owner: "NativeModel | None" = None, threads: int = 1):
+                 draft: DraftWeights | None = None, kv_owner: "NativeModel | None" = None, threads: int = 1,
+                 activations: Activations = Activations.FP32):
         super().__init__(weights, dims, max_seq_len, draft, kv_owner)
         self.kernels = kernels
         self.threads = threads
@@ -99,6 +104,7 @@ class NativeModel(KernelModel):
         self._lock = threading.Lock()  # one forward at a time: the scratch is this model's
         self.quant = draft is not None  # the draft's kernels (int8 activations, paired blocks); a test may turn
         # them off to see the draft's head on its target's fp32 products
+        self.activations = Activations(activations)
 
     @property
     def head(self) -> np.ndarray:
@@ -195,7 +201,7 @@ class NativeModel(KernelModel):
             status = self.kernels.specdec_forward(
                 ctypes.byref(self.struct), address, size, tokens.ctypes.data, rows, steps, pos32.ctypes.data,
                 key_rows.ctypes.data, value_rows.ctypes.data, keys.strides[0] // 4, self.max_seq_len, last_only,
-                self.quant, threads, out.ctypes.data, None if wanted is None else ctypes.byref(wanted))
+                ACT_DRAFT if self.quant else QUANT[self.activations], threads, out.ctypes.data, None if wanted is None else ctypes.byref(wanted))
         if status == NONFINITE:  # the kernels checked every logit; which positions, on this path alone
             raise nonfinite_logits(self.role, np.isfinite(out.max(axis=-1)).tolist(), pos32.tolist(), steps, last_only)
         raise_for(status, f"a forward of {rows} x {steps} tokens at {pos32.tolist()}")

@@ -52,10 +52,14 @@ typedef struct { float d[2]; int8_t qs[SPECDEC_BLOCK]; } blk6;
 typedef struct { f16 h[4]; uint8_t qs[SPECDEC_BLOCK]; } blk4p;
 
 // The kernels of specdec_matmul (its `kernel`), and their bits in the table's KERNELS
-enum { SPECDEC_KERNEL_STEP = 0, SPECDEC_KERNEL_PROMPT = 1, SPECDEC_KERNEL_INT8 = 2 };
+enum { SPECDEC_KERNEL_STEP = 0, SPECDEC_KERNEL_PROMPT = 1, SPECDEC_KERNEL_INT8 = 2, SPECDEC_KERNEL_Q8A = 3,
+       SPECDEC_KERNEL_Q8A_REF = 4 };
 #define SPECDEC_STEP (1 << SPECDEC_KERNEL_STEP)      // a decode step's and a verify pass's: fp32 activations
 #define SPECDEC_PROMPT (1 << SPECDEC_KERNEL_PROMPT)  // a prompt's: the weights decoded to fp32 first
 #define SPECDEC_INT8 (1 << SPECDEC_KERNEL_INT8)      // activations rounded to two int8 parts per block: the draft's
+#define SPECDEC_Q8A (1 << SPECDEC_KERNEL_Q8A)        // ... to one int8 part per block (SPECDEC_ACT_INT8: linear_q8a.c)
+#define SPECDEC_Q8A_REF (1 << SPECDEC_KERNEL_Q8A_REF)  // ... the same in plain C: the bits SPECDEC_Q8A must give
+#define SPECDEC_Q8A_BOTH (SPECDEC_Q8A | SPECDEC_Q8A_REF)
 // The builds of the kernels (specdec/native/build.py: Isa), as bits of the table's ISAS
 enum { SPECDEC_ISA_AVX2 = 1, SPECDEC_ISA_AVX512 = 2, SPECDEC_ISA_AVX512_VBMI = 4 };
 #define SPECDEC_EVERY_ISA (SPECDEC_ISA_AVX2 | SPECDEC_ISA_AVX512 | SPECDEC_ISA_AVX512_VBMI)
@@ -69,9 +73,10 @@ enum { SPECDEC_ISA_AVX2 = 1, SPECDEC_ISA_AVX512 = 2, SPECDEC_ISA_AVX512_VBMI = 4
 //   KERNELS  the kernels of specdec_matmul that run it; ISAS the builds that have them
 //   DECODE   a weight's value
 #define SPECDEC_WEIGHT_KINDS(X) \
-    X(Q41,  0, blk4,  24, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT,  SPECDEC_EVERY_ISA, \
+    X(Q41,  0, blk4,  24, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT | SPECDEC_Q8A_BOTH, SPECDEC_EVERY_ISA, \
       "d * q + m, q in 0..15") \
-    X(Q80,  1, blk8,  36, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT | SPECDEC_INT8, SPECDEC_EVERY_ISA, \
+    X(Q80,  1, blk8,  36, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT | SPECDEC_INT8 | SPECDEC_Q8A_BOTH, \
+      SPECDEC_EVERY_ISA, \
       "d * q, q in -127..127") \
     X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK, SPECDEC_INT8,                   SPECDEC_EVERY_ISA, \
       "each half: d * q + m, q in 0..15, d and m fp16") \
@@ -81,7 +86,7 @@ enum { SPECDEC_ISA_AVX2 = 1, SPECDEC_ISA_AVX512 = 2, SPECDEC_ISA_AVX512_VBMI = 4
       "the IEEE half, exactly in fp32") \
     X(F32,  5, f32,    4, 1,                 SPECDEC_STEP | SPECDEC_PROMPT,  SPECDEC_EVERY_ISA, \
       "itself") \
-    X(Q6,   6, blk6,  40, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT,  SPECDEC_EVERY_ISA, \
+    X(Q6,   6, blk6,  40, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT | SPECDEC_Q8A_BOTH, SPECDEC_EVERY_ISA, \
       "d[0] * q for elements 0-15, d[1] * q for 16-31, q in -127..127") \
     X(Q5,   7, blk5,  28, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT,  SPECDEC_EVERY_ISA, \
       "d * q + m, q in 0..31")
@@ -104,7 +109,7 @@ SPECDEC_WEIGHT_KINDS(SPECDEC_KIND_ASSERT)
 #undef SPECDEC_KIND_ASSERT
 
 // How a target holds its linear weights, head and embedding (model_t.kind): the GGUF grids, or rows [N, K] of a
-// checkpoint's own precision (every activation stays fp32 either way). A model whose linears are blocks has its
+// checkpoint's own precision (activations fp32, or int8 where specdec_forward's SPECDEC_ACT_INT8 says). A model whose linears are blocks has its
 // embedding fp32, or reads it from the head's blocks (model_t.embedding_rows); one of rows has it in rows of LINEAR.
 // X(NAME, ID, LINEAR, HEAD): SPECDEC_<NAME> = ID; lowercased, NAME is the layout a bundle's native record names
 //   LINEAR, HEAD  the weight kinds of its linears and its head (SPECDEC_W_EACH: model_t.kinds, model_t.head_kind)

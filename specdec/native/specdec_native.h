@@ -12,7 +12,7 @@
 
 #include "specdec_kinds.h"  // the weight kinds: SPECDEC_BLOCK, the block structs, SPECDEC_W_*, model_t.kind's SPECDEC_*
 
-#define SPECDEC_ABI_VERSION 9
+#define SPECDEC_ABI_VERSION 10
 #define SPECDEC_FORMAT_VERSION 4
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
 #define SPECDEC_MAX_FEATURES 16 // layers one forward may return the hidden states of
@@ -86,6 +86,15 @@ typedef struct {
     float *out;             // [B][T][n][H]: row b's token t, layers[f]'s hidden state at [b][t][f]
 } features_t;
 
+// A forward's activations (specdec_forward's quant)
+enum {
+    SPECDEC_ACT_F32 = 0,    // fp32 activations times the model's weights (a target's graph's function)
+    SPECDEC_ACT_DRAFT = 1,  // the draft's: activations rounded to two int8 parts times its paired blocks (*_p)
+    SPECDEC_ACT_INT8 = 2,   // a target's, each row's activations rounded per block of 32 to int8 (one scale a block)
+                            // before every product whose weights the table gives SPECDEC_Q8A (blk4, blk8, blk6), the
+                            // head's too; other kinds' products stay fp32
+};
+
 // Status codes: 0, or what was wrong with the arguments (nothing is written where a call fails its checks), or
 // SPECDEC_E_NONFINITE: a forward ran, and a row of logits it wrote holds NaN or has no finite largest logit (+inf, or
 // all -inf): corrupt weights, or values that overflow.
@@ -105,19 +114,20 @@ int specdec_abi_version(void);
 // sizeof of 0: blkq, 1: blkqp, 2: model_t, 3: features_t; -1 for any other
 long specdec_layout_size(int which);
 // The table of weight kinds this library was built from (specdec_kinds.h): kind's element bytes, weights per element
-// along K, kernels (SPECDEC_STEP, _PROMPT, _INT8 bits) and builds (SPECDEC_ISA_* bits) into traits[0..3], and the
+// along K, kernels (SPECDEC_STEP, _PROMPT, _INT8, _Q8A, _Q8A_REF bits) and builds (SPECDEC_ISA_* bits) into traits[0..3], and the
 // build this library is (one SPECDEC_ISA_* bit) into traits[4]; SPECDEC_E_SHAPE for a kind outside
 // 0..SPECDEC_W_COUNT - 1.
 int specdec_weight_kind(int kind, int32_t traits[5]);
 
-// Bytes of scratch a forward of B rows of T tokens with the given threads needs (quant: the draft's int8 path),
+// Bytes of scratch a forward of B rows of T tokens with the given threads needs (whatever its quant),
 // or -1 for arguments a forward would refuse.
 long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads);
 
 // B rows of T tokens each; row b at positions pos[b].. of its own KV (keys[b], values[b]: [L][Hkv, S, D], layer l at
 // + l * layer_stride floats) -> logits [B][T or 1 (last_only)][V], and where features is not NULL, the hidden states
 // it names (every fed token's, last_only or not). K/V land at [pos[b], pos[b] + T). Every logit is checked:
-// SPECDEC_E_NONFINITE where a row holds NaN or has no finite largest logit.
+// SPECDEC_E_NONFINITE where a row holds NaN or has no finite largest logit. quant: a SPECDEC_ACT_* (in each, a row's
+// logits are the same bits whatever the call's B, T and threads).
 int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
                     const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
                     int last_only, int quant, int threads, float *logits, const features_t *features);

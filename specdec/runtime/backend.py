@@ -17,6 +17,7 @@ import numpy as np
 
 from specdec.errors import BackendError, CapacityError, nonfinite_logits
 from specdec.manifest import ModelEntry
+from specdec.native_record import Activations
 from specdec.runtime.config import Device
 from specdec.runtime.forward import LOGITS_ONLY, Capabilities, ForwardRequest, ForwardResult, feature_order
 
@@ -50,6 +51,7 @@ class Backend:
     # stand in for a prefill of the same tokens, invisibly (specdec serve reuses a shared prompt prefix so)
     exact_prefix_kv = False
     capabilities: Capabilities = LOGITS_ONLY  # what its calls return beyond logits (an open backend may say more)
+    activations = Activations.FP32  # what its target's activations are in its products (native: fp32 or int8)
 
     def __init__(self, root: Path, entry: ModelEntry):
         self.root = Path(root)

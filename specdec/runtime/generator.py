@@ -30,6 +30,7 @@ from specdec.runtime.drafters import ModelGate
 from specdec.runtime.forward import Observed
 from specdec.runtime.head_drafter import feature_problem, open_head
 from specdec.runtime.loop import SpeculativeLoop
+from specdec.runtime.native_backend import checked_activations
 from specdec.runtime.prompt_worker import PromptBudget, PromptWorker
 from specdec.runtime.registry import open_backends
 from specdec.runtime.requests import RequestLayer
@@ -78,7 +79,8 @@ class GenerationResult:
 
 
 def load(bundle: str | os.PathLike, backend: str = AUTO_BACKEND, device: str | None = None, verify: bool = True,
-         threads: int | None = None, prompt_budget: PromptBudget | None = None) -> "Generator":
+         threads: int | None = None, prompt_budget: PromptBudget | None = None,
+         activations: str | None = None) -> "Generator":
     """Open a bundle for generation. `verify` checks the sha256 of every file the opened backends and the tokenizer
     read against the manifest (before each is opened).
     backend: "auto" (the default) opens the cuda backend on a GPU, else the native backend where the bundle and this
@@ -86,14 +88,20 @@ def load(bundle: str | os.PathLike, backend: str = AUTO_BACKEND, device: str | N
     `backend_note` says why native was not (specdec.runtime.registry).
     device: "cpu" for onnxruntime and native, "cuda:N" for cuda and tensorrt (their default cuda:0); unset with
     backend="auto": a GPU where CuPy sees one (the cuda backend), else the CPU.
-    prompt_budget: what rendering one chat prompt may cost (time, memory) in the Generator's prompt worker."""
+    prompt_budget: what rendering one chat prompt may cost (time, memory) in the Generator's prompt worker.
+    activations: the native target's, "fp32" or "int8" (each row's rounded per block of 32 before every product with
+    blocked weights: docs/backends.md); unset, the bundle's defaults.activations (fp32 where it has none). int8 runs
+    on the native backend only (another backend asked for it: ConfigError); the Generator's `activations` says which
+    ran."""
     threads = check_threads(threads)
+    activations = None if activations is None else checked_activations(activations)
     _check_type("backend", backend, str, "pass backend='auto' (the default), 'onnxruntime', 'native', 'cuda' or "
                                          "'tensorrt'")
     _check_type("device", device, (str, type(None)), "pass device='cpu' or 'cuda:N', or leave it unset")
     _check_type("verify", verify, bool, "pass verify=True (the default) or False")
     return generator_of(bundle, verify, lambda root, manifest: open_backends(root, manifest, backend, device,
-                                                                            threads, verify), prompt_budget)
+                                                                            threads, verify, activations),
+                        prompt_budget)
 
 
 def _check_type(name: str, value, kinds, hint: str) -> None:
@@ -190,6 +198,7 @@ class Generator:
         self._closed = False
         self.backend = target.name  # load() names what it chose
         self.backend_note = None  # why load(backend='auto') did not open the native backend
+        self.activations = target.activations  # the target's: fp32, or int8 (the native backend's option)
 
     # --- request preparation: specdec.runtime.requests ---------------------------------------------------------
     def default_policy(self, config: GenerationConfig):

@@ -3,7 +3,10 @@ by specdec-export for LLaMA-layout gqa targets: GGUF Q4_1 blocks, or rows in a c
 
 - The weights are read into private memory on huge pages (SPECDEC_NATIVE_PAGES=private, the default: faster steps)
   or memory-mapped from the bundle (=shared: one copy in the page cache for every process that opens it).
-- The target computes its graph's function in another summation order, fp32 activations throughout.
+- The target computes its graph's function in another summation order with fp32 activations; or, with
+  activations="int8", each row's activations are rounded per block of 32 to int8 before every product with blk4,
+  blk8 or blk6 weights (the kernels' SPECDEC_ACT_INT8): integer dot products, a row's result still independent of
+  the call it is in (docs/backends.md).
 - Its int4-q41 draft (make demo's) runs on the same blocks, read from its own copy in pairs of blocks with fp16
   scales, with activations rounded to two int8 parts per block of 32 and its graph's trimmed head. It reads and
   writes the target's KV: committed positions hold the target's K/V, the draft writes only past them, and the
@@ -20,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.errors import BackendError
+from specdec.errors import BackendError, ConfigError
 from specdec.manifest import Dtype, ModelEntry
+from specdec.native_record import ACTIVATIONS, Activations
 from specdec.runtime.backend import Backend, default_threads
 from specdec.runtime.config import BackendName, Device
 from specdec.runtime.forward import Capabilities, Output
@@ -42,6 +46,16 @@ def pages() -> str:
     return value
 
 
+def checked_activations(value) -> Activations:
+    """`value` (an Activations or its name) as an Activations; ConfigError for anything else."""
+    try:
+        return Activations(value)
+    except ValueError:
+        raise ConfigError(f"activations={value!r} is not one of {', '.join(ACTIVATIONS)}",
+                          "pass activations='fp32' or 'int8' (--activations fp32|int8), or leave it unset for the "
+                          "bundle's default") from None
+
+
 class NativeBackend(KernelBackend):
     name = BackendName.NATIVE
     devices = (Device.CPU,)
@@ -49,9 +63,10 @@ class NativeBackend(KernelBackend):
     exact_prefix_kv = True  # a position's result depends only on its position (docs/backends.md; tested)
 
     def __init__(self, root: Path, entry: ModelEntry, threads: int | None = None,
-                 target: "NativeBackend | None" = None):
+                 target: "NativeBackend | None" = None, activations: str = Activations.FP32):
         super().__init__(root, entry, target)
         self.threads = threads
+        self.activations = checked_activations(activations)  # a target's; a draft keeps its own kernels
         self.driver = None
 
     @classmethod
@@ -72,9 +87,16 @@ class NativeBackend(KernelBackend):
         from specdec.native.model import NativeModel
         from specdec.native.weights import target_weights
 
+        from specdec.weight_kinds import WEIGHT_LAYOUTS
+
+        if self.activations is Activations.INT8 and WEIGHT_LAYOUTS[record.layout].rows:
+            raise BackendError(f"activations='int8' multiply blocked weights, and this target holds "
+                               f"{record.layout} rows", "pass activations='fp32', or use a bundle of a GGUF's "
+                               "blocks (Q4_1, Q8_0 or a K-quant mix)")
         weights = target_weights(self.root, record, self.entry.dims, pages())
         self.check_family(weights)
-        return NativeModel(weights, self.entry.dims, load_kernels(), self.max_seq_len, threads=self._workers())
+        return NativeModel(weights, self.entry.dims, load_kernels(), self.max_seq_len, threads=self._workers(),
+                           activations=self.activations)
 
     def _open_draft(self, record, target_model):
         from specdec.native.model import NativeModel

@@ -14,8 +14,9 @@ import logging
 import os
 from pathlib import Path
 
-from specdec.errors import BackendError, SpecDecError
+from specdec.errors import BackendError, ConfigError, SpecDecError
 from specdec.manifest import Manifest, check_bundle_files
+from specdec.native_record import Activations
 from specdec.runtime.backend import Backend
 from specdec.runtime.config import BackendName, Device
 from specdec.runtime.cuda_backend import CudaBackend
@@ -82,12 +83,29 @@ def _warn_once(note: str, fallback: str) -> None:
 
 
 def open_backends(root: Path, manifest: Manifest, backend: str, device: str | None, threads: int | None,
-                  verify: bool = False) -> tuple:
+                  verify: bool = False, activations: Activations | None = None) -> tuple:
     """(target, draft, the backend's name, why the backend auto wanted did not open, or None) for `specdec.load`;
-    verify: hash each file a backend reads before it opens. device None: a GPU where CuPy sees one, else the CPU."""
+    verify: hash each file a backend reads before it opens. device None: a GPU where CuPy sees one, else the CPU.
+    activations: the native target's (None: the bundle's defaults.activations). Only the native backend has int8
+    activations: asked for them, any other backend is a ConfigError, and auto opens native or fails; a bundle whose
+    default is int8 runs fp32 on the others (the Generator's `activations` says which ran)."""
+    mode = Activations(activations or manifest.defaults.activations)
+
+    def native_target() -> NativeBackend:
+        return NativeBackend(root, manifest.target, threads, activations=mode)
+
     if backend != AUTO:
-        device = device or ("cuda:0" if backend_class(backend).devices == (Device.CUDA,) else Device.CPU)
-        return (*open_pair(backend_class(backend), root, manifest, device, threads, verify), backend, None)
+        cls = backend_class(backend)
+        if activations is Activations.INT8 and cls is not NativeBackend:
+            raise ConfigError(f"activations='int8' runs on the native backend, not backend={backend!r}",
+                              "pass backend='native' (or 'auto'), or activations='fp32'")
+        device = device or ("cuda:0" if cls.devices == (Device.CUDA,) else Device.CPU)
+        target = native_target() if cls is NativeBackend else None
+        return (*open_pair(cls, root, manifest, device, threads, verify, target), backend, None)
+    if activations is Activations.INT8:  # asked for: native, or a failure that says why
+        _check_device(NativeBackend, device or Device.CPU)
+        return (*open_pair(NativeBackend, root, manifest, Device.CPU, threads, verify, native_target()),
+                NativeBackend.name, None)
     note = None
     if device is None and gpu_visible() or device is not None and device.startswith(Device.CUDA):
         try:
@@ -101,7 +119,7 @@ def open_backends(root: Path, manifest: Manifest, backend: str, device: str | No
         raise BackendError(f"backend='auto' runs on the CPU or a CUDA GPU, not on {device!r}",
                            "pass device='cpu' or 'cuda:N', or leave device unset")
     try:
-        opened = open_pair(NativeBackend, root, manifest, Device.CPU, threads, verify)
+        opened = open_pair(NativeBackend, root, manifest, Device.CPU, threads, verify, native_target())
         rows = manifest.target.native_note  # native, but as rows: a GGUF whose blocks no native block holds
         return (*opened, NativeBackend.name, "; ".join(part for part in (note, rows) if part) or None)
     except (SpecDecError, OSError, AttributeError) as exc:  # not this bundle, this machine, or this cache

@@ -136,7 +136,7 @@ class Engine:
     @classmethod
     def from_options(cls, options: ServeOptions, metrics: Metrics | None = None) -> "Engine":
         generator = load(options.bundle, backend=options.backend, device=options.device, verify=options.verify_files,
-                         threads=options.threads)
+                         threads=options.threads, activations=options.activations)
         try:
             generator.requests.gamma(options.gamma)  # serve --gamma against the bundle's γ_max, before any work
             generator.requests.batch(options.max_batch)  # and --max-batch against its max_batch

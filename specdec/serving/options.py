@@ -12,6 +12,7 @@ from enum import StrEnum
 from specdec.errors import ConfigError, shown
 from specdec.runtime.config import AUTO_BACKEND, BACKEND_CHOICES, checked_int
 from specdec.runtime.generator import check_threads
+from specdec.runtime.native_backend import checked_activations
 from specdec.runtime.limits import (
     MAX_TIMEOUT_S, bounded_int, bounded_seconds, cpu_count, memory_bytes, open_files_max,
 )
@@ -75,6 +76,7 @@ class ServeOptions:
     threads: int | None = None  # onnxruntime intra-op / OpenMP threads (None: every core this process may use)
     backend: str = AUTO_BACKEND  # native where it opens (a batch's rows in one call on either), else onnxruntime
     device: str | None = None  # "cpu" or "cuda:N"; None: load()'s choice for the backend
+    activations: str | None = None  # the native target's, "fp32" or "int8"; None: the bundle's default (load())
     verify_files: bool = True  # check the bundle's sha256 sums at start
     retry_after_s: int = 1  # the Retry-After of a 429
     header_timeout_s: float = 10.0  # a connection sends a request's headers within this (after opening or a response)
@@ -104,6 +106,8 @@ class ServeOptions:
         if self.api_key is None:
             key_from_env()
         check_threads(self.threads)
+        if self.activations is not None:
+            object.__setattr__(self, "activations", checked_activations(self.activations))
         if not isinstance(self.reuse_prefix, bool):
             raise ConfigError(f"reuse_prefix must be True or False, got {shown(self.reuse_prefix)}",
                               "pass --no-prefix-reuse to turn it off")

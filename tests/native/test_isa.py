@@ -95,14 +95,21 @@ def products(bundle: str, out: str) -> None:
 
 
 def forwards(bundle: str, out: str) -> None:
-    """A prompt, a verify pass and a step of every slot, by the target and the draft of `bundle`, into `out`."""
+    """A prompt, a verify pass and a step of every slot, by the target and the draft of `bundle`, and by its target
+    with int8 activations where its weights are blocks, into `out`."""
+    from specdec.manifest import read_manifest
     from specdec.runtime import load
+    from specdec.weight_kinds import WEIGHT_LAYOUTS
 
-    generator = load(bundle, backend="native")
+    blocks = not WEIGHT_LAYOUTS[read_manifest(Path(bundle)).target.native.layout].rows
+    fp32 = load(bundle, backend="native")
+    int8 = load(bundle, backend="native", activations="int8") if blocks else None
     rng = np.random.default_rng(1)
     results = {}
-    for role in ("target", "draft"):
-        backend = getattr(generator, role)
+    for role, generator in (("target", fp32), ("draft", fp32), ("int8", int8)):
+        if generator is None:
+            continue
+        backend = getattr(generator, "target" if role == "int8" else role)
         rows = backend.max_batch
         generator.target.reset(rows)
         backend.reset(rows)
@@ -115,7 +122,8 @@ def forwards(bundle: str, out: str) -> None:
         results[f"{role}-rows"] = backend.forward(rng.integers(3, backend.vocab_size, (rows, 1)),
                                                   np.array(lengths) + 4 * (np.arange(rows) == 0),
                                                   slots=np.arange(rows))
-    generator.close()
+    for generator in filter(None, (fp32, int8)):
+        generator.close()
     np.savez(out, **results)
 
 

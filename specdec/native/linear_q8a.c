@@ -1,0 +1,455 @@
+// The int8 activations mode (specdec_forward's SPECDEC_ACT_INT8; specdec_matmul's kernels 3 and 4): each row's
+// activations rounded per block of 32 to int8 with an fp32 scale (a Q8 block, as llama.cpp's), then multiplied with
+// blocked weights (blk4: Q4_1, blk8: Q8_0, blk6: Q6_K's) by integer dot products: VNNI's vpdpbusd (the AVX-512 builds;
+// AVX-VNNI's in the avx2-vnni build), else vpmaddubsw + vpmaddwd (avx2).
+//
+// Summation order, which makes a row's result independent of the call: a block's integer dot product is exact
+// whatever instructions compute it, and the floats of one output form one chain over its blocks, block 0 first:
+//     acc = fma(dw * dx, dot, acc), then for Q4_1's minimum acc = fma(m, s, acc)   (s: the block's exact fp32 sum)
+//     blk6: acc = fma(d0 * dx, dot of elements 0-15, acc), then acc = fma(d1 * dx, dot of elements 16-31, acc)
+// A vector holds one output per lane (16 columns of one row, or 8 in the AVX2 builds), never parts of one output. So a
+// decode step, a verify pass, a prompt chunk and a batch of rows (one kernel serves them all), every thread count and
+// every build give an output the same bits, those of the scalar reference (kernel 4), which the tests compare with.
+//
+// A task is 16 columns. Each block of theirs is decoded as 8 vectors of codes (vector k holds each column's codes
+// 4k..4k+3 in that column's lane: what vpdpbusd sums into one lane) and the 16 columns' scales: in registers, for the
+// few rows of a step or a verify pass (AVX-512), else once into the worker's buffer, which tiles of rows then read.
+// The next task's weights are fetched into L2 meanwhile: the 16 columns are read across, not along, their blocks.
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "internal.h"
+#include "pool.h"
+
+#define COLS 16          // columns per task (one 16-lane vector of outputs, two of 8 with AVX2)
+#define TINY 1e-30f      // a block whose largest |x| is below this rounds to zeros (127 / max |x| stays finite)
+#if defined(__AVX512F__)
+#define ROWS 8           // rows per pass over a block's codes (held in 8 of the 32 registers)
+#else
+#define ROWS 4           // ... (16 registers, 8 columns at a time)
+#endif
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+#define VNNI 1           // vpdpbusd: unsigned codes times signed activations; signed weights are stored + 128
+#else
+#define VNNI 0           // vpmaddubsw: signed weights keep their sign, moved onto the activations (vpsignb)
+#endif
+
+// The decoded blocks of a task's columns: codes q[k] (lane c: column c's codes 4k..4k+3, bytes 4c..4c+3), then per
+// column the scale (a) and the minimum (b: Q4_1) or the second scale (b: blk6)
+typedef struct { _Alignas(64) uint8_t q[8][64]; float a[COLS], b[COLS]; } cols16;
+_Static_assert(sizeof(cols16) == 640, "cols16 is 640 bytes");
+
+size_t q8a_columns_bytes(int K) { return ALIGNED(sizeof(cols16) * (size_t)(K / BLOCK)); }
+size_t q8a_rounded_bytes(int M, int K) { return ALIGNED(sizeof(blkx) * (size_t)M * (size_t)(K / BLOCK)); }
+int q8a_kind_ok(int kind) { return kind == W_Q41 || kind == W_Q80 || kind == W_Q6; }
+
+// ---- the activations: x [M, K] -> blkx [M, K / BLOCK] ----
+// d = max |x| / 127, qs = x * (127 / max |x|) to nearest (even), so |qs| <= 127; s the block's exact sum, lanes
+// (x[j] + x[8 + j]) + (x[16 + j] + x[24 + j]) added as hsum adds them; off[h] = -128 * the sum of half h's qs (the
+// offset of weights stored + 128). A block holding inf or NaN gets d = s = NaN: its outputs are NaN, which the logits
+// check reports, never a finite guess.
+static void round_block(const float *x, blkx *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), most = _mm256_set1_ps(FLT_MAX);
+    const __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
+    __m256 top = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        const __m256 a = _mm256_andnot_ps(sign, v[k]);
+        top = _mm256_max_ps(top, a);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, most, _CMP_NLE_UQ));  // inf or NaN
+    }
+    __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+    out->s = hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+    out->off[0] = out->off[1] = 0;
+    if (_mm256_movemask_ps(bad) || amax < TINY) {
+        out->d = _mm256_movemask_ps(bad) ? NAN : 0.f;
+        if (_mm256_movemask_ps(bad)) out->s = NAN;
+        memset(out->qs, 0, sizeof(out->qs));
+        return;
+    }
+    out->d = amax / 127.f;
+    const __m256 inv = _mm256_set1_ps(127.f / amax);
+    __m256i code[4];
+    for (int k = 0; k < 4; k++) code[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], inv));  // to nearest, even
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(code[0], code[1]),
+                                              _mm256_packs_epi32(code[2], code[3]));  // lanes interleaved: put back
+    _mm256_storeu_si256((__m256i *)out->qs,
+                        _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    for (int h = 0; h < 2; h++) {
+        const __m256i s = _mm256_add_epi32(code[2 * h], code[2 * h + 1]);
+        __m128i u = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4E));
+        out->off[h] = -128 * _mm_cvtsi128_si32(_mm_add_epi32(u, _mm_shuffle_epi32(u, 0xB1)));
+    }
+}
+
+// ... in plain C: the reference
+static void round_block_reference(const float *x, blkx *out) {
+    float amax = 0.f, lane[8];
+    int bad = 0;
+    for (int i = 0; i < 32; i++) {
+        const float a = fabsf(x[i]);
+        bad |= !(a <= FLT_MAX);
+        amax = a > amax ? a : amax;
+    }
+    for (int j = 0; j < 8; j++) lane[j] = (x[j] + x[8 + j]) + (x[16 + j] + x[24 + j]);
+    out->s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    out->d = bad ? NAN : amax < TINY ? 0.f : amax / 127.f;
+    if (bad) out->s = NAN;
+    out->off[0] = out->off[1] = 0;
+    const float inv = bad || amax < TINY ? 0.f : 127.f / amax;
+    for (int i = 0; i < 32; i++) {
+        out->qs[i] = (int8_t)(inv == 0.f ? 0 : (int)nearbyintf(x[i] * inv));
+        out->off[i / 16] -= 128 * out->qs[i];
+    }
+}
+
+typedef struct {
+    int reference, kind, M, K, N, ldy;
+    const float *x;
+    blkx *a;  // [M, K / BLOCK]
+    const void *w;
+    float *y;
+    char *columns;  // q8a_columns_bytes(K) per worker
+} q8a_job;
+
+static void round_task(void *ctx, int first, int last, int worker) {
+    const q8a_job *j = ctx;
+    const int nb = j->K / BLOCK;
+    (void)worker;
+    for (size_t i = (size_t)first * nb; i < (size_t)last * nb; i++)
+        (j->reference ? round_block_reference : round_block)(j->x + i * 32, j->a + i);
+}
+
+// ---- the reference: one output at a time, in plain C ----
+static float output_reference(int kind, const char *column, const blkx *x, int nb) {
+    float acc = 0.f;
+    for (int b = 0; b < nb; b++, x++) {
+        if (kind == W_Q41) {
+            const blk4 *c = (const blk4 *)column + b;
+            int dot = 0;
+            for (int i = 0; i < 16; i++) dot += (c->qs[i] & 15) * x->qs[i] + (c->qs[i] >> 4) * x->qs[i + 16];
+            acc = fmaf(c->d * x->d, (float)dot, acc);
+            acc = fmaf(c->m, x->s, acc);
+        } else if (kind == W_Q80) {
+            const blk8 *c = (const blk8 *)column + b;
+            int dot = 0;
+            for (int i = 0; i < 32; i++) dot += c->qs[i] * x->qs[i];
+            acc = fmaf(c->d * x->d, (float)dot, acc);
+        } else {
+            const blk6 *c = (const blk6 *)column + b;
+            int dot[2] = {0, 0};
+            for (int i = 0; i < 32; i++) dot[i / 16] += c->qs[i] * x->qs[i];
+            acc = fmaf(c->d[0] * x->d, (float)dot[0], acc);
+            acc = fmaf(c->d[1] * x->d, (float)dot[1], acc);
+        }
+    }
+    return acc;
+}
+
+static size_t block_bytes(int kind) { return kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : sizeof(blk6); }
+
+// ---- decoding a task's columns into cols16 ----
+// where a block's codes start (its scale starts it; the minimum or the second scale follows)
+static size_t codes_at(int kind) {
+    return kind == W_Q41 ? offsetof(blk4, qs) : kind == W_Q80 ? offsetof(blk8, qs) : offsetof(blk6, qs);
+}
+#define LOAD16(p) _mm_loadu_si128((const __m128i *)(p))
+
+#if defined(__AVX512F__)
+// 16 columns' 16 bytes at `at` (column c's block at col[c]) -> t[i], lane c holding column c's bytes 4i..4i+3:
+// register j takes columns j, 4 + j, 8 + j, 12 + j in its 128-bit lanes, then a 4 x 4 transpose of dwords within
+// the lanes puts column 4 L + p in dword p of lane L
+static inline __attribute__((always_inline)) void transposed(const char *const col[COLS], size_t at, __m512i t[4]) {
+    __m512i z[4];
+    for (int j = 0; j < 4; j++)
+        z[j] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(LOAD16(col[j] + at)),
+               LOAD16(col[4 + j] + at), 1), LOAD16(col[8 + j] + at), 2), LOAD16(col[12 + j] + at), 3);
+    const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
+    t[0] = _mm512_unpacklo_epi64(a, c), t[1] = _mm512_unpackhi_epi64(a, c);
+    t[2] = _mm512_unpacklo_epi64(b, d), t[3] = _mm512_unpackhi_epi64(b, d);
+}
+// block b of the 16 columns in registers: codes w[k] (Q4_1's nibbles apart: the low ones are codes 0-15, the high
+// ones 16-31; signed codes + 128, as vpdpbusd takes the weights unsigned and the activations' off[] takes the 128s
+// back out), scales da and minimums or second scales db by gathers (one of 8 bytes a column where both lie together)
+static inline __attribute__((always_inline)) void decode_regs(const int kind, const char *const col[COLS],
+                                                              const char *first, __m512i at, size_t b, __m512i w[8],
+                                                              __m512 *da, __m512 *db) {
+    const size_t bytes = kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : sizeof(blk6);
+    const size_t codes = b * bytes + codes_at(kind);
+    __m512i t[4];
+    transposed(col, codes, t);
+    if (kind == W_Q41) {
+        const __m512i low = _mm512_set1_epi8(0x0F);
+        for (int i = 0; i < 4; i++) w[i] = _mm512_and_si512(t[i], low);
+        for (int i = 0; i < 4; i++) w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(t[i], 4), low);
+    } else {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        for (int i = 0; i < 4; i++) w[i] = _mm512_xor_si512(t[i], flip);
+        transposed(col, codes + 16, t);
+        for (int i = 0; i < 4; i++) w[4 + i] = _mm512_xor_si512(t[i], flip);
+    }
+    if (kind == W_Q80) {
+        *da = _mm512_i32gather_ps(at, first + b * bytes, 1);
+        *db = _mm512_setzero_ps();
+        return;
+    }
+    const __m512i lo = _mm512_i32gather_epi64(_mm512_castsi512_si256(at), first + b * bytes, 1);  // (d, m) or d[2]
+    const __m512i hi = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(at, 1), first + b * bytes, 1);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    *da = _mm512_castsi512_ps(_mm512_permutex2var_epi32(lo, even, hi));
+    *db = _mm512_castsi512_ps(_mm512_permutex2var_epi32(lo, _mm512_add_epi32(even, _mm512_set1_epi32(1)), hi));
+}
+static inline __attribute__((always_inline)) void decode_block(const int kind, const char *const col[COLS],
+                                                               const char *first, __m512i at, size_t b, cols16 *out) {
+    __m512i w[8];
+    __m512 da, db;
+    decode_regs(kind, col, first, at, b, w, &da, &db);
+    for (int k = 0; k < 8; k++) _mm512_store_si512(out->q[k], w[k]);
+    _mm512_store_ps(out->a, da), _mm512_store_ps(out->b, db);
+}
+#else
+static size_t second_at(int kind) { return kind == W_Q41 ? offsetof(blk4, m) : offsetof(blk6, d) + sizeof(float); }
+// 8 columns' 16 bytes at `at` -> t[i], lane c holding column c's bytes 4i..4i+3 (as above, with two 128-bit lanes)
+static inline __attribute__((always_inline)) void transposed(const char *const col[8], size_t at, __m256i t[4]) {
+    __m256i z[4];
+    for (int j = 0; j < 4; j++)
+        z[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(LOAD16(col[j] + at)), LOAD16(col[4 + j] + at), 1);
+    const __m256i a = _mm256_unpacklo_epi32(z[0], z[1]), b = _mm256_unpackhi_epi32(z[0], z[1]);
+    const __m256i c = _mm256_unpacklo_epi32(z[2], z[3]), d = _mm256_unpackhi_epi32(z[2], z[3]);
+    t[0] = _mm256_unpacklo_epi64(a, c), t[1] = _mm256_unpackhi_epi64(a, c);
+    t[2] = _mm256_unpacklo_epi64(b, d), t[3] = _mm256_unpackhi_epi64(b, d);
+}
+// block b of the 16 columns, 8 at a time (half h: columns 8 h..8 h + 7, bytes 32 h.. of each vector); signed codes
+// + 128 for vpdpbusd, or as they are for vpmaddubsw (which takes their sign onto the activations)
+static inline __attribute__((always_inline)) void decode_block(const int kind, const char *const col[COLS],
+                                                               const char *first, __m256i at[2], size_t b,
+                                                               cols16 *out) {
+    const size_t bytes = kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : sizeof(blk6);
+    const size_t codes = b * bytes + codes_at(kind);
+    const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(VNNI ? (char)0x80 : 0);
+    for (int h = 0; h < 2; h++) {
+        __m256i t[4];
+        transposed(col + 8 * h, codes, t);
+        for (int i = 0; i < 4; i++) {
+            if (kind == W_Q41) {
+                _mm256_store_si256((__m256i *)(out->q[i] + 32 * h), _mm256_and_si256(t[i], low));
+                _mm256_store_si256((__m256i *)(out->q[4 + i] + 32 * h),
+                                   _mm256_and_si256(_mm256_srli_epi16(t[i], 4), low));
+            } else {
+                _mm256_store_si256((__m256i *)(out->q[i] + 32 * h), _mm256_xor_si256(t[i], flip));
+            }
+        }
+        if (kind != W_Q41) {
+            transposed(col + 8 * h, codes + 16, t);
+            for (int i = 0; i < 4; i++)
+                _mm256_store_si256((__m256i *)(out->q[4 + i] + 32 * h), _mm256_xor_si256(t[i], flip));
+        }
+        _mm256_storeu_ps(out->a + 8 * h, _mm256_i32gather_ps((const float *)(first + b * bytes), at[h], 1));
+        if (kind != W_Q80)
+            _mm256_storeu_ps(out->b + 8 * h, _mm256_i32gather_ps((const float *)(first + b * bytes + second_at(kind)),
+                                                                 at[h], 1));
+    }
+}
+#endif
+
+// ---- the products ----
+static inline int32_t codes4(const blkx *x, int k) {  // activations 4k..4k+3, one lane's worth
+    int32_t v;
+    memcpy(&v, x->qs + 4 * k, sizeof(v));
+    return v;
+}
+// a task's columns: where they lie, and where the next task's lie (fetched into L2 a block's share at a time)
+typedef struct {
+    const char *col[COLS];  // column c's blocks (a lane past N reads the last column again: its outputs are not stored)
+    const char *first, *next;
+    int32_t at[COLS];       // col[c] - first
+    size_t share;           // the bytes of one block of COLS columns
+} task_cols;
+static inline __attribute__((always_inline)) void fetch_next(const task_cols *t, int b) {
+    for (size_t o = 0; o < t->share; o += 64) _mm_prefetch(t->next + (size_t)b * t->share + o, _MM_HINT_T1);
+}
+
+#if defined(__AVX512F__)
+// R rows (blocks a, nb a row) times the task's 16 columns -> y (rows ldy apart), the first `keep` lanes: each block's
+// codes decoded in registers (fused: a step's or a verify pass's few rows), or read where decode_block put them (c)
+static inline __attribute__((always_inline)) void rows_times(const int R, const int kind, const int fused,
+                                                             const task_cols *t, const cols16 *c, int nb,
+                                                             const blkx *a, float *y, int ldy, __mmask16 keep) {
+    __m512 acc[ROWS];
+    const __m512i lanes = _mm512_loadu_si512(t->at);
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, c++) {
+        __m512i w[8];
+        __m512 da, db;
+        if (fused) {
+            fetch_next(t, b);
+            decode_regs(kind, t->col, t->first, lanes, (size_t)b, w, &da, &db);
+        } else {
+            for (int k = 0; k < 8; k++) w[k] = _mm512_load_si512(c->q[k]);
+            da = _mm512_load_ps(c->a), db = _mm512_load_ps(c->b);
+        }
+        for (int r = 0; r < R; r++) {
+            const blkx *x = a + (size_t)r * nb + b;
+            __m512i lo = _mm512_set1_epi32(kind == W_Q41 ? 0 : x->off[0]);  // the two halves: two chains
+            __m512i hi = _mm512_set1_epi32(kind == W_Q41 ? 0 : x->off[1]);
+            for (int k = 0; k < 4; k++) {
+                lo = _mm512_dpbusd_epi32(lo, w[k], _mm512_set1_epi32(codes4(x, k)));
+                hi = _mm512_dpbusd_epi32(hi, w[4 + k], _mm512_set1_epi32(codes4(x, 4 + k)));
+            }
+            const __m512 dx = _mm512_set1_ps(x->d);
+            if (kind == W_Q6) {
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(da, dx), _mm512_cvtepi32_ps(lo), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(db, dx), _mm512_cvtepi32_ps(hi), acc[r]);
+            } else {
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(da, dx), _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), acc[r]);
+                if (kind == W_Q41) acc[r] = _mm512_fmadd_ps(db, _mm512_set1_ps(x->s), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy, keep, acc[r]);
+}
+#else
+// the integer dot of 4 vectors of codes w and the activations' codes 4 k0..4 k0 + 15, plus `start`
+static inline __attribute__((always_inline)) __m256i dot4(const int kind, const __m256i *w, const blkx *x, int k0,
+                                                          int32_t start) {
+#if VNNI
+    __m256i s = _mm256_set1_epi32(kind == W_Q41 ? 0 : start);
+    for (int k = 0; k < 4; k++) s = _mm256_dpbusd_avx_epi32(s, w[k], _mm256_set1_epi32(codes4(x, k0 + k)));
+    return s;
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    (void)start;
+    if (kind == W_Q41) {  // 4 pairs of codes <= 15 times |x| <= 127 stay within int16
+        __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(codes4(x, k0)));
+        for (int k = 1; k < 4; k++)
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(codes4(x, k0 + k))));
+        return _mm256_madd_epi16(s, ones);
+    }
+    __m256i s = _mm256_setzero_si256();  // |w| times x with w's sign: a pair stays within int16 (|w| <= 128)
+    for (int k = 0; k < 4; k++) {
+        const __m256i v = _mm256_set1_epi32(codes4(x, k0 + k));
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), _mm256_sign_epi8(v, w[k]));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));
+    }
+    return s;
+#endif
+}
+// R rows times 8 of the task's columns (half h) -> y, the first `keep` of them
+static inline __attribute__((always_inline)) void rows_times(const int R, const int kind, const cols16 *c, int nb,
+                                                             const blkx *a, float *y, int ldy, int h, int keep) {
+    __m256 acc[ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, c++) {
+        __m256i w[8];
+        for (int k = 0; k < 8; k++) w[k] = _mm256_load_si256((const __m256i *)(c->q[k] + 32 * h));
+        const __m256 da = _mm256_loadu_ps(c->a + 8 * h), db = _mm256_loadu_ps(c->b + 8 * h);
+        for (int r = 0; r < R; r++) {
+            const blkx *x = a + (size_t)r * nb + b;
+            const __m256i lo = dot4(kind, w, x, 0, x->off[0]), hi = dot4(kind, w + 4, x, 4, x->off[1]);
+            const __m256 dx = _mm256_set1_ps(x->d);
+            if (kind == W_Q6) {
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(da, dx), _mm256_cvtepi32_ps(lo), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(db, dx), _mm256_cvtepi32_ps(hi), acc[r]);
+            } else {
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(da, dx), _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), acc[r]);
+                if (kind == W_Q41) acc[r] = _mm256_fmadd_ps(db, _mm256_set1_ps(x->s), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[r]);
+        memcpy(y + (size_t)r * ldy, out, sizeof(float) * (size_t)keep);
+    }
+}
+#endif
+
+#define EACH_ROWS(R, CALL) switch (R) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
+                                        ROWS_WIDE(CALL) }
+#if ROWS == 8
+#define ROWS_WIDE(CALL) case 4: CALL(4); break; case 5: CALL(5); break; case 6: CALL(6); break; \
+                        case 7: CALL(7); break; default: CALL(8);
+#else
+#define ROWS_WIDE(CALL) default: CALL(4);
+#endif
+
+// one task: columns n0..n0 + 15 (or to N) times every row: a few rows with each block decoded in registers, more
+// with every block decoded once into the worker's buffer first
+static inline __attribute__((always_inline)) void columns_task(const int kind, const q8a_job *j, int n0,
+                                                               cols16 *buf) {
+    const int nb = j->K / BLOCK, keep = j->N - n0 < COLS ? j->N - n0 : COLS;
+    const size_t column = block_bytes(kind) * (size_t)nb;
+    task_cols t;
+    t.first = (const char *)j->w + (size_t)n0 * column, t.next = t.first + COLS * column;
+    t.share = COLS * block_bytes(kind);
+    for (int c = 0; c < COLS; c++) {
+        t.at[c] = (int32_t)((c < keep ? c : keep - 1) * column);
+        t.col[c] = t.first + t.at[c];
+    }
+#if defined(__AVX512F__)
+    const int fused = j->M <= ROWS;
+#else
+    const int fused = 0;  // 16 registers: the codes come from the buffer
+#endif
+    if (!fused) {
+#if defined(__AVX512F__)
+        const __m512i lanes = _mm512_loadu_si512(t.at);
+#else
+        __m256i lanes[2] = {_mm256_loadu_si256((const __m256i *)t.at), _mm256_loadu_si256((const __m256i *)(t.at + 8))};
+#endif
+        for (int b = 0; b < nb; b++) {
+            fetch_next(&t, b);
+            decode_block(kind, t.col, t.first, lanes, (size_t)b, buf + b);
+        }
+    }
+    for (int m0 = 0; m0 < j->M; m0 += ROWS) {
+        const int R = j->M - m0 < ROWS ? j->M - m0 : ROWS;
+        const blkx *a = j->a + (size_t)m0 * nb;
+        float *y = j->y + (size_t)m0 * j->ldy + n0;
+#if defined(__AVX512F__)
+        #define TIMES(r) if (fused) rows_times(r, kind, 1, &t, buf, nb, a, y, j->ldy, (__mmask16)((1u << keep) - 1)); \
+                         else rows_times(r, kind, 0, &t, buf, nb, a, y, j->ldy, (__mmask16)((1u << keep) - 1))
+        EACH_ROWS(R, TIMES)
+        #undef TIMES
+#else
+        #define TIMES(r) rows_times(r, kind, buf, nb, a, y, j->ldy, 0, keep < 8 ? keep : 8); \
+                         if (keep > 8) rows_times(r, kind, buf, nb, a, y + 8, j->ldy, 1, keep - 8)
+        EACH_ROWS(R, TIMES)
+        #undef TIMES
+#endif
+    }
+}
+
+static void q8a_task(void *ctx, int first, int last, int worker) {
+    const q8a_job *j = ctx;
+    cols16 *buf = (cols16 *)(j->columns + (size_t)worker * q8a_columns_bytes(j->K));
+    for (int task = first; task < last; task++) {
+        if (j->kind == W_Q41) columns_task(W_Q41, j, task * COLS, buf);
+        else if (j->kind == W_Q80) columns_task(W_Q80, j, task * COLS, buf);
+        else columns_task(W_Q6, j, task * COLS, buf);
+    }
+}
+
+static void reference_task(void *ctx, int first, int last, int worker) {
+    const q8a_job *j = ctx;
+    const int nb = j->K / BLOCK;
+    const size_t column = block_bytes(j->kind) * (size_t)nb;
+    (void)worker;
+    for (int n = first * COLS; n < last * COLS && n < j->N; n++)
+        for (int r = 0; r < j->M; r++)
+            j->y[(size_t)r * j->ldy + n] = output_reference(j->kind, (const char *)j->w + (size_t)n * column,
+                                                            j->a + (size_t)r * nb, nb);
+}
+
+void linear_q8a(int threads, int reference, int kind, const float *x, int M, int K, const void *w, float *y, int N,
+                int ldy, void *columns, void *rounded) {
+    q8a_job j = {reference, kind, M, K, N, ldy, x, rounded, w, y, columns};
+    if (M >= 8) pool_run(threads, round_task, &j, M);  // a prompt's rows: rounding them is worth sharing
+    else round_task(&j, 0, M, 0);
+    pool_run(threads, reference ? reference_task : q8a_task, &j, (N + COLS - 1) / COLS);
+}

@@ -1,0 +1,161 @@
+"""The int8 activations mode of the native target (SPECDEC_ACT_INT8; linear_q8a.c): its kernel gives the bits of its
+plain C reference for every kind it takes, shape and thread count; a row's logits are the same bits alone, in a verify
+pass, at a prompt chunk's end and in a batch; speculative greedy output equals plain greedy output in the mode; and
+`load(activations=...)` chooses it, refusing what cannot run it. The sanitizer run (make test-sanitize) runs it."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from specdec import GenerationConfig
+from specdec.blocks import encode, float_rows
+from specdec.errors import BackendError, ConfigError
+from specdec.manifest import read_manifest
+from specdec.native_record import Activations
+from specdec.native import build
+from specdec.runtime import load
+from specdec.runtime.native_backend import NativeBackend
+from specdec.weight_kinds import KERNELS, Kernel, WeightKind
+
+pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
+KINDS = (WeightKind.Q41, WeightKind.Q80, WeightKind.Q6)  # what the int8 kernels take (specdec_kinds.h)
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
+
+
+def product(x: np.ndarray, weights: np.ndarray, kind: WeightKind, kernel: Kernel, threads: int) -> np.ndarray:
+    """y [M, N] of specdec_matmul, called raw (status 0 asserted)."""
+    lib = build.load_kernels()
+    y = np.full((len(x), len(weights)), np.nan, np.float32)
+    need = lib.specdec_matmul_scratch_bytes(x.shape[0], x.shape[1], KERNELS[kernel], threads)
+    scratch = np.empty(need, np.uint8)
+    status = lib.specdec_matmul(x.ctypes.data, x.shape[0], x.shape[1], weights.ctypes.data, weights.shape[1],
+                                int(kind), KERNELS[kernel], y.ctypes.data, len(weights), scratch.ctypes.data,
+                                scratch.size, threads)
+    assert status == 0, f"{kind.label} by {kernel}: status {status}"
+    return y
+
+
+def _activations(rng, m: int, k: int) -> np.ndarray:
+    """x [M, K]: normal values, a block of zeros, a block far below the rest and a block with one large value."""
+    x = rng.normal(0, 1, (m, k)).astype(np.float32)
+    x[0, :32] = 0.0
+    if m > 1:
+        x[1, :32] *= 1e-20
+    x[-1, -32:] *= np.where(np.arange(32) == 5, 1e4, 1.0).astype(np.float32)
+    return x
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.label)
+def test_the_kernel_gives_its_references_bits(kind, threads):
+    rng = np.random.default_rng(int(kind) + 10 * threads)
+    for m in (1, 5, 7, 64):
+        for k, n in ((32, 16), (96, 37), (320, 50), (64, 129)):  # N not a multiple of 16 too
+            weights = encode(kind, rng.normal(0, 0.1, (n, k)).astype(np.float32))
+            x = _activations(rng, m, k)
+            fast, reference = (product(x, weights, kind, kernel, threads) for kernel in (Kernel.Q8A, Kernel.Q8A_REF))
+            assert np.array_equal(fast, reference), f"{kind.label} M={m} K={k} N={n} threads={threads}"
+            want = x.astype(np.float64) @ float_rows(weights)[:, :k].T.astype(np.float64)
+            scale = np.abs(x).reshape(m, -1, 32).max(-1).sum(-1, keepdims=True) * np.abs(float_rows(weights)).max()
+            # each activation within 1/254 of its block's largest: 32/254 of it times the largest weight a block
+            assert (np.abs(fast - want) <= (32 / 254 + 1e-4) * scale).all()
+
+
+def test_a_block_holding_nan_gives_nan_not_a_guess():
+    weights = encode(WeightKind.Q80, np.ones((16, 64), np.float32))
+    x = np.ones((2, 64), np.float32)
+    x[1, 40] = np.nan
+    for kernel in (Kernel.Q8A, Kernel.Q8A_REF):
+        y = product(x, weights, WeightKind.Q80, kernel, 1)
+        assert np.isfinite(y[0]).all() and np.isnan(y[1]).all()
+
+
+def _target(bundle, activations=Activations.INT8, threads: int = 2, slots: int = 4) -> NativeBackend:
+    backend = NativeBackend(bundle, read_manifest(bundle).target, threads, activations=activations).open()
+    backend.reset(slots)
+    return backend
+
+
+def test_a_rows_logits_are_the_same_bits_in_every_call(grid_bundle):
+    """Positions 210..214 of a row: one-token steps, a 5-token verify pass, a prompt chunk's last position, and a batch
+    of 4 rows at other lengths in other slots; on 1 and 2 threads."""
+    ids = np.random.default_rng(12).integers(3, 300, (4, 240))
+    runs = []
+    for threads in (1, 2):
+        backend = _target(grid_bundle, threads=threads)
+        backend.forward(ids[:1, :210], np.array([0]), last_only=True, slots=np.array([0]))
+        steps = np.stack([backend.forward(ids[:1, p : p + 1], np.array([p]), slots=np.array([0]))[0, 0]
+                          for p in range(210, 215)])
+        verify = backend.forward(ids[:1, 210:215], np.array([210]), slots=np.array([0]))[0]
+        chunk = backend.forward(ids[:1, 150:215], np.array([150]), last_only=True, slots=np.array([0]))[0, 0]
+        assert np.array_equal(verify, steps) and np.array_equal(chunk, steps[-1])
+        lengths = [37, 9, 140]
+        for slot, length in zip((1, 2, 3), lengths):
+            backend.forward(ids[slot : slot + 1, :length], np.array([0]), last_only=True, slots=np.array([slot]))
+        tokens = np.stack([ids[0, 210:215]] + [ids[s, n : n + 5] for s, n in zip((1, 2, 3), lengths)])
+        batch = backend.forward(tokens, np.array([210, *lengths]), slots=np.array([0, 1, 2, 3]))
+        assert np.array_equal(batch[0], steps)
+        runs.append(steps)
+    assert np.array_equal(*runs)
+
+
+def test_the_mode_is_on_and_near_fp32(grid_bundle):
+    """The deliberately failing comparison: int8 logits are not fp32's bits (else the mode would be off), yet close."""
+    ids = np.random.default_rng(3).integers(3, 300, (1, 40))
+    out = {}
+    for mode in Activations:
+        backend = _target(grid_bundle, mode, slots=1)
+        assert backend.model.activations is mode
+        out[mode] = backend.forward(ids, np.array([0]))[0]
+    fp32, int8 = out[Activations.FP32], out[Activations.INT8]
+    assert not np.array_equal(fp32, int8)
+    assert np.abs(fp32 - int8).mean() <= 0.02 * np.abs(fp32).max()  # the tiny random model amplifies the rounding
+
+
+@pytest.mark.parametrize(("drafter", "gamma"), [("model", 1), ("model", 3), ("model", 4), ("prompt_lookup", 3)])
+def test_speculative_greedy_equals_plain_greedy_in_int8(q41_bundle, drafter, gamma):
+    with load(q41_bundle, backend="native", activations="int8") as gen:
+        assert gen.activations is Activations.INT8
+        plain = gen.generate(PROMPT, GenerationConfig(max_new_tokens=40, drafter="none")).token_ids
+        assert gen.generate(PROMPT, GenerationConfig(max_new_tokens=40, drafter=drafter, gamma=gamma)).token_ids \
+            == plain
+
+
+def test_load_chooses_the_mode_and_refuses_what_cannot_run_it(q41_bundle, off_grid_bundle, tmp_path):
+    with pytest.raises(ConfigError, match="activations='int4' is not one of fp32, int8"):
+        load(q41_bundle, activations="int4")
+    with pytest.raises(ConfigError, match="runs on the native backend"):
+        load(q41_bundle, backend="onnxruntime", activations="int8")
+    with pytest.raises(BackendError, match="rows"):  # fp32 rows: nothing for int8 activations to multiply
+        load(off_grid_bundle, backend="native", activations="int8")
+    with load(q41_bundle, backend="native") as gen:
+        assert gen.activations is Activations.FP32  # the bundle has no default: fp32
+    copy = shutil.copytree(q41_bundle, tmp_path / "int8")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["defaults"]["activations"] = "int8"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with load(copy, backend="native") as gen:
+        assert gen.activations is Activations.INT8
+    with load(copy, backend="native", activations="fp32") as gen:
+        assert gen.activations is Activations.FP32
+    with load(copy, backend="onnxruntime") as gen:  # the bundle's default, where int8 cannot run: fp32
+        assert gen.activations is Activations.FP32
+
+
+def test_the_commands_take_activations(q41_bundle, capsys):
+    from specdec.cli.main import main
+    from specdec.serving.options import ServeOptions
+
+    assert main(["generate", str(q41_bundle), "--prompt", "The quick", "--max-new-tokens", "4", "--backend", "native",
+                 "--activations", "int8"]) == 0
+    assert ", int8]" in capsys.readouterr().err
+    assert main(["generate", str(q41_bundle), "--prompt", "The quick", "--backend", "onnxruntime", "--activations", "int8"]) == 1
+    assert "runs on the native backend" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's choices
+        main(["generate", str(q41_bundle), "--prompt", "The quick", "--activations", "int4"])
+    assert ServeOptions(bundle=str(q41_bundle), activations="int8").activations is Activations.INT8
+    with pytest.raises(ConfigError, match="not one of fp32, int8"):
+        ServeOptions(bundle=str(q41_bundle), activations="int4")
