@@ -19,6 +19,7 @@ from specdec.native import build
 from specdec.runtime import load
 from specdec.runtime.native_backend import NativeBackend
 from specdec.weight_kinds import KERNELS, Kernel, WeightKind
+from tests.bench.test_entry_points import read_record, run_script
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 KINDS = (WeightKind.Q41, WeightKind.Q80, WeightKind.Q6)  # what the int8 kernels take (specdec_kinds.h)
@@ -159,3 +160,14 @@ def test_the_commands_take_activations(q41_bundle, capsys):
     assert ServeOptions(bundle=str(q41_bundle), activations="int8").activations is Activations.INT8
     with pytest.raises(ConfigError, match="not one of fp32, int8"):
         ServeOptions(bundle=str(q41_bundle), activations="int4")
+
+
+def test_the_fidelity_benchmark_compares_int8_with_fp32_teacher_forced(grid_bundle, tmp_path):
+    """benchmarks/fidelity.py runs end to end and its record adds up; the mode moves the logits a little."""
+    out = tmp_path / "fidelity"
+    run_script("fidelity.py", grid_bundle, "--prompts", 3, "--positions", 8, "--out", out)
+    record = read_record(out, "fidelity.py")
+    figures = record["summary"]
+    assert figures["prompts"] == 3 and figures["positions"] == 24
+    assert 0.0 <= figures["top1_agreement"] <= 1.0 and figures["kl_mean"] > 0.0
+    assert figures["disagreements"] == 24 - sum(p["agree"] for p in record["prompts"])
