@@ -17,6 +17,7 @@ from specdec.engines.trt_config import BACKEND as TENSORRT, HARDWARE_COMPATIBILI
 from specdec.errors import ConfigError
 from specdec.export.config import DRAFT_DERIVATIONS, DTYPES, LOWERINGS, WEIGHTS, ExportConfig
 from specdec.manifest import HardwareCompatibility, LoweringName, Precision, Role
+from specdec.native_record import ACTIVATIONS, Activations
 from specdec.runtime.config import BackendName
 
 
@@ -49,6 +50,10 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
                         help="the target graph also returns the hidden states of these layers (e.g. 1,14,26), for a "
                              "trained draft head on onnxruntime; 'head': the three an EAGLE-3 head reads (default: none; "
                              "the native and cuda engines return any layer's without it)")
+    parser.add_argument("--activations", choices=ACTIVATIONS, default=Activations.FP32,
+                        help="the bundle's default activations for its native target (what `load` and --activations "
+                             "use unset): fp32 (the default), or int8, faster prompts and verify passes at a cost in "
+                             "fidelity (docs/backends.md)")
     parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
     _add_head_args(parser)
     _add_quantize_args(parser)
@@ -128,7 +133,7 @@ def _export_config(args, quantize) -> ExportConfig:
         lowering=args.lowering or (LoweringName.PLAIN if args.engine else LoweringName.GQA),
         check_parity=not args.skip_parity, progress=sys.stderr.isatty() or args.verbose,
         feature_layers=_head_layers(args.head) if args.head is not None and args.feature_layers == () else
-        args.feature_layers,
+        args.feature_layers, activations=args.activations,
     )
 
 

@@ -307,7 +307,8 @@ def export_bundle(config: ExportConfig) -> Path:
                     tools=_tool_versions(),
                     tokenizer=_tokenizer_info(tokenizer, target.model, tmp),
                     models=models,
-                    defaults=Defaults(config.gamma, config.gamma_max, config.max_prefill_chunk),
+                    defaults=Defaults(config.gamma, config.gamma_max, config.max_prefill_chunk,
+                                      activations=config.activations),
                 )
                 (tmp / MANIFEST_NAME).write_text(json_from_manifest(manifest), encoding="utf-8")
     return config.out

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specdec.errors import ConfigError
 from specdec.manifest import LOWERING_NAMES as LOWERINGS, LoweringName, Precision
+from specdec.native_record import ACTIVATIONS, Activations
 
 
 class DraftOrigin(StrEnum):
@@ -59,6 +60,7 @@ class ExportConfig:
     progress: bool = True
     feature_layers: tuple | None = ()  # the target graph's features output: (), none; None, the three layers a
     # trained head reads (specdec.runtime.forward.head_feature_layers); else these layers
+    activations: Activations = Activations.FP32  # the bundle's default for the native target (Defaults.activations)
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))
@@ -88,6 +90,10 @@ class ExportConfig:
             )
         if self.feature_layers is not None:
             object.__setattr__(self, "feature_layers", _feature_layers(self.feature_layers))
+        if self.activations not in ACTIVATIONS:
+            raise ConfigError(f"--activations {self.activations!r} is not supported",
+                              f"choose one of {', '.join(ACTIVATIONS)}")
+        object.__setattr__(self, "activations", Activations(self.activations))
         if not 1 <= self.gamma <= self.gamma_max:
             raise ConfigError(f"--gamma {self.gamma} is outside 1..--gamma-max ({self.gamma_max})", "lower --gamma")
         if self.gamma_max + 1 > self.max_seq_len:

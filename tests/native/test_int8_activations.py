@@ -171,3 +171,17 @@ def test_the_fidelity_benchmark_compares_int8_with_fp32_teacher_forced(grid_bund
     assert figures["prompts"] == 3 and figures["positions"] == 24
     assert 0.0 <= figures["top1_agreement"] <= 1.0 and figures["kl_mean"] > 0.0
     assert figures["disagreements"] == 24 - sum(p["agree"] for p in record["prompts"])
+
+
+def test_export_records_the_default_activations(tmp_path):
+    from specdec.export.config import ExportConfig
+    from specdec.export.tiny import save_tiny_on_grids
+    from tests.native.conftest import _gqa_export
+
+    with pytest.raises(ConfigError, match="--activations 'int4' is not supported(.|\n)*Hint: choose one of fp32, int8"):
+        ExportConfig(out=tmp_path / "x", activations="int4")
+    model = save_tiny_on_grids(tmp_path / "grid", family="llama", seed=0, init_range=0.5, hidden=64)
+    bundle = _gqa_export(tmp_path / "b", model, no_draft=True, activations="int8")
+    assert read_manifest(bundle).defaults.activations == Activations.INT8
+    with load(bundle, backend="native") as gen:
+        assert gen.activations is Activations.INT8
