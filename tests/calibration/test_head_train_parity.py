@@ -64,3 +64,21 @@ def test_weights_round_trip_and_gradients_reach_every_trained_tensor():
     features = torch.from_numpy(rng.standard_normal((2, 9, 3, DIMS.hidden_size)).astype(np.float32))
     sum(logits.logsumexp(-1).mean() for logits in torch_head.chain(tokens, torch_head.fuse(features), STEPS)).backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in torch_head.parameters())
+
+
+def test_the_batch_stream_runs_through_epochs_of_different_batch_counts():
+    """Each epoch packs its own shuffle, so epochs hold different counts of batches: step s is placed by the counts
+    before it (a stream that divided by epoch 0's count ran past a shorter epoch's end), and every epoch covers every
+    sequence once."""
+    from specdec.calibration.head_train.train import BatchStream, TrainPlan, epoch_batches
+
+    rng = np.random.default_rng(3)
+    lengths = {s: int(n) for s, n in enumerate(rng.integers(8, 400, 300))}
+    plan = TrainPlan(batch_tokens=1024)
+    counts = [len(epoch_batches(lengths, plan.batch_tokens, plan.seed, e)) for e in range(4)]
+    assert len(set(counts)) > 1, counts  # the case this test is for
+    stream, first = BatchStream(lengths, plan), 0
+    for count in counts:
+        seen = [s for step in range(first, first + count) for s in stream[step]]
+        assert sorted(seen) == sorted(lengths)
+        first += count

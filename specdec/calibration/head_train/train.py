@@ -66,12 +66,14 @@ def epoch_batches(lengths: dict, batch_tokens: int, seed: int, epoch: int) -> li
 
 
 class BatchStream:
-    """Step s's batch, epoch after epoch (every epoch over the training sequences, reshuffled)."""
+    """Step s's batch, epoch after epoch (every epoch over the training sequences, reshuffled). Epochs differ in their
+    count of batches (each packs its own shuffle), so a step is placed by the counts of the epochs before it."""
 
     def __init__(self, lengths: dict, plan: TrainPlan):
         self.lengths = lengths
         self.plan = plan
-        self.epochs = {}
+        self.epochs = {}  # the one epoch held: {epoch: its batches}
+        self.counts = []  # batches of epochs 0, 1, ... as far as placed
 
     def steps_per_epoch(self) -> int:
         return len(self._epoch(0))
@@ -82,8 +84,14 @@ class BatchStream:
         return self.epochs[epoch]
 
     def __getitem__(self, step: int) -> list:
-        per = self.steps_per_epoch()
-        return self._epoch(step // per)[step % per]
+        epoch = 0
+        while True:
+            if epoch == len(self.counts):
+                self.counts.append(len(self._epoch(epoch)))
+            if step < self.counts[epoch]:
+                return self._epoch(epoch)[step]
+            step -= self.counts[epoch]
+            epoch += 1
 
 
 def schedule(plan: TrainPlan, total: int):
