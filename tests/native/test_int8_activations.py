@@ -185,3 +185,17 @@ def test_export_records_the_default_activations(tmp_path):
     assert read_manifest(bundle).defaults.activations == Activations.INT8
     with load(bundle, backend="native") as gen:
         assert gen.activations is Activations.INT8
+
+
+def test_speculative_sampling_keeps_the_int8_targets_distribution(q41_bundle):
+    """The chi-square test of tests/runtime/test_distribution.py with the target in int8 mode: sampled with the
+    int4-q41 draft at γ = 3, the window of three tokens follows the int8 target's own (enumerated) distribution."""
+    from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, TOP_K, exact_joint, p_value, sampled
+
+    with load(q41_bundle, backend="native", activations="int8") as gen:
+        assert gen.activations is Activations.INT8
+        config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=3, drafter="model", **TOP_K)
+        prompt_ids = gen.codec.encode(PROMPT)
+        counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
+        assert proposed[2] > 100 and accepted[1] > 50, (proposed, accepted)
+        assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
