@@ -3,6 +3,7 @@ or on several bundles that share a target (drafts of one model), greedy or sampl
 
     python benchmarks/modes.py bundles/smollm2-q41 --modes none,model:4,auto:4,prompt_lookup:4
     python benchmarks/modes.py bundles/smollm2-q41-exact bundles/smollm2-q41 --modes none,model:4,model:8 --ignore-eos
+    python benchmarks/modes.py bundles/smollm2-q41-head --modes none,head:3 --activations int8   # a trained head
     python benchmarks/modes.py bundles/smollm2-q41 --modes model:4 --temperature 0.8 --top-p 0.95 \
         --couplings leviathan,gumbel                     # what coupling="gumbel" costs in acceptance
 
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import opening, record, tables, timer
+
+from specdec.native_record import ACTIVATIONS
 
 EXPERIMENT = "modes"
 HERE = Path(__file__).resolve().parent
@@ -178,6 +181,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="prompt i of a sampled run uses seed + i")
     parser.add_argument("--ignore-eos", action="store_true", help="every request makes --new-tokens tokens")
     opening.add_common(parser)
+    parser.add_argument("--activations", choices=ACTIVATIONS, default=None,
+                        help="the native target's activations (default: the bundle's)")
     return parser.parse_args(argv)
 
 
@@ -190,9 +195,11 @@ def main(argv=None) -> int:
     labels = [Path(b).name if [Path(x).name for x in args.bundles].count(Path(b).name) == 1 else b
               for b in args.bundles]
     with contextlib.ExitStack() as stack:
-        generators = {label: stack.enter_context(opening.open_bundle(bundle, args.backend, args.threads))
+        generators = {label: stack.enter_context(opening.open_bundle(bundle, args.backend, args.threads,
+                                                                     activations=args.activations))
                       for label, bundle in zip(labels, args.bundles)}
-        settings = {label: opening.describe(g) | {"threads": args.threads} for label, g in generators.items()}
+        settings = {label: opening.describe(g) | {"threads": args.threads, "activations": str(g.activations)}
+                    for label, g in generators.items()}
         run_record = record.run_record(EXPERIMENT, settings, args.threads, __file__, argv, modes=args.modes,
                                        temperature=args.temperature, repeats=args.repeats)
         prompts = choose_prompts(generators[labels[0]], args.prompts, args.per_class, args.new_tokens)
