@@ -54,14 +54,14 @@ def native_env(pages: str | None = None, isa: str | None = None):
     kernels for the instruction set `isa` (SPECDEC_NATIVE_ISA: auto, avx2, avx512); None leaves either as this
     process has it. A bundle opened inside keeps both after it: each instruction set loads a library of its own, so
     builds of both can run in one process."""
-    from specdec.native.build import ISA_ENV, load_kernels
+    from specdec.native.build import ISA_ENV, forget_kernels
     from specdec.runtime.native_backend import PAGES_ENV
 
     wanted = {PAGES_ENV: pages, ISA_ENV: isa}
     before = {name: os.environ.get(name) for name in wanted}
     os.environ.update({name: value for name, value in wanted.items() if value is not None})
     if isa is not None:
-        load_kernels.cache_clear()
+        forget_kernels()
     try:
         yield
     finally:
@@ -71,7 +71,7 @@ def native_env(pages: str | None = None, isa: str | None = None):
             else:
                 os.environ[name] = value
         if isa is not None:
-            load_kernels.cache_clear()
+            forget_kernels()
 
 
 def add_out(parser: argparse.ArgumentParser) -> None:

@@ -85,21 +85,23 @@ def missing_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), required: tuple = R
     return [flag for flag in required if flag not in words]
 
 
-def isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> Isa:
-    """The instruction set the kernels are built for: $SPECDEC_NATIVE_ISA, where auto (or unset) means avx512-vbmi
-    on a CPU with every one of VBMI_CPU, else avx512 on one with every one of AVX512_CPU, else avx2. All compute the
-    same bits (tests/native/test_isa.py)."""
+def isa(cpuinfo: Path = Path("/proc/cpuinfo"), wanted: "Isa | str | None" = None) -> Isa:
+    """The instruction set the kernels are built for: `wanted` (load(isa=...)), else $SPECDEC_NATIVE_ISA, where auto
+    (or neither) means avx512-vbmi on a CPU with every one of VBMI_CPU, else avx512 on one with every one of
+    AVX512_CPU, else avx2. All compute the same bits (tests/native/test_isa.py)."""
+    source = "isa" if wanted is not None else ISA_ENV
+    text = str(wanted) if wanted is not None else os.environ.get(ISA_ENV, "")
     try:
-        wanted = Isa(os.environ.get(ISA_ENV, "").strip().lower() or Isa.AUTO)
+        chosen = Isa(text.strip().lower() or Isa.AUTO)
     except ValueError:
-        raise BackendError(f"{ISA_ENV}={os.environ[ISA_ENV]!r} is not one of {', '.join(ISAS)}",
-                           f"unset it (auto picks the widest this CPU runs), or {NO_NATIVE}") from None
-    if wanted is not Isa.AUTO:
-        lacking = missing_cpu_flags(cpuinfo, ISA_CPU.get(wanted, ()))
+        raise BackendError(f"{source}={text!r} is not one of {', '.join(ISAS)}",
+                           f"leave it unset (auto picks the widest this CPU runs), or {NO_NATIVE}") from None
+    if chosen is not Isa.AUTO:
+        lacking = missing_cpu_flags(cpuinfo, ISA_CPU.get(chosen, ()))
         if lacking:
-            raise BackendError(f"{ISA_ENV}={wanted}, but this CPU lacks {', '.join(lacking)}",
-                               f"unset {ISA_ENV} (auto picks the widest this CPU runs) or set it to avx2")
-        return wanted
+            raise BackendError(f"{source}={chosen}, but this CPU lacks {', '.join(lacking)}",
+                               f"leave {source} unset (auto picks the widest this CPU runs) or choose avx2")
+        return chosen
     for widest in (Isa.AVX512_VBMI, Isa.AVX512):
         if not missing_cpu_flags(cpuinfo, ISA_CPU[widest]):
             return widest
@@ -115,15 +117,16 @@ def compiler() -> str:
                        f"(CC={os.environ.get('CC')!r}, cc, gcc)", f"install gcc (apt install gcc), or {NO_NATIVE}")
 
 
-def build_flags() -> tuple:
-    flags = FLAGS + ISA_FLAGS[isa()]
+def build_flags(chosen: Isa | None = None) -> tuple:
+    """The compiler's flags for the instruction set `chosen` (None: isa()'s)."""
+    flags = FLAGS + ISA_FLAGS[chosen or isa()]
     return flags + SANITIZE_FLAGS if os.environ.get(SANITIZE_ENV) == "1" else flags
 
 
-def _compile(cc: str, target: Path) -> None:
+def _compile(cc: str, target: Path, chosen: Isa | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:  # then one rename: no half-written library
         built = Path(scratch) / target.name
-        done = subprocess.run([cc, *build_flags(), *map(str, SOURCES), "-o", str(built), *LIBRARIES],
+        done = subprocess.run([cc, *build_flags(chosen), *map(str, SOURCES), "-o", str(built), *LIBRARIES],
                               capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
@@ -181,8 +184,8 @@ def _locked(folder: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def source_key(cc: str) -> str:
-    digest = hashlib.sha256(" ".join((cc, *build_flags(), *LIBRARIES)).encode())
+def source_key(cc: str, chosen: Isa | None = None) -> str:
+    digest = hashlib.sha256(" ".join((cc, *build_flags(chosen), *LIBRARIES)).encode())
     for path in SOURCES + HEADERS:
         try:
             digest.update(path.read_bytes())
@@ -256,11 +259,11 @@ def _check_machine() -> str:
     return compiler()
 
 
-def compiled() -> ctypes.CDLL:
-    """The loaded, checked library of this specdec's sources: built once per sources, flags and compiler, rebuilt
-    where the cached one is corrupt, foreign or of another ABI."""
+def compiled(chosen: Isa | None = None) -> ctypes.CDLL:
+    """The loaded, checked library of this specdec's sources for the instruction set `chosen` (None: isa()'s): built
+    once per sources, flags and compiler, rebuilt where the cached one is corrupt, foreign or of another ABI."""
     cc = _check_machine()
-    folder = library_dir(source_key(cc))
+    folder = library_dir(source_key(cc, chosen))
     library = folder / LIBRARY_NAME
     with _locked(folder):
         if library.is_file() and _private(library):
@@ -269,11 +272,22 @@ def compiled() -> ctypes.CDLL:
             except BackendError as exc:
                 log.warning("rebuilding the native kernels: %s", exc.message)
         library.unlink(missing_ok=True)
-        _compile(cc, library)
+        _compile(cc, library, chosen)
         return checked(library)  # a library that fails its checks right after the build is not rebuilt again
 
 
+def load_kernels(wanted: "Isa | str | None" = None) -> ctypes.CDLL:
+    """The compiled, checked kernels for the instruction set `wanted` (None: $SPECDEC_NATIVE_ISA, else auto); loaded
+    once per process and instruction set. A CPU without AVX2 or a missing compiler is reported before the choice."""
+    _check_machine()
+    return _loaded(isa(wanted=wanted))
+
+
 @functools.cache
-def load_kernels() -> ctypes.CDLL:
-    """The compiled, checked kernels (once per process)."""
-    return compiled()
+def _loaded(chosen: Isa) -> ctypes.CDLL:
+    return compiled(chosen)
+
+
+def forget_kernels() -> None:
+    """Let the next load_kernels load (and where need be build) again: a test's or benchmark's own cache."""
+    _loaded.cache_clear()

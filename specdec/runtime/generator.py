@@ -31,6 +31,8 @@ from specdec.runtime.forward import Observed
 from specdec.runtime.head_drafter import feature_problem, open_head
 from specdec.runtime.loop import SpeculativeLoop
 from specdec.runtime.native_backend import checked_activations
+from specdec.weights_file import PAGES
+from specdec.weight_kinds import Isa
 from specdec.runtime.prompt_worker import PromptBudget, PromptWorker
 from specdec.runtime.registry import open_backends
 from specdec.runtime.requests import RequestLayer
@@ -80,7 +82,7 @@ class GenerationResult:
 
 def load(bundle: str | os.PathLike, backend: str = AUTO_BACKEND, device: str | None = None, verify: bool = True,
          threads: int | None = None, prompt_budget: PromptBudget | None = None,
-         activations: str | None = None) -> "Generator":
+         activations: str | None = None, pages: str | None = None, isa: str | None = None) -> "Generator":
     """Open a bundle for generation. `verify` checks the sha256 of every file the opened backends and the tokenizer
     read against the manifest (before each is opened).
     backend: "auto" (the default) opens the cuda backend on a GPU, else the native backend where the bundle and this
@@ -92,16 +94,28 @@ def load(bundle: str | os.PathLike, backend: str = AUTO_BACKEND, device: str | N
     activations: the native target's, "fp32" or "int8" (each row's rounded per block of 32 before every product with
     blocked weights: docs/backends.md); unset, the bundle's defaults.activations (fp32 where it has none). int8 runs
     on the native backend only (another backend asked for it: ConfigError); the Generator's `activations` says which
-    ran."""
+    ran.
+    pages, isa: the native backend's: how it holds its weights ("private", the default: a copy on huge pages; or
+    "shared": the bundle's file mapped, one copy for every process), and its kernels' instruction set ("auto", the
+    default: the widest this CPU runs; "avx2", "avx512", "avx512-vbmi"); unset, $SPECDEC_NATIVE_PAGES and
+    $SPECDEC_NATIVE_ISA, where set, else those defaults."""
     threads = check_threads(threads)
     activations = None if activations is None else checked_activations(activations)
+    _check_choice("pages", pages, PAGES)
+    _check_choice("isa", isa, tuple(Isa))
     _check_type("backend", backend, str, "pass backend='auto' (the default), 'onnxruntime', 'native', 'cuda' or "
                                          "'tensorrt'")
     _check_type("device", device, (str, type(None)), "pass device='cpu' or 'cuda:N', or leave it unset")
     _check_type("verify", verify, bool, "pass verify=True (the default) or False")
     return generator_of(bundle, verify, lambda root, manifest: open_backends(root, manifest, backend, device,
-                                                                            threads, verify, activations),
+                                                                            threads, verify, activations, pages, isa),
                         prompt_budget)
+
+
+def _check_choice(name: str, value, choices: tuple) -> None:
+    if value is not None and value not in choices:
+        raise ConfigError(f"{name}={shown(value)} is not one of {', '.join(choices)}",
+                          f"pass {name}= one of those, or leave it unset (docs/backends.md)")
 
 
 def _check_type(name: str, value, kinds, hint: str) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 
 from specdec.errors import BackendError, ConfigError
 from specdec.manifest import Dtype, ModelEntry
@@ -35,15 +34,16 @@ HINT = "use backend='onnxruntime'"
 PAGES_ENV = "SPECDEC_NATIVE_PAGES"  # "private" (default) or "shared": how the weights are held (specdec.blocks)
 
 
-def pages() -> str:
-    """How this process holds native weights: $SPECDEC_NATIVE_PAGES, else "private"."""
+def checked_pages(wanted: str | None = None) -> str:
+    """How native weights are held: `wanted` (load(pages=...)), else $SPECDEC_NATIVE_PAGES, else "private"."""
     from specdec.weights_file import PAGES, Pages
 
-    value = os.environ.get(PAGES_ENV, "").strip() or Pages.PRIVATE
+    source = "pages" if wanted is not None else PAGES_ENV
+    value = str(wanted if wanted is not None else os.environ.get(PAGES_ENV, "")).strip() or Pages.PRIVATE
     if value not in PAGES:
-        raise BackendError(f"{PAGES_ENV}={value!r} is not one of {', '.join(PAGES)}",
-                           "set it to private (the default: faster steps) or shared (one copy for all processes)")
-    return value
+        raise BackendError(f"{source}={value!r} is not one of {', '.join(PAGES)}",
+                           "choose private (the default: faster steps) or shared (one copy for all processes)")
+    return Pages(value)
 
 
 def checked_activations(value) -> Activations:
@@ -63,10 +63,13 @@ class NativeBackend(KernelBackend):
     exact_prefix_kv = True  # a position's result depends only on its position (docs/backends.md; tested)
 
     def __init__(self, root: Path, entry: ModelEntry, threads: int | None = None,
-                 target: "NativeBackend | None" = None, activations: str = Activations.FP32):
+                 target: "NativeBackend | None" = None, activations: str = Activations.FP32,
+                 pages: str | None = None, isa: str | None = None):
         super().__init__(root, entry, target)
         self.threads = threads
         self.activations = checked_activations(activations)  # a target's; a draft keeps its own kernels
+        self.pages = pages  # how the weights are held (checked_pages at open; a draft's: its target's)
+        self.isa = isa  # the kernels' instruction set (None: $SPECDEC_NATIVE_ISA, else the widest this CPU runs)
         self.driver = None
 
     @classmethod
@@ -77,6 +80,7 @@ class NativeBackend(KernelBackend):
         if self.entry.kv_dtype != Dtype.FLOAT32:
             raise BackendError(f"the {self.entry.role} has KV dtype {self.entry.kv_dtype}; the native backend keeps "
                                f"fp32 KV", f"re-export with --dtype fp32, or {HINT}")
+        self.pages = checked_pages(self.pages) if self.target is None else self.target.pages
         super().open()
         self.model.struct  # built and checked now, not on the first call
         self.driver = self.model  # what a draft's copy_kv reads (geometry, buffers)
@@ -93,16 +97,16 @@ class NativeBackend(KernelBackend):
             raise BackendError(f"activations='int8' multiply blocked weights, and this target holds "
                                f"{record.layout} rows", "pass activations='fp32', or use a bundle of a GGUF's "
                                "blocks (Q4_1, Q8_0 or a K-quant mix)")
-        weights = target_weights(self.root, record, self.entry.dims, pages())
+        weights = target_weights(self.root, record, self.entry.dims, self.pages)
         self.check_family(weights)
-        return NativeModel(weights, self.entry.dims, load_kernels(), self.max_seq_len, threads=self._workers(),
+        return NativeModel(weights, self.entry.dims, load_kernels(self.isa), self.max_seq_len, threads=self._workers(),
                            activations=self.activations)
 
     def _open_draft(self, record, target_model):
         from specdec.native.model import NativeModel
         from specdec.native.weights import draft_weights
 
-        draft = draft_weights(self.root, record, self.entry.dims, target_model.weights, pages())
+        draft = draft_weights(self.root, record, self.entry.dims, target_model.weights, self.pages)
         return NativeModel(target_model.weights, self.entry.dims, target_model.kernels, self.max_seq_len, draft=draft,
                            kv_owner=target_model, threads=self._workers())
 

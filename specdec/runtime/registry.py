@@ -83,16 +83,18 @@ def _warn_once(note: str, fallback: str) -> None:
 
 
 def open_backends(root: Path, manifest: Manifest, backend: str, device: str | None, threads: int | None,
-                  verify: bool = False, activations: Activations | None = None) -> tuple:
+                  verify: bool = False, activations: Activations | None = None, pages: str | None = None,
+                  isa: str | None = None) -> tuple:
     """(target, draft, the backend's name, why the backend auto wanted did not open, or None) for `specdec.load`;
     verify: hash each file a backend reads before it opens. device None: a GPU where CuPy sees one, else the CPU.
     activations: the native target's (None: the bundle's defaults.activations). Only the native backend has int8
     activations: asked for them, any other backend is a ConfigError, and auto opens native or fails; a bundle whose
-    default is int8 runs fp32 on the others (the Generator's `activations` says which ran)."""
+    default is int8 runs fp32 on the others (the Generator's `activations` says which ran). pages, isa: the native
+    backend's (None: its environment's, else its defaults)."""
     mode = Activations(activations or manifest.defaults.activations)
 
     def native_target() -> NativeBackend:
-        return NativeBackend(root, manifest.target, threads, activations=mode)
+        return NativeBackend(root, manifest.target, threads, activations=mode, pages=pages, isa=isa)
 
     if backend != AUTO:
         cls = backend_class(backend)

@@ -86,6 +86,6 @@ def q41_bundle(grid_bundle, tmp_path_factory):
 def fresh_build(monkeypatch, tmp_path):
     """A kernels cache of this test's own (SPECDEC_CACHE), and no library loaded yet in this process."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    build.load_kernels.cache_clear()
+    build.forget_kernels()
     yield tmp_path
-    build.load_kernels.cache_clear()
+    build.forget_kernels()

@@ -72,3 +72,22 @@ def test_a_bad_value_is_refused_and_auto_falls_back(q41_bundle, monkeypatch):
     registry._warn_once.cache_clear()
     with specdec.load(q41_bundle) as gen:
         assert gen.backend == "onnxruntime" and PAGES_ENV in gen.backend_note
+
+
+def test_load_takes_pages_and_isa_as_arguments_over_the_environment(q41_bundle, monkeypatch):
+    """The native backend's settings reach it as load's arguments; the variables apply only where they are unset."""
+    from specdec.errors import ConfigError
+
+    monkeypatch.setenv(PAGES_ENV, "huge")  # refused where it applies: the argument wins, so it does not
+    monkeypatch.setenv(build.ISA_ENV, "sse4")
+    outputs = {}
+    for pages, isa in (("shared", "avx2"), ("private", "auto")):
+        with specdec.load(q41_bundle, backend="native", pages=pages, isa=isa) as gen:
+            assert gen.backend == "native" and gen.target.backend.pages == pages
+            assert gen.draft.backend.pages == pages  # a draft holds its weights as its target does
+            outputs[pages] = gen.generate("hello there", specdec.GenerationConfig(max_new_tokens=8)).token_ids
+    assert outputs["shared"] == outputs["private"]  # every instruction set computes the same bits
+    with pytest.raises(ConfigError, match="pages='huge' is not one of private, shared"):
+        specdec.load(q41_bundle, pages="huge")
+    with pytest.raises(ConfigError, match="isa='sse4' is not one of auto, avx2, avx512"):
+        specdec.load(q41_bundle, isa="sse4")
