@@ -164,7 +164,7 @@ def test_cli_names_the_backend_auto_chose(grid_bundle, gqa_int4_bundle):
         done = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", str(bundle), "--prompt", "Hi",
                                "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-        assert f"[auto, {chosen}]" in done.stderr
+        assert f"[auto, {chosen}, fp32]" in done.stderr  # the drafter, the backend, the activations that ran
         assert ("no native weights" in done.stderr) == (chosen == "onnxruntime")
 
 
