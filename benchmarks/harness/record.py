@@ -79,8 +79,9 @@ def package_versions(names: tuple = PACKAGES) -> dict:
 
 def repo_path(path: str | Path) -> str:
     """`path` as a record writes it: relative to the repository root where it lies inside, else its name alone (a
-    record never holds the absolute paths of the machine that made it)."""
-    path = Path(path).resolve()
+    record never holds the absolute paths of the machine that made it). Symbolic links are kept as named (a bundles/
+    folder linked elsewhere stays bundles/...)."""
+    path = Path(os.path.abspath(path))
     try:
         return str(path.relative_to(ROOT))
     except ValueError:
