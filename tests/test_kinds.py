@@ -70,7 +70,7 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/serving/schemas.py": {"none", "text",  # OpenAI's tool_choice and response_format values
                                    "model"},  # OpenAI's object type of a model
     "specdec/serving/web.py": {"http", "http.disconnect",  # ASGI scope and message types
-                               "POST", "bearer", "]",  # an HTTP method, an Authorization scheme, a Host's [IPv6]
+                               "bearer", "]",  # an Authorization scheme, a Host's [IPv6]
                                "localhost", "127.0.0.1", "[::1]",  # a Host header's loopback names
                                "json_invalid", "missing", "body"},  # pydantic's error types and locations
     "specdec/bench/report.py": {"identical", "token_agreement"},  # column names
@@ -81,6 +81,7 @@ ALLOWED = {  # file -> the literals it may compare or hold, and why none of them
     "specdec/runtime/text.py": {"BPE", "Sequence", "ByteLevel", "Removed",  # tokenizer.json's model, normalizer and
                                 "Metaspace", "Digits", "Punctuation", "Split"},  # pre-tokenizer types, a Split
                                                                                  # behaviour
+    "specdec/runtime/prompt_worker.py": {"LD_PRELOAD"},  # an environment variable (the sanitizers' runtimes)
     "specdec/serving/ray_app.py": {"Z",  # /proc/PID/stat's state of a zombie
                                    "", "0.0.0.0", "[::]", "::"},  # the wildcard hosts, its API probed on loopback
 }

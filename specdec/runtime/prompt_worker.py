@@ -147,6 +147,17 @@ def _orphan_watch(parent: int) -> None:
     os._exit(1)
 
 
+SANITIZER_RUNTIMES = ("libasan", "libubsan", "liblsan", "libtsan")  # preloaded by make test-sanitize
+
+
+def _without_sanitizers(preload: str) -> str:
+    """LD_PRELOAD less the sanitizers' runtimes: they are there for the native kernels, which a worker never loads,
+    and AddressSanitizer's shadow mappings are terabytes that the worker's RLIMIT_DATA refuses (it could not start).
+    Any other preloaded library (an allocator, say) stays."""
+    kept = [item for item in preload.replace(":", " ").split() if not Path(item).name.startswith(SANITIZER_RUNTIMES)]
+    return " ".join(kept)
+
+
 class WorkerProcess:
     """One worker: `python -c WORKER_MAIN FD ROOT BYTES`, a socket of a socketpair as its pipe (a plain subprocess, so
     nothing of the caller's process, its main module included, is imported or inherited)."""
@@ -158,6 +169,8 @@ class WorkerProcess:
         command = [sys.executable, "-c", WORKER_MAIN, str(theirs.fileno()), str(root), str(memory_bytes)]
         path = os.environ.get("PYTHONPATH")
         env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT + (os.pathsep + path if path else ""))
+        if "LD_PRELOAD" in env:
+            env["LD_PRELOAD"] = _without_sanitizers(env["LD_PRELOAD"])
         try:
             self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         finally:

@@ -120,6 +120,7 @@ def holdback(text: str, stops: tuple) -> int:
 
 # Normalizers that never shrink text by more than a factor (Unicode composition joins at most 3 code points, of 3
 # bytes each, into one of 3 bytes; Prepend only adds); anything else (Replace, Strip, Lowercase ...) is unbounded.
+SEQUENCE = "Sequence"  # a tokenizer.json normalizer or pre-tokenizer that chains others
 _NORMALIZER_SHRINK = {"NFC": 3, "NFKC": 3, "NFD": 1, "NFKD": 1, "Prepend": 1}
 _PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Digits", "Punctuation", "Split"}  # they split; none drops text ...
 
@@ -145,7 +146,7 @@ def _shrink(normalizer) -> int | None:
     if normalizer is None:
         return 1
     kind = normalizer.get("type")
-    if kind == "Sequence":
+    if kind == SEQUENCE:
         factor = 1
         for part in normalizer.get("normalizers") or ():
             part_factor = _shrink(part)
@@ -160,7 +161,7 @@ def _keeps_text(pre_tokenizer) -> bool:
     if pre_tokenizer is None:
         return True
     kind = pre_tokenizer.get("type")
-    if kind == "Sequence":
+    if kind == SEQUENCE:
         return all(_keeps_text(part) for part in pre_tokenizer.get("pretokenizers") or ())
     return kind in _PRE_TOKENIZERS and pre_tokenizer.get("behavior") != "Removed"  # ... but Split can
 

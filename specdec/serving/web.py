@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import logging
+from http import HTTPMethod
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -66,7 +67,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def _count(request: Request, status: int) -> None:
     """Requests refused before reaching the engine, in specdec_requests_total."""
     metrics = getattr(request.app.state, "metrics", None)
-    if metrics is not None and request.method == "POST" and status < 499:
+    if metrics is not None and request.method == HTTPMethod.POST and status < 499:
         metrics.requests.labels("rejected" if status == 429 else "invalid").inc()
 
 

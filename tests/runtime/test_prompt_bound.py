@@ -81,3 +81,13 @@ def test_composition_widens_the_bound():
     tokenizer = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 2}, merges=[("a", "b")]))
     tokenizer.normalizer = normalizers.NFC()  # three code points can compose into one
     assert token_bytes(tokenizer) == 2 * 3
+
+
+def test_a_prompt_worker_leaves_out_only_the_sanitizers_preloaded_runtimes():
+    """make test-sanitize preloads ASan and UBSan for the native kernels; a worker, which never loads them, starts
+    without them (ASan's shadow mappings break its RLIMIT_DATA), and keeps any other preloaded library."""
+    from specdec.runtime.prompt_worker import _without_sanitizers
+
+    preload = "/usr/lib/gcc/x86_64-linux-gnu/12/libasan.so /opt/libjemalloc.so.2:/usr/lib/libubsan.so.1"
+    assert _without_sanitizers(preload) == "/opt/libjemalloc.so.2"
+    assert _without_sanitizers("") == ""
