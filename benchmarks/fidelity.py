@@ -47,7 +47,8 @@ def compare(reference: np.ndarray, other: np.ndarray) -> dict:
     """Per-position figures of `other` against `reference` ([P, V] logits each)."""
     p, q = log_softmax(reference), log_softmax(other)
     kl = (np.exp(p) * (p - q)).sum(-1)
-    top, second = np.argsort(reference, -1)[:, -1], np.argsort(reference, -1)[:, -2]
+    order = np.argsort(reference, -1)
+    top, second = order[:, -1], order[:, -2]
     rows = np.arange(len(reference))
     differ = top != other.argmax(-1)
     margin = reference[rows, top] - reference[rows, second]
