@@ -87,7 +87,7 @@ void linear_decode(int kind, const void *column, int K, float *out);  // a colum
                                                                       // alignment (a kind with the prompt kernel)
 
 // ---- linear_q8a.c: int8 activations (K_Q8A, and its plain C reference K_Q8A_REF) times blk4, blk8 or blk6 ----
-// A row's block of 32 activations rounded to int8: x ~ d * qs; s the block's exact sum (Q4_1's minimum term);
+// A row's block of 32 activations rounded to int8: x ~ d * qs; s = d * the sum of qs (Q4_1's minimum term);
 // off[h] = -128 * the sum of qs[16 h..16 h + 15] (weights stored + 128 for vpdpbusd)
 typedef struct { float d, s; int32_t off[2]; int8_t qs[32]; } blkx;
 _Static_assert(sizeof(blkx) == 48, "blkx is 48 bytes");
