@@ -58,6 +58,7 @@ class Isa(StrEnum):
     AVX2 = "avx2"
     AVX512 = "avx512"
     AVX512_VBMI = "avx512-vbmi"
+    AVX2_VNNI = "avx2-vnni"  # AVX2 with AVX-VNNI's 256-bit vpdpbusd (Alder Lake and later cores without AVX-512)
 
 
 # ---- reading the header ---------------------------------------------------------------------------------------------

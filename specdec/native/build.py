@@ -47,8 +47,14 @@ VBMI_FLAGS = AVX512_FLAGS + ("-mavx512vbmi",)
 VBMI_CPU = AVX512_CPU + ("avx512vbmi",)
 ISA_ENV = "SPECDEC_NATIVE_ISA"  # an Isa (specdec.weight_kinds: the builds the table of weight kinds names)
 ISAS = tuple(Isa)
-ISA_FLAGS = {Isa.AVX2: (), Isa.AVX512: AVX512_FLAGS, Isa.AVX512_VBMI: VBMI_FLAGS}  # beyond FLAGS
-ISA_CPU = {Isa.AVX512: AVX512_CPU, Isa.AVX512_VBMI: VBMI_CPU}  # what each wider set needs beyond REQUIRED_FLAGS
+# ... and, on a CPU without AVX-512, AVX-VNNI's 256-bit int8 dot products (the int8 activations' kernel; same results)
+AVX2_VNNI_FLAGS = ("-mavxvnni",)
+AVX2_VNNI_CPU = ("avx_vnni",)
+ISA_FLAGS = {Isa.AVX2: (), Isa.AVX512: AVX512_FLAGS, Isa.AVX512_VBMI: VBMI_FLAGS,
+             Isa.AVX2_VNNI: AVX2_VNNI_FLAGS}  # beyond FLAGS
+ISA_CPU = {Isa.AVX512: AVX512_CPU, Isa.AVX512_VBMI: VBMI_CPU,
+           Isa.AVX2_VNNI: AVX2_VNNI_CPU}  # what each wider set needs beyond REQUIRED_FLAGS
+WIDEST_FIRST = (Isa.AVX512_VBMI, Isa.AVX512, Isa.AVX2_VNNI)  # what auto tries, in turn, before avx2
 NO_NATIVE = "use backend='onnxruntime'"
 LIBRARY_NAME = "libspecdec_native.so"
 
@@ -88,7 +94,7 @@ def missing_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), required: tuple = R
 def isa(cpuinfo: Path = Path("/proc/cpuinfo"), wanted: "Isa | str | None" = None) -> Isa:
     """The instruction set the kernels are built for: `wanted` (load(isa=...)), else $SPECDEC_NATIVE_ISA, where auto
     (or neither) means avx512-vbmi on a CPU with every one of VBMI_CPU, else avx512 on one with every one of
-    AVX512_CPU, else avx2. All compute the same bits (tests/native/test_isa.py)."""
+    AVX512_CPU, else avx2-vnni on one with AVX-VNNI, else avx2. All compute the same bits (tests/native/test_isa.py)."""
     source = "isa" if wanted is not None else ISA_ENV
     text = str(wanted) if wanted is not None else os.environ.get(ISA_ENV, "")
     try:
@@ -102,7 +108,7 @@ def isa(cpuinfo: Path = Path("/proc/cpuinfo"), wanted: "Isa | str | None" = None
             raise BackendError(f"{source}={chosen}, but this CPU lacks {', '.join(lacking)}",
                                f"leave {source} unset (auto picks the widest this CPU runs) or choose avx2")
         return chosen
-    for widest in (Isa.AVX512_VBMI, Isa.AVX512):
+    for widest in WIDEST_FIRST:
         if not missing_cpu_flags(cpuinfo, ISA_CPU[widest]):
             return widest
     return Isa.AVX2

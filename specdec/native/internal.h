@@ -66,6 +66,8 @@ static const model_traits MODELS[SPECDEC_MODEL_COUNT] = {
 #define THIS_ISA SPECDEC_ISA_AVX512_VBMI  // the build this is (build.py: isa())
 #elif defined(__AVX512F__)
 #define THIS_ISA SPECDEC_ISA_AVX512
+#elif defined(__AVXVNNI__)
+#define THIS_ISA SPECDEC_ISA_AVX2_VNNI
 #else
 #define THIS_ISA SPECDEC_ISA_AVX2
 #endif

@@ -61,8 +61,8 @@ enum { SPECDEC_KERNEL_STEP = 0, SPECDEC_KERNEL_PROMPT = 1, SPECDEC_KERNEL_INT8 =
 #define SPECDEC_Q8A_REF (1 << SPECDEC_KERNEL_Q8A_REF)  // ... the same in plain C: the bits SPECDEC_Q8A must give
 #define SPECDEC_Q8A_BOTH (SPECDEC_Q8A | SPECDEC_Q8A_REF)
 // The builds of the kernels (specdec/native/build.py: Isa), as bits of the table's ISAS
-enum { SPECDEC_ISA_AVX2 = 1, SPECDEC_ISA_AVX512 = 2, SPECDEC_ISA_AVX512_VBMI = 4 };
-#define SPECDEC_EVERY_ISA (SPECDEC_ISA_AVX2 | SPECDEC_ISA_AVX512 | SPECDEC_ISA_AVX512_VBMI)
+enum { SPECDEC_ISA_AVX2 = 1, SPECDEC_ISA_AVX512 = 2, SPECDEC_ISA_AVX512_VBMI = 4, SPECDEC_ISA_AVX2_VNNI = 8 };
+#define SPECDEC_EVERY_ISA (SPECDEC_ISA_AVX2 | SPECDEC_ISA_AVX512 | SPECDEC_ISA_AVX512_VBMI | SPECDEC_ISA_AVX2_VNNI)
 
 // The weight kinds: a product's weights are N columns of K inputs, each column ceil(K / PER) elements.
 // X(NAME, ID, ELEMENT, BYTES, PER, KERNELS, ISAS, DECODE)

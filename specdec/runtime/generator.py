@@ -97,7 +97,7 @@ def load(bundle: str | os.PathLike, backend: str = AUTO_BACKEND, device: str | N
     ran.
     pages, isa: the native backend's: how it holds its weights ("private", the default: a copy on huge pages; or
     "shared": the bundle's file mapped, one copy for every process), and its kernels' instruction set ("auto", the
-    default: the widest this CPU runs; "avx2", "avx512", "avx512-vbmi"); unset, $SPECDEC_NATIVE_PAGES and
+    default: the widest this CPU runs; "avx2", "avx2-vnni", "avx512", "avx512-vbmi"); unset, $SPECDEC_NATIVE_PAGES and
     $SPECDEC_NATIVE_ISA, where set, else those defaults."""
     threads = check_threads(threads)
     activations = None if activations is None else checked_activations(activations)

@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 AVX512 = "flags\t\t: fpu avx2 fma f16c " + " ".join(build.AVX512_CPU)
 VBMI = AVX512 + " avx512vbmi"
 AVX2_ONLY = "flags\t\t: fpu avx2 fma f16c avx512f"
+AVX_VNNI = "flags\t\t: fpu avx2 fma f16c avx_vnni"  # AVX-VNNI without AVX-512 (Alder Lake)
 needs_avx512 = pytest.mark.skipif(bool(build.missing_cpu_flags(required=build.AVX512_CPU)),
                                   reason="this CPU lacks AVX-512 or VNNI: only the AVX2 build runs here")
 # the wider builds this CPU runs, each compared with the AVX2 build
-WIDER = [isa for isa in (build.Isa.AVX512, build.Isa.AVX512_VBMI) if not build.missing_cpu_flags(
+WIDER = [isa for isa in (build.Isa.AVX512, build.Isa.AVX512_VBMI, build.Isa.AVX2_VNNI) if not build.missing_cpu_flags(
     required=build.ISA_CPU[isa])]
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 
@@ -34,6 +35,8 @@ pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the nat
     (AVX512, None, "avx512"), (AVX512, "auto", "avx512"), (AVX512, "avx2", "avx2"), (AVX512, " AVX512 ", "avx512"),
     (VBMI, None, "avx512-vbmi"), (VBMI, "avx512", "avx512"), (VBMI, "avx512-vbmi", "avx512-vbmi"),
     (AVX2_ONLY, None, "avx2"), (AVX2_ONLY, "avx2", "avx2"),
+    (AVX_VNNI, None, "avx2-vnni"), (AVX_VNNI, "avx2", "avx2"), (AVX512 + " avx_vnni", None, "avx512"),
+    (AVX512 + " avx_vnni", "avx2-vnni", "avx2-vnni"),
 ])
 def test_the_widest_set_the_cpu_has_unless_told(tmp_path, monkeypatch, cpu, wanted, expected):
     (tmp_path / "cpuinfo").write_text(cpu)
@@ -54,6 +57,9 @@ def test_wider_than_the_cpu_or_unknown_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv(build.ISA_ENV, "avx512-vbmi")
     with pytest.raises(BackendError, match="but this CPU lacks avx512vbmi\n"):
         build.isa(tmp_path / "cpuinfo")
+    monkeypatch.setenv(build.ISA_ENV, "avx2-vnni")
+    with pytest.raises(BackendError, match="but this CPU lacks avx_vnni\n"):
+        build.isa(tmp_path / "cpuinfo")
     monkeypatch.setenv(build.ISA_ENV, "sse4")
     with pytest.raises(BackendError, match="'sse4' is not one of auto, avx2, avx512"):
         build.isa(tmp_path / "cpuinfo")
@@ -71,6 +77,11 @@ def test_each_set_builds_its_own_library(monkeypatch):
             monkeypatch.setenv(build.ISA_ENV, "avx512-vbmi")
             assert set(build.VBMI_FLAGS) <= set(build.build_flags()) and build.source_key("cc") not in (narrow_key,
                                                                                                          wide_key)
+    if build.Isa.AVX2_VNNI in WIDER:
+        monkeypatch.setenv(build.ISA_ENV, "avx2-vnni")
+        flags = build.build_flags()
+        assert "-mavxvnni" in flags and not set(build.AVX512_FLAGS) & set(flags)
+        assert build.source_key("cc") != narrow_key
 
 
 def products(bundle: str, out: str) -> None:
