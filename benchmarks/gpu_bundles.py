@@ -22,6 +22,7 @@ def tiny_pair(folder: Path, kind: str) -> Path:
     from specdec.export.bundle import export_bundle
     from specdec.export.config import ExportConfig
     from specdec.export.tiny import save_tiny_in, save_tiny_on_grids
+    from specdec.native_record import Activations
 
     folder = Path(folder)
     options = dict(family="llama", seed=0, init_range=0.5, hidden=64)
@@ -29,7 +30,8 @@ def tiny_pair(folder: Path, kind: str) -> Path:
              else save_tiny_in(folder / f"{kind}-hf", "bfloat16", **options))
     config = ExportConfig(out=folder / f"{kind}-target", target=str(model), max_seq_len=128, gamma=3, gamma_max=6,
                           max_batch=4, max_prefill_chunk=16, progress=False, lowering="gqa",
-                          draft_from_target="int4", overwrite=True)
+                          draft_from_target="int4", overwrite=True,
+                          activations=Activations.FP32)  # what the cuda kernels compute: fp32 activations
     bundle = export_bundle(config)
     quantize = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=HEAD_TOKENS)
     return quantized_bundle(bundle, folder / kind, quantize)

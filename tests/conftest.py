@@ -9,6 +9,7 @@ import pytest
 from specdec.export.bundle import export_bundle
 from specdec.export.config import ExportConfig
 from specdec.export.tiny import save_tiny
+from specdec.native_record import Activations
 
 GAMMA_MAX = 6
 MAX_SEQ_LEN = 96
@@ -44,7 +45,8 @@ def random_draft_dir(tmp_path_factory):
 
 def _export(out, target, **options):
     config = ExportConfig(out=out, target=str(target), max_seq_len=MAX_SEQ_LEN, gamma=3, gamma_max=GAMMA_MAX,
-                          max_batch=4, max_prefill_chunk=16, progress=False, **options)
+                          max_batch=4, max_prefill_chunk=16, progress=False,
+                          **{"activations": Activations.FP32, **options})
     return export_bundle(config)
 
 

@@ -22,6 +22,7 @@ from specdec.export.sources import (
     resolve_source,
     rounded,
 )
+from specdec.native_record import Activations
 from specdec.weight_kinds import DTYPES, WEIGHT_LAYOUTS
 from specdec.chat_template import read_chat_template
 from specdec.lowering import lowering_for
@@ -177,6 +178,14 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
     )
 
 
+def _default_activations(target) -> Activations:
+    """The bundle's default activations where --activations is unset: int8 where the target's native weights are
+    blocks (a GGUF's grids: the int8 kernels take its Q4_1, Q8_0 and Q6_K blocks), else fp32 (rows, or no native
+    weights: nothing for int8 activations to multiply). Why int8 there: docs/backends.md, "int8 activations"."""
+    native = target.native
+    return Activations.INT8 if native is not None and not WEIGHT_LAYOUTS[native.layout].rows else Activations.FP32
+
+
 def _native_weights(root: Path, role: str, arch, config: ExportConfig, source) -> tuple:
     """(NativeRecord, "" or which of a GGUF's block types became rows) of an fp32 gqa target's native weights, or
     (None, why it cannot have them)."""
@@ -308,7 +317,7 @@ def export_bundle(config: ExportConfig) -> Path:
                     tokenizer=_tokenizer_info(tokenizer, target.model, tmp),
                     models=models,
                     defaults=Defaults(config.gamma, config.gamma_max, config.max_prefill_chunk,
-                                      activations=config.activations),
+                                      activations=config.activations or _default_activations(models[Role.TARGET])),
                 )
                 (tmp / MANIFEST_NAME).write_text(json_from_manifest(manifest), encoding="utf-8")
     return config.out

@@ -60,7 +60,8 @@ class ExportConfig:
     progress: bool = True
     feature_layers: tuple | None = ()  # the target graph's features output: (), none; None, the three layers a
     # trained head reads (specdec.runtime.forward.head_feature_layers); else these layers
-    activations: Activations = Activations.FP32  # the bundle's default for the native target (Defaults.activations)
+    activations: Activations | None = None  # the bundle's default for the native target (Defaults.activations);
+    # None: int8 where its native weights are blocks the int8 kernels take (a GGUF's grids), else fp32
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))
@@ -90,10 +91,11 @@ class ExportConfig:
             )
         if self.feature_layers is not None:
             object.__setattr__(self, "feature_layers", _feature_layers(self.feature_layers))
-        if self.activations not in ACTIVATIONS:
-            raise ConfigError(f"--activations {self.activations!r} is not supported",
-                              f"choose one of {', '.join(ACTIVATIONS)}")
-        object.__setattr__(self, "activations", Activations(self.activations))
+        if self.activations is not None:
+            if self.activations not in ACTIVATIONS:
+                raise ConfigError(f"--activations {self.activations!r} is not supported",
+                                  f"choose one of {', '.join(ACTIVATIONS)}")
+            object.__setattr__(self, "activations", Activations(self.activations))
         if not 1 <= self.gamma <= self.gamma_max:
             raise ConfigError(f"--gamma {self.gamma} is outside 1..--gamma-max ({self.gamma_max})", "lower --gamma")
         if self.gamma_max + 1 > self.max_seq_len:

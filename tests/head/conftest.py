@@ -13,6 +13,7 @@ from specdec.head.format import HeadWeights, attach_head, record_for
 from specdec.head.random import random_head, rotary_frequencies
 from specdec.manifest import read_manifest
 from specdec.runtime.forward import head_feature_layers
+from specdec.native_record import Activations
 
 GAMMA_MAX = 8  # greedy equality runs γ = 1..7
 
@@ -21,7 +22,7 @@ def export_head_bundle(out, model_dir, feature_layers=None, **options):
     """A target-only bundle whose graph returns the hidden states `feature_layers` names (None: the head's three)."""
     config = ExportConfig(out=str(out), target=str(model_dir), max_seq_len=96, gamma=3, gamma_max=GAMMA_MAX,
                           max_batch=4, max_prefill_chunk=16, progress=False, no_draft=True,
-                          feature_layers=feature_layers, **options)
+                          feature_layers=feature_layers, **{"activations": Activations.FP32, **options})
     return export_bundle(config)
 
 

@@ -10,13 +10,15 @@ from specdec.export.bundle import export_bundle
 from specdec.export.config import ExportConfig
 from specdec.export.tiny import save_tiny, save_tiny_on_grids
 from specdec.native import build
+from specdec.native_record import Activations
 
 HEAD_TOKENS = 48  # of the tiny vocabulary: the int4-q41 draft's trimmed head leaves tokens out
 
 
 def _gqa_export(out, model, max_seq_len=256, **options):
     config = ExportConfig(out=out, target=str(model), max_seq_len=max_seq_len, gamma=3, gamma_max=6, max_batch=4,
-                          max_prefill_chunk=16, progress=False, lowering="gqa", **options)
+                          max_prefill_chunk=16, progress=False, lowering="gqa",
+                          **{"activations": Activations.FP32, **options})
     return export_bundle(config)
 
 

@@ -214,6 +214,25 @@ def test_export_records_the_default_activations(tmp_path):
     assert read_manifest(bundle).defaults.activations == Activations.INT8
     with load(bundle, backend="native") as gen:
         assert gen.activations is Activations.INT8
+    bundle = _gqa_export(tmp_path / "fp32", model, no_draft=True, activations="fp32")
+    assert read_manifest(bundle).defaults.activations == Activations.FP32
+
+
+def test_export_defaults_to_int8_where_the_native_weights_are_blocks(tmp_path):
+    # unset: int8 for a GGUF's grids (blocks the int8 kernels take), fp32 for rows, where int8 has nothing to multiply
+    from specdec.export.bundle import export_bundle
+    from specdec.export.config import ExportConfig
+    from specdec.export.tiny import save_tiny_in, save_tiny_on_grids
+
+    options = dict(family="llama", seed=0, init_range=0.5, hidden=64)
+    for name, model, expected in (
+            ("grid", save_tiny_on_grids(tmp_path / "grid-hf", **options), Activations.INT8),
+            ("rows", save_tiny_in(tmp_path / "rows-hf", "bfloat16", **options), Activations.FP32)):
+        bundle = export_bundle(ExportConfig(out=tmp_path / name, target=str(model), max_seq_len=64, gamma=3,
+                                            gamma_max=6, max_prefill_chunk=16, progress=False, no_draft=True))
+        assert read_manifest(bundle).defaults.activations == expected, name
+        with load(bundle, backend="native") as gen:
+            assert gen.activations is expected, name
 
 
 def test_speculative_sampling_keeps_the_int8_targets_distribution(q41_bundle):

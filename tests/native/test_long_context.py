@@ -14,6 +14,7 @@ from specdec.native import build
 from specdec.native.model import NativeModel
 from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
+from specdec.native_record import Activations
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 TOLERANCE = 1e-4  # of the largest |logit|: fp32 summation order
@@ -29,7 +30,8 @@ def long_bundle(tmp_path_factory):
 
     model = save_tiny_on_grids(tmp_path_factory.mktemp("long"), family="llama", seed=3, init_range=0.5, hidden=64)
     config = ExportConfig(out=tmp_path_factory.mktemp("b") / "long", target=str(model), max_seq_len=384, gamma=3,
-                          gamma_max=6, max_batch=2, max_prefill_chunk=32, progress=False, lowering="gqa")
+                          gamma_max=6, max_batch=2, max_prefill_chunk=32, progress=False, lowering="gqa",
+                          activations=Activations.FP32)
     return export_bundle(config)
 
 

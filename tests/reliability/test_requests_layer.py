@@ -20,6 +20,7 @@ import pytest
 import specdec
 from specdec import GenerationConfig
 from specdec.errors import ConfigError, SpecDecError
+from specdec.native_record import Activations
 from tests.runtime.test_distribution import NEW_TOKENS, PROMPT, SAMPLES, TOP_K, exact_joint, p_value, window
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Once upon a time", "a + b\n", "Summarize the following text"]
@@ -46,7 +47,7 @@ def q41_bundle(tmp_path_factory):
     model = save_tiny_on_grids(root / "model", family="llama", seed=0, init_range=0.5, hidden=64)
     grid = export_bundle(ExportConfig(out=root / "grid", target=str(model), max_seq_len=256, gamma=3, gamma_max=6,
                                       max_batch=4, max_prefill_chunk=16, progress=False, lowering="gqa",
-                                      draft_from_target="int4"))
+                                      draft_from_target="int4", activations=Activations.FP32))
     config = QuantizeConfig(method="int4-q41", data=DataConfig(seq_len=16, num_samples=4), head_tokens=48)
     return quantized_bundle(grid, root / "q41", config)
 
