@@ -202,6 +202,22 @@ def test_the_fidelity_benchmark_compares_int8_with_fp32_teacher_forced(grid_bund
     assert figures["disagreements"] == 24 - sum(p["agree"] for p in record["prompts"])
 
 
+def test_the_demo_compares_an_int8_target_with_fp32_and_does_not_require_it_equal(q41_bundle, tmp_path):
+    import subprocess
+    import sys
+
+    copy = shutil.copytree(q41_bundle, tmp_path / "int8")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["defaults"]["activations"] = "int8"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    demo = [sys.executable, "-m", "specdec.cli.demo", "--new-tokens", "8", "--repeats", "1", str(copy)]
+    done = subprocess.run(demo, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[onnxruntime] greedy" in done.stdout, done.stdout
+    assert "[native, int8 activations] greedy" in done.stdout, done.stdout
+    assert "prompts' outputs equal the onnxruntime backend's (fp32" in done.stdout, done.stdout
+
+
 def test_export_records_the_default_activations(tmp_path):
     from specdec.export.config import ExportConfig
     from specdec.export.tiny import save_tiny_on_grids
