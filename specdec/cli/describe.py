@@ -48,7 +48,8 @@ def describe_bundle(bundle: str | Path, verify: bool = True) -> str:
         f"bundle {bundle}  (schema {manifest.schema_version}, specdec {manifest.specdec_version})",
         "tools: " + ", ".join(f"{k} {v}" for k, v in manifest.tools.items()),
         f"tokenizer: vocab {tok.vocab_size}, eos {tok.eos_token_ids}, chat template {'yes' if tok.has_chat_template else 'no'}",
-        f"defaults: gamma {defaults.gamma}, gamma_max {defaults.gamma_max}, prefill chunk {defaults.max_prefill_chunk}",
+        f"defaults: gamma {defaults.gamma}, gamma_max {defaults.gamma_max}, prefill chunk {defaults.max_prefill_chunk}, "
+        f"native activations {defaults.activations}",
         "hashes: " + ("verified" if verify else "not checked"),
     ]
     for entry in manifest.models.values():

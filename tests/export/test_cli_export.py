@@ -117,6 +117,7 @@ def test_layer_draft_export_and_overwrite(capsys, tmp_path, tiny_llama):
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
     assert "derived: layers:1" in text and "hashes: verified" in text and "rollback_decode2" in text
+    assert "native activations fp32" in text  # fp32 rows: nothing for int8 activations to multiply
 
 
 def test_cli_entry_point_prints_no_traceback(tmp_path):

@@ -234,8 +234,9 @@ def test_export_records_the_default_activations(tmp_path):
     assert read_manifest(bundle).defaults.activations == Activations.FP32
 
 
-def test_export_defaults_to_int8_where_the_native_weights_are_blocks(tmp_path):
+def test_export_defaults_to_int8_where_the_native_weights_are_blocks(tmp_path, capsys):
     # unset: int8 for a GGUF's grids (blocks the int8 kernels take), fp32 for rows, where int8 has nothing to multiply
+    from specdec.cli import main as inspect_main
     from specdec.export.bundle import export_bundle
     from specdec.export.config import ExportConfig
     from specdec.export.tiny import save_tiny_in, save_tiny_on_grids
@@ -249,6 +250,8 @@ def test_export_defaults_to_int8_where_the_native_weights_are_blocks(tmp_path):
         assert read_manifest(bundle).defaults.activations == expected, name
         with load(bundle, backend="native") as gen:
             assert gen.activations is expected, name
+        assert inspect_main(["inspect", str(bundle), "--no-verify"]) == 0
+        assert f"native activations {expected}" in capsys.readouterr().out
 
 
 def test_speculative_sampling_keeps_the_int8_targets_distribution(q41_bundle):
