@@ -90,10 +90,10 @@ void linear_decode(int kind, const void *column, int K, float *out);  // a colum
 
 // ---- linear_q8a.c: int8 activations (K_Q8A, and its plain C reference K_Q8A_REF) times blk4, blk8 or blk6 ----
 // A row's block of 32 activations rounded to int8, its largest kept apart: x[i] ~ d * qs[i] for i != j, and x[j] = e
-// (j the first of the largest |x|; qs[j] = 0); s = fma(d, the sum of qs, e) (Q4_1's minimum term); off[h] = -128 *
-// the sum of qs[16 h..16 h + 15] and ooff = -128 * oq (weights stored + 128 for vpdpbusd); ok = j / 4 and ocode oq
-// (1) in byte j % 4 of a dword: the one-hot activations that pick code j out of the codes 4 ok..4 ok + 3
-typedef struct { float d, s, e; int32_t off[2], ocode, ooff; uint8_t ok, oj; int8_t oq, pad; int8_t qs[32]; } blkx;
+// (j the first of the largest |x|, 0 in a block of zeros; qs[j] = 0); s = fma(d, the sum of qs, e) (Q4_1's minimum
+// term); off[h] = -128 * the sum of qs[16 h..16 h + 15] (weights stored + 128 for vpdpbusd); ok = j / 4 and ocode a 1
+// in byte j % 4 of a dword: the one-hot activations that pick code j out of the codes 4 ok..4 ok + 3
+typedef struct { float d, s, e; int32_t off[2], ocode; uint8_t oj, ok, pad[6]; int8_t qs[32]; } blkx;
 _Static_assert(sizeof(blkx) == 64, "blkx is 64 bytes");
 // x [M, K] -> y [M, N] (rows ldy apart): `columns` holds q8a_columns_bytes(K) per worker, `rounded`
 // q8a_rounded_bytes(M, K)

@@ -64,9 +64,9 @@ int q8a_kind_ok(int kind) { return kind == W_Q41 || kind == W_Q80 || kind == W_Q
 // (The exact sum of the unrounded block left m times the sum of the rounding errors in every output, which made the
 // mean KL from fp32 five times larger.) A block holding inf or NaN gets d = s = e = NaN: its outputs are NaN, which
 // the logits check reports, never a finite guess. A block below TINY, or its rest, rounds to zeros.
+// x[j] = big kept apart (first set to 0 at j = 0: a block of zeros, or one holding inf or NaN, keeps that j)
 static void one_apart(float big, int j, blkx *out) {
-    out->e = big, out->oq = 1, out->oj = (uint8_t)j, out->ok = (uint8_t)(j / 4);
-    out->ocode = 1 << (8 * (j % 4)), out->ooff = -128;
+    out->e = big, out->oj = (uint8_t)j, out->ok = (uint8_t)(j / 4), out->ocode = 1 << (8 * (j % 4));
 }
 static float largest(const __m256 v[4]) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -83,6 +83,7 @@ static void round_block(const float *x, blkx *out) {
     __m256 v[4] = {_mm256_loadu_ps(rest), _mm256_loadu_ps(rest + 8), _mm256_loadu_ps(rest + 16),
                    _mm256_loadu_ps(rest + 24)};
     memset(out, 0, sizeof(*out));
+    one_apart(0.f, 0, out);
     int bad = 0;
     for (int k = 0; k < 4; k++) bad |= _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, v[k]), most,
                                                                         _CMP_NLE_UQ));  // inf or NaN
@@ -132,6 +133,7 @@ static void round_block_reference(const float *x, blkx *out) {
         if (a > amax) amax = a, j = i;  // the first of the largest
     }
     memset(out, 0, sizeof(*out));
+    one_apart(0.f, 0, out);
     if (bad) {
         out->d = out->s = out->e = NAN;
         return;
@@ -402,7 +404,7 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
             if (wide) {
                 one = _mm512_load_ps(o->w[x->oj]);
             } else {
-                const __m512i code = _mm512_dpbusd_epi32(_mm512_set1_epi32(kind == W_Q41 ? 0 : x->ooff),
+                const __m512i code = _mm512_dpbusd_epi32(_mm512_set1_epi32(kind == W_Q41 ? 0 : -128),
                                                          _mm512_load_si512(codes[x->ok]), _mm512_set1_epi32(x->ocode));
                 one = _mm512_mul_ps(kind == W_Q6 && x->ok >= 4 ? db : da, _mm512_cvtepi32_ps(code));
             }
@@ -445,10 +447,11 @@ static inline __attribute__((always_inline)) __m256i dot4(const int kind, const 
     return s;
 #endif
 }
-// the integer dot of the codes w and a row's one-hot activations of its largest (ocode: oq in one byte of each dword)
+// the integer dot of the codes w and a row's one-hot activations of its largest (ocode: a 1 in one byte of each dword):
+// its code (signed codes stored + 128 for vpdpbusd: the 128 taken back out)
 static inline __attribute__((always_inline)) __m256i dot1(const int kind, const __m256i w, const blkx *x) {
 #if VNNI
-    return _mm256_dpbusd_avx_epi32(_mm256_set1_epi32(kind == W_Q41 ? 0 : x->ooff), w, _mm256_set1_epi32(x->ocode));
+    return _mm256_dpbusd_avx_epi32(_mm256_set1_epi32(kind == W_Q41 ? 0 : -128), w, _mm256_set1_epi32(x->ocode));
 #else
     const __m256i ones = _mm256_set1_epi16(1), v = _mm256_set1_epi32(x->ocode);
     if (kind == W_Q41) return _mm256_madd_epi16(_mm256_maddubs_epi16(w, v), ones);

@@ -82,8 +82,9 @@ def rounded(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.label)
 def test_the_product_is_that_of_the_rounded_activations(kind):
     # The only error the mode may add is the activations' rounding: every term of a weight's value, Q4_1's minimum
-    # included, meets the same rounded block, whose largest value is kept. (Q4_1's minimum once met the exact sum of the unrounded block, which
-    # left m times the sum of the rounding errors in every output: 5x the mean KL from fp32 on the default bundle.)
+    # included, meets the same rounded block, whose largest value is kept. (Q4_1's minimum once met the exact sum of
+    # the unrounded block, which left m times the sum of the rounding errors in every output: 5x the mean KL from fp32
+    # on the default bundle.)
     rng = np.random.default_rng(int(kind))
     weights = encode(kind, rng.normal(0, 0.1, (64, 576)).astype(np.float32))
     x = rng.normal(0, 1, (5, 576)).astype(np.float32)

@@ -12,9 +12,9 @@ import pytest
 from specdec.manifest import read_manifest
 from specdec.native import build
 from specdec.native.model import NativeModel
+from specdec.native_record import Activations
 from specdec.runtime.native_backend import NativeBackend
 from specdec.runtime.ort_backend import OrtBackend
-from specdec.native_record import Activations
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 TOLERANCE = 1e-4  # of the largest |logit|: fp32 summation order
