@@ -5,6 +5,7 @@ calls interleaved (which build goes first alternates), so the machine's drift fa
     python benchmarks/native_ab.py bundles/smollm2-q41 /tmp/other --role target --tokens 5 --rows 4
     python benchmarks/native_ab.py bundles/smollm2-q41 HEAD~1 --isa avx2      # both builds for AVX2 only
     python benchmarks/native_ab.py bundles/smollm2-q41 HEAD~1 --busy 1        # beside a process spinning on a core
+    python benchmarks/native_ab.py bundles/smollm2-q41 HEAD~1 --activations int8 --role target --tokens 5
 
 OLD: a git commit (its specdec/native/*.c and *.h) or a folder holding the sources. Both builds must export the ABI
 this specdec reads (specdec_native.h); older sources are refused. Both are built for one instruction set with one
@@ -81,7 +82,8 @@ def opened(args):
 
     try:
         with opening.native_env(isa=args.isa):
-            generator = opening.open_bundle(args.bundle, backend="native", threads=args.threads)
+            generator = opening.open_bundle(args.bundle, backend="native", threads=args.threads,
+                                            activations=args.activations)
             isa, flags, cc = build.isa(), build.build_flags(), build.compiler()
             settings = opening.describe(generator)
     except SpecDecError as exc:
@@ -107,6 +109,8 @@ def main() -> None:
     parser.add_argument("--isa", choices=ISAS, default=None,
                         help="the instruction set both builds are made for (default: as SPECDEC_NATIVE_ISA says, the "
                              "widest this CPU runs unless set)")
+    parser.add_argument("--activations", choices=("fp32", "int8"), default=None,
+                        help="the target's activations (default: the bundle's)")
     parser.add_argument("--busy", type=int, default=0, help="processes spinning on a core while the builds are timed")
     opening.add_common(parser, backend=False)
     args = parser.parse_args()

@@ -68,6 +68,104 @@ int q8a_kind_ok(int kind) { return kind == W_Q41 || kind == W_Q80 || kind == W_Q
 static void one_apart(float big, int j, blkx *out) {
     out->e = big, out->oj = (uint8_t)j, out->ok = (uint8_t)(j / 4), out->ocode = 1 << (8 * (j % 4));
 }
+#if defined(__AVX512F__)
+// one block (what round_blocks does for a few: tails, and blocks holding inf, NaN or tiny values): 32 values in
+// two registers, all in masks and reductions, no store and reload of the block
+static void round_block(const float *x, blkx *out) {
+    const __m512 most = _mm512_set1_ps(FLT_MAX), zero = _mm512_setzero_ps();
+    __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)}, size[2];
+    memset(out, 0, sizeof(*out));
+    one_apart(0.f, 0, out);
+    for (int h = 0; h < 2; h++) size[h] = _mm512_abs_ps(v[h]);
+    if (_mm512_cmp_ps_mask(size[0], most, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(size[1], most, _CMP_NLE_UQ)) {
+        out->d = out->s = out->e = NAN;  // inf or NaN
+        return;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(size[0], size[1]));
+    if (amax < TINY) return;
+    const __m512 top = _mm512_set1_ps(amax);
+    const unsigned at = (unsigned)_mm512_cmp_ps_mask(size[0], top, _CMP_EQ_OQ)
+                        | (unsigned)_mm512_cmp_ps_mask(size[1], top, _CMP_EQ_OQ) << 16;  // lanes holding it
+    const int j = __builtin_ctz(at);
+    one_apart(x[j], j, out);
+    const __mmask16 off = (__mmask16)(1u << (j % 16));  // x[j] out of the rest
+    v[j / 16] = _mm512_mask_mov_ps(v[j / 16], off, zero), size[j / 16] = _mm512_mask_mov_ps(size[j / 16], off, zero);
+    const float rmax = _mm512_reduce_max_ps(_mm512_max_ps(size[0], size[1]));
+    int sum = 0;
+    if (rmax >= TINY) {
+        out->d = rmax / 127.f;
+        const __m512 inv = _mm512_set1_ps(127.f / rmax);
+        for (int h = 0; h < 2; h++) {
+            const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv));  // to nearest, even: |code| <= 127
+            _mm_storeu_si128((__m128i *)(out->qs + 16 * h), _mm512_cvtsepi32_epi8(code));
+            const int half = _mm512_reduce_add_epi32(code);
+            out->off[h] = -128 * half, sum += half;
+        }
+    }
+    out->s = fmaf(out->d, (float)sum, out->e);
+}
+// G blocks at a time, each step of the G written together (so their chains of reductions overlap), each block's 32
+// values in two registers, all in masks and reductions: no store and reload of a block. The rest of the block is
+// its values but x[j]: rmax, their largest |x|, is the second of the block's two largest (equal to amax where amax
+// is there twice): one tree over the lanes gives both.
+#define G 4
+static inline __attribute__((always_inline)) float two_largest(__m512 a, __m512 b, float *first) {
+    __m512 hi = _mm512_max_ps(a, b), lo = _mm512_min_ps(a, b);  // each lane's two, then a tree over the lanes
+    const __m512i swap[4] = {_mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7),
+                             _mm512_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11),
+                             _mm512_setr_epi32(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13),
+                             _mm512_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14)};
+    for (int k = 0; k < 4; k++) {
+        const __m512 h = _mm512_permutexvar_ps(swap[k], hi), l = _mm512_permutexvar_ps(swap[k], lo);
+        lo = _mm512_max_ps(_mm512_min_ps(hi, h), _mm512_max_ps(lo, l));
+        hi = _mm512_max_ps(hi, h);
+    }
+    *first = _mm512_cvtss_f32(hi);
+    return _mm512_cvtss_f32(lo);
+}
+static void round_blocks(const float *x, blkx *out, size_t n) {
+    const __m512 most = _mm512_set1_ps(FLT_MAX);
+    size_t i = 0;
+    for (; i + G <= n; i += G) {
+        __m512 v[G][2], size[G][2];
+        float amax[G], rmax[G];
+        int odd = 0;  // a block holding inf or NaN, or below TINY: the one-block path's
+        for (int g = 0; g < G; g++)
+            for (int h = 0; h < 2; h++) {
+                v[g][h] = _mm512_loadu_ps(x + 32 * (i + g) + 16 * h);
+                size[g][h] = _mm512_abs_ps(v[g][h]);
+                odd |= _mm512_cmp_ps_mask(size[g][h], most, _CMP_NLE_UQ);
+            }
+        for (int g = 0; g < G; g++) rmax[g] = two_largest(size[g][0], size[g][1], &amax[g]);
+        for (int g = 0; g < G; g++) odd |= !(rmax[g] >= TINY);
+        if (odd) {
+            for (int g = 0; g < G; g++) round_block(x + 32 * (i + g), out + i + g);
+            continue;
+        }
+        for (int g = 0; g < G; g++) {
+            blkx *o = out + i + g;
+            const __m512 top = _mm512_set1_ps(amax[g]), inv = _mm512_set1_ps(127.f / rmax[g]);
+            const unsigned at = (unsigned)_mm512_cmp_ps_mask(size[g][0], top, _CMP_EQ_OQ)
+                                | (unsigned)_mm512_cmp_ps_mask(size[g][1], top, _CMP_EQ_OQ) << 16;
+            const int j = __builtin_ctz(at);
+            memset(o, 0, sizeof(*o));
+            one_apart(x[32 * (i + g) + j], j, o);
+            o->d = rmax[g] / 127.f;
+            v[g][j / 16] = _mm512_mask_mov_ps(v[g][j / 16], (__mmask16)(1u << (j % 16)), _mm512_setzero_ps());
+            int sum = 0;
+            for (int h = 0; h < 2; h++) {
+                const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(v[g][h], inv));  // to nearest, even
+                _mm_storeu_si128((__m128i *)(o->qs + 16 * h), _mm512_cvtsepi32_epi8(code));
+                const int half = _mm512_reduce_add_epi32(code);
+                o->off[h] = -128 * half, sum += half;
+            }
+            o->s = fmaf(o->d, (float)sum, o->e);
+        }
+    }
+    for (; i < n; i++) round_block(x + 32 * i, out + i);
+}
+#undef G
+#else
 static float largest(const __m256 v[4]) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 top = _mm256_setzero_ps();
@@ -123,6 +221,11 @@ static void round_block(const float *x, blkx *out) {
     out->s = fmaf(out->d, (float)sum, out->e);
 }
 
+static void round_blocks(const float *x, blkx *out, size_t n) {
+    for (size_t i = 0; i < n; i++) round_block(x + 32 * i, out + i);
+}
+#endif
+
 // ... in plain C: the reference
 static void round_block_reference(const float *x, blkx *out) {
     float amax = 0.f;
@@ -169,8 +272,11 @@ static void round_task(void *ctx, int first, int last, int worker) {
     const q8a_job *j = ctx;
     const int nb = j->K / BLOCK;
     (void)worker;
-    for (size_t i = (size_t)first * nb; i < (size_t)last * nb; i++)
-        (j->reference ? round_block_reference : round_block)(j->x + i * 32, j->a + i);
+    if (!j->reference) {
+        round_blocks(j->x + (size_t)first * nb * 32, j->a + (size_t)first * nb, (size_t)(last - first) * nb);
+        return;
+    }
+    for (size_t i = (size_t)first * nb; i < (size_t)last * nb; i++) round_block_reference(j->x + i * 32, j->a + i);
 }
 
 // ---- the reference: one output at a time, in plain C ----

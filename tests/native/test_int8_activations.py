@@ -40,11 +40,17 @@ def product(x: np.ndarray, weights: np.ndarray, kind: WeightKind, kernel: Kernel
 
 
 def _activations(rng, m: int, k: int) -> np.ndarray:
-    """x [M, K]: normal values, a block of zeros, a block far below the rest and a block with one large value."""
+    """x [M, K]: normal values, a block of zeros, a block far below the rest, a block with one large value, and
+    (where there are rows and blocks enough) a block of one value and zeros, one whose largest |x| is there twice,
+    and one of equal values."""
     x = rng.normal(0, 1, (m, k)).astype(np.float32)
     x[0, :32] = 0.0
     if m > 1:
         x[1, :32] *= 1e-20
+    if m > 4 and k >= 64:
+        x[2, 32:64] = np.where(np.arange(32) == 9, 3.0, 0.0)
+        x[3, 33], x[3, 50] = 7.0, -7.0
+        x[4, 32:64] = -0.5
     x[-1, -32:] *= np.where(np.arange(32) == 5, 1e4, 1.0).astype(np.float32)
     return x
 
@@ -95,13 +101,14 @@ def test_the_product_is_that_of_the_rounded_activations(kind):
         assert np.abs(got - want).max() <= 1e-5 * np.abs(unrounded).max(), f"{kind.label} by {kernel}"
 
 
-def test_a_block_holding_nan_gives_nan_not_a_guess():
+def test_a_block_holding_nan_or_inf_gives_nan_not_a_guess():
     weights = encode(WeightKind.Q80, np.ones((16, 64), np.float32))
-    x = np.ones((2, 64), np.float32)
-    x[1, 40] = np.nan
+    x = np.ones((9, 64), np.float32)  # 9 rows: the rounding of several blocks at a time meets them too
+    x[1, 40], x[4, 3], x[6, 63] = np.nan, np.inf, -np.inf
     for kernel in (Kernel.Q8A, Kernel.Q8A_REF):
         y = product(x, weights, WeightKind.Q80, kernel, 1)
-        assert np.isfinite(y[0]).all() and np.isnan(y[1]).all()
+        bad = np.isin(np.arange(9), (1, 4, 6))
+        assert np.isfinite(y[~bad]).all() and np.isnan(y[bad]).all()
 
 
 def _target(bundle, activations=Activations.INT8, threads: int = 2, slots: int = 4) -> NativeBackend:
