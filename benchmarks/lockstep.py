@@ -395,7 +395,8 @@ def main() -> int:
                                 order="per prompt, every (system, mode) in turn, rotated by one per prompt",
                                 load_average_start=os.getloadavg(), niceness=os.nice(0))
         records = run_turns(generators, peers, turns, prompts, ids, args)
-        pair = describe_pair(generator.manifest)
+        pair = describe_pair(generator.manifest) + "".join(  # the models' precisions, and what native multiplies in
+            f"; {system} activations {g.activations}" for system, g in generators.items() if "native" in str(g.backend))
     folder = record.run_dir(EXPERIMENT, run, args.out)
     info = dict(bundle=args.bundle, prompts=len(prompts), classes=sorted({p.cls for p in prompts}),
                 modes=[f"{s}: {m if isinstance(m, str) else m.name}" for s, m in turns], repeats=args.repeats,

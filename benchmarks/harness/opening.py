@@ -27,7 +27,8 @@ def models(generator) -> dict:
 
 
 def describe(generator) -> dict:
-    """The settings a record needs of one specdec system: backend, why not native, γ, the models' precisions."""
+    """The settings a record needs of one specdec system: backend, why not native, γ, the models' precisions, and
+    on native the kernels' instruction set and the target's activations."""
     manifest = generator.manifest
     described = {"backend": generator.backend, "gamma": manifest.defaults.gamma,
                  "gamma_max": manifest.defaults.gamma_max, "target": _entry(manifest.target)}
@@ -39,6 +40,7 @@ def describe(generator) -> dict:
         from specdec.native.build import isa
 
         described["native_isa"] = isa()  # the kernels' instruction set (both compute the same bits)
+        described["activations"] = str(generator.activations)  # the native target's: fp32 or int8
     return described
 
 
