@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "pool.h"
 
 #define MAX_DIM (1 << 20)   // any model dimension above this is refused (and keeps every product within size_t)
 #define MAX_ROWS (1 << 16)  // rows (B * T) one call may take
@@ -141,19 +142,35 @@ long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads) {
 // which would turn the row to zeros and the logits to one silent token; NaN reaches the logits' check instead
 static float norm_scale(float sum, int H, float eps) { return isinf(sum) ? NAN : 1.f / sqrtf(sum / H + eps); }
 
+// The sum of x[i] (square 0), or of (x[i] - mean)^2 (square 1), in one order that depends on H alone (so every row,
+// call and build sums alike): four chains of 8 lanes, the i-th 8 values into chain i % 4 while 32 remain, then
+// chain 0; (c0 + c1) + (c2 + c3) summed across lanes as hsum does; then the last H % 8, one at a time.
+static float row_sum(const float *x, float mean, int square, int H) {
+    const __m256 mu = _mm256_set1_ps(mean);
+    __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + 32 <= H; i += 32)
+        for (int k = 0; k < 4; k++) {
+            const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * k), mu);
+            c[k] = square ? _mm256_fmadd_ps(d, d, c[k]) : _mm256_add_ps(c[k], d);
+        }
+    for (; i + 8 <= H; i += 8) {
+        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), mu);
+        c[0] = square ? _mm256_fmadd_ps(d, d, c[0]) : _mm256_add_ps(c[0], d);
+    }
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3])));
+    for (; i < H; i++) s = square ? fmaf(x[i] - mean, x[i] - mean, s) : s + (x[i] - mean);
+    return s;
+}
+
 static void rmsnorm(const float *x, const float *gamma, float eps, int H, float *out) {
-    float s = 0.f;
-    for (int i = 0; i < H; i++) s += x[i] * x[i];
-    const float r = norm_scale(s, H, eps);
+    const float r = norm_scale(row_sum(x, 0.f, 1, H), H, eps);
     for (int i = 0; i < H; i++) out[i] = x[i] * r * gamma[i];
 }
 
 static void layernorm(const float *x, const float *gamma, const float *beta, float eps, int H, float *out) {
-    float s = 0.f, v = 0.f;
-    for (int i = 0; i < H; i++) s += x[i];
-    const float mean = s / H;
-    for (int i = 0; i < H; i++) v += (x[i] - mean) * (x[i] - mean);
-    const float r = norm_scale(v, H, eps);
+    const float mean = row_sum(x, 0.f, 0, H) / H;
+    const float r = norm_scale(row_sum(x, mean, 1, H), H, eps);
     for (int i = 0; i < H; i++) out[i] = (x[i] - mean) * r * gamma[i] + beta[i];
 }
 
@@ -251,48 +268,90 @@ static void dense(const pass_t *p, int l, int which, const float *x, int K, cons
            p->base + p->at.rounded);
 }
 
-// q/k/v of every row (q/k heads normalized in place where the model has q/k norms) rotated: q into the q buffer, k and
-// v into each row's KV of layer l at its positions
-static void place_qkv(const pass_t *p, int l, float *qkv) {
+// row r's q/k/v (q/k heads normalized in place where the model has q/k norms) rotated: q into the q buffer, k and v
+// into its KV of layer l at its position
+static void place_row(const pass_t *p, int l, float *qkv, size_t row) {
     const model_t *m = p->m;
     const int D = m->D, Hq = m->Hq, Hkv = m->Hkv, QKV = (Hq + 2 * Hkv) * D, half = D / 2;
-    for (int b = 0; b < p->B; b++) {
-        float *k = p->keys[b] + (size_t)l * p->stride, *v = p->values[b] + (size_t)l * p->stride;
-        for (int t = 0; t < p->T; t++) {
-            const size_t row = (size_t)b * p->T + t;
-            const int at = p->pos[b] + t;
-            float *in = qkv + row * QKV;
-            if (!m->cos) {  // learned positions: nothing to rotate
-                for (int h = 0; h < Hq; h++) memcpy(BUF(p, q) + (row * Hq + h) * D, in + h * D, sizeof(float) * D);
-                for (int h = 0; h < Hkv; h++) {
-                    memcpy(k + ((size_t)h * p->S + at) * D, in + (Hq + h) * D, sizeof(float) * D);
-                    memcpy(v + ((size_t)h * p->S + at) * D, in + (Hq + Hkv + h) * D, sizeof(float) * D);
-                }
-                continue;
-            }
-            const float *cs = m->cos + (size_t)at * half, *sn = m->sin + (size_t)at * half;
-            if (m->q_norm)  // each head of q and k normalized in place, before rotary (Qwen3)
-                for (int h = 0; h < Hq + Hkv; h++)
-                    rmsnorm(in + h * D, h < Hq ? m->q_norm[l] : m->k_norm[l], m->eps, D, in + h * D);
-            for (int h = 0; h < Hq; h++) rotate(in + h * D, cs, sn, D, BUF(p, q) + (row * Hq + h) * D);
-            for (int h = 0; h < Hkv; h++) {
-                rotate(in + (Hq + h) * D, cs, sn, D, k + ((size_t)h * p->S + at) * D);
-                memcpy(v + ((size_t)h * p->S + at) * D, in + (Hq + Hkv + h) * D, sizeof(float) * D);
-            }
+    const int b = (int)(row / (size_t)p->T), t = (int)(row % (size_t)p->T);
+    float *k = p->keys[b] + (size_t)l * p->stride, *v = p->values[b] + (size_t)l * p->stride;
+    const int at = p->pos[b] + t;
+    float *in = qkv + row * QKV;
+    if (!m->cos) {  // learned positions: nothing to rotate
+        for (int h = 0; h < Hq; h++) memcpy(BUF(p, q) + (row * Hq + h) * D, in + h * D, sizeof(float) * D);
+        for (int h = 0; h < Hkv; h++) {
+            memcpy(k + ((size_t)h * p->S + at) * D, in + (Hq + h) * D, sizeof(float) * D);
+            memcpy(v + ((size_t)h * p->S + at) * D, in + (Hq + Hkv + h) * D, sizeof(float) * D);
+        }
+        return;
+    }
+    const float *cs = m->cos + (size_t)at * half, *sn = m->sin + (size_t)at * half;
+    if (m->q_norm)  // each head of q and k normalized in place, before rotary (Qwen3)
+        for (int h = 0; h < Hq + Hkv; h++)
+            rmsnorm(in + h * D, h < Hq ? m->q_norm[l] : m->k_norm[l], m->eps, D, in + h * D);
+    for (int h = 0; h < Hq; h++) rotate(in + h * D, cs, sn, D, BUF(p, q) + (row * Hq + h) * D);
+    for (int h = 0; h < Hkv; h++) {
+        rotate(in + (Hq + h) * D, cs, sn, D, k + ((size_t)h * p->S + at) * D);
+        memcpy(v + ((size_t)h * p->S + at) * D, in + (Hq + Hkv + h) * D, sizeof(float) * D);
+    }
+}
+
+// ---- a layer's work on each row apart (norms, rotary, residuals, the MLP's nonlinearity): a prompt's many rows
+// shared by the threads, a step's few done by the caller. Each row's arithmetic is the same either way. ----
+#define SHARED_ROWS 16
+enum { ROW_IN_NORM, ROW_QKV, ROW_POST_NORM, ROW_MLP, ROW_OUT };
+typedef struct {
+    const pass_t *p;
+    int l, op;
+    float *qkv;  // ROW_QKV's q/k/v
+} row_job;
+
+static void row_task(void *ctx, int first, int last, int worker) {
+    const row_job *j = ctx;
+    const pass_t *p = j->p;
+    const model_t *m = p->m;
+    const int l = j->l, H = m->H, I = m->I, up = m->mlp == SPECDEC_MLP_SILU_GATED ? 2 * I : I;
+    float *x = BUF(p, x), *xn = BUF(p, xn), *tmp = BUF(p, tmp), *gu = BUF(p, gu), *act = BUF(p, act);
+    (void)worker;
+    for (size_t r = (size_t)first; r < (size_t)last; r++) {
+        float *xr = x + r * H;
+        switch (j->op) {
+        case ROW_IN_NORM:
+            norm(m, xr, m->in_norm[l], m->in_norm_bias ? m->in_norm_bias[l] : NULL, xn + r * H);
+            break;
+        case ROW_QKV:
+            place_row(p, l, j->qkv, r);
+            break;
+        case ROW_POST_NORM:  // the attention's output added, then the second norm
+            for (int i = 0; i < H; i++) xr[i] += tmp[r * H + i];
+            norm(m, xr, m->post_norm[l], m->post_norm_bias ? m->post_norm_bias[l] : NULL, xn + r * H);
+            break;
+        case ROW_MLP:
+            if (m->mlp == SPECDEC_MLP_SILU_GATED) silu_times(gu + r * up, gu + r * up + I, I, act + r * I);
+            else gelu(m->mlp, gu + r * up, I, act + r * I);
+            break;
+        default:  // ROW_OUT: the MLP's output added
+            for (int i = 0; i < H; i++) xr[i] += tmp[r * H + i];
         }
     }
+}
+
+static void each_row(const pass_t *p, int l, int op, float *qkv) {
+    row_job j = {p, l, op, qkv};
+    const int M = p->B * p->T;
+    if (M >= SHARED_ROWS && p->threads > 1) pool_run(p->threads, row_task, &j, M);
+    else row_task(&j, 0, M, 0);
 }
 
 static void layer(const pass_t *p, int l) {
     const model_t *m = p->m;
     const int H = m->H, I = m->I, M = p->B * p->T, QD = m->Hq * m->D;
-    float *x = BUF(p, x), *xn = BUF(p, xn), *tmp = BUF(p, tmp), *gu = BUF(p, gu), *act = BUF(p, act);
-    const float *beta = m->in_norm_bias ? m->in_norm_bias[l] : NULL;
-    for (int r = 0; r < M; r++) norm(m, x + (size_t)r * H, m->in_norm[l], beta, xn + (size_t)r * H);
+    float *tmp = BUF(p, tmp), *gu = BUF(p, gu);
+    each_row(p, l, ROW_IN_NORM, NULL);
     const int QKV = (m->Hq + 2 * m->Hkv) * m->D;
-    dense(p, l, L_QKV, xn, H, WEIGHT(p, qkv, l), tmp, QKV);
+    dense(p, l, L_QKV, BUF(p, xn), H, WEIGHT(p, qkv, l), tmp, QKV);
     add_bias(tmp, M, QKV, m->qkv_bias ? m->qkv_bias[l] : NULL);
-    place_qkv(p, l, tmp);
+    each_row(p, l, ROW_QKV, tmp);
     const float **rows = (const float **)(p->base + p->at.ptrs);  // each row's keys, then values, of layer l
     for (int b = 0; b < p->B; b++) {
         rows[b] = p->keys[b] + (size_t)l * p->stride;
@@ -303,19 +362,14 @@ static void layer(const pass_t *p, int l) {
     attention(p->threads, &a, p->base + p->at.attn);
     dense(p, l, L_O, BUF(p, att), QD, WEIGHT(p, o, l), tmp, H);
     add_bias(tmp, M, H, m->o_bias ? m->o_bias[l] : NULL);
-    for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
-    beta = m->post_norm_bias ? m->post_norm_bias[l] : NULL;
-    for (int r = 0; r < M; r++) norm(m, x + (size_t)r * H, m->post_norm[l], beta, xn + (size_t)r * H);
+    each_row(p, l, ROW_POST_NORM, NULL);
     const int up = m->mlp == SPECDEC_MLP_SILU_GATED ? 2 * I : I;  // gate and up rows, or up rows alone
-    dense(p, l, L_GATE_UP, xn, H, WEIGHT(p, gate_up, l), gu, up);
+    dense(p, l, L_GATE_UP, BUF(p, xn), H, WEIGHT(p, gate_up, l), gu, up);
     add_bias(gu, M, up, m->gate_up_bias ? m->gate_up_bias[l] : NULL);
-    for (int r = 0; r < M; r++) {
-        if (m->mlp == SPECDEC_MLP_SILU_GATED) silu_times(gu + (size_t)r * up, gu + (size_t)r * up + I, I, act + (size_t)r * I);
-        else gelu(m->mlp, gu + (size_t)r * up, I, act + (size_t)r * I);
-    }
-    dense(p, l, L_DOWN, act, I, WEIGHT(p, down, l), tmp, H);
+    each_row(p, l, ROW_MLP, NULL);
+    dense(p, l, L_DOWN, BUF(p, act), I, WEIGHT(p, down, l), tmp, H);
     add_bias(tmp, M, H, m->down_bias ? m->down_bias[l] : NULL);
-    for (size_t i = 0; i < (size_t)M * H; i++) x[i] += tmp[i];
+    each_row(p, l, ROW_OUT, NULL);
 }
 
 static int head_kind(const model_t *m) {  // a target's (a draft's is blk8 rows: W_Q80)
