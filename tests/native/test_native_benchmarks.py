@@ -18,12 +18,15 @@ pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the nat
 
 def test_native_ab_against_a_folder_of_sources(q41_bundle, tmp_path):
     """Both builds for one instruction set with one flag set (specdec's own, or --isa's), named in the record and the
-    table: an A/B never credits an ISA difference to a code change."""
+    table: an A/B never credits an ISA difference to a code change; the record names the target's activations."""
     out = tmp_path / "ab"
-    run_script("native_ab.py", q41_bundle, build.HERE, "--rounds", "2", "--tokens", "5", "--rows", "2", "--out", out)
+    run_script("native_ab.py", q41_bundle, build.HERE, "--rounds", "2", "--tokens", "5", "--rows", "2",
+               "--activations", "int8", "--out", out)
     text = (out / "native_ab.md").read_text(encoding="utf-8")
     assert "| 64 |" in text and "new / old (min)" in text
-    builds = read_record(out, "native_ab.py")["settings"]["specdec native"]["builds"]
+    settings = read_record(out, "native_ab.py")["settings"]["specdec native"]
+    assert settings["activations"] == "int8"  # the record names what the target multiplied in
+    builds = settings["builds"]
     assert builds["new"]["isa"] == builds["old"]["isa"] == build.isa()
     assert builds["new"]["flags"] == builds["old"]["flags"] == list(build.build_flags())
     assert f"- old: specdec/native; ISA {build.isa()}; " in text
