@@ -69,46 +69,8 @@ static void one_apart(float big, int j, blkx *out) {
     out->e = big, out->oj = (uint8_t)j, out->ok = (uint8_t)(j / 4), out->ocode = 1 << (8 * (j % 4));
 }
 #if defined(__AVX512F__)
-// one block (what round_blocks does for a few: tails, and blocks holding inf, NaN or tiny values): 32 values in
-// two registers, all in masks and reductions, no store and reload of the block
-static void round_block(const float *x, blkx *out) {
-    const __m512 most = _mm512_set1_ps(FLT_MAX), zero = _mm512_setzero_ps();
-    __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)}, size[2];
-    memset(out, 0, sizeof(*out));
-    one_apart(0.f, 0, out);
-    for (int h = 0; h < 2; h++) size[h] = _mm512_abs_ps(v[h]);
-    if (_mm512_cmp_ps_mask(size[0], most, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(size[1], most, _CMP_NLE_UQ)) {
-        out->d = out->s = out->e = NAN;  // inf or NaN
-        return;
-    }
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(size[0], size[1]));
-    if (amax < TINY) return;
-    const __m512 top = _mm512_set1_ps(amax);
-    const unsigned at = (unsigned)_mm512_cmp_ps_mask(size[0], top, _CMP_EQ_OQ)
-                        | (unsigned)_mm512_cmp_ps_mask(size[1], top, _CMP_EQ_OQ) << 16;  // lanes holding it
-    const int j = __builtin_ctz(at);
-    one_apart(x[j], j, out);
-    const __mmask16 off = (__mmask16)(1u << (j % 16));  // x[j] out of the rest
-    v[j / 16] = _mm512_mask_mov_ps(v[j / 16], off, zero), size[j / 16] = _mm512_mask_mov_ps(size[j / 16], off, zero);
-    const float rmax = _mm512_reduce_max_ps(_mm512_max_ps(size[0], size[1]));
-    int sum = 0;
-    if (rmax >= TINY) {
-        out->d = rmax / 127.f;
-        const __m512 inv = _mm512_set1_ps(127.f / rmax);
-        for (int h = 0; h < 2; h++) {
-            const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv));  // to nearest, even: |code| <= 127
-            _mm_storeu_si128((__m128i *)(out->qs + 16 * h), _mm512_cvtsepi32_epi8(code));
-            const int half = _mm512_reduce_add_epi32(code);
-            out->off[h] = -128 * half, sum += half;
-        }
-    }
-    out->s = fmaf(out->d, (float)sum, out->e);
-}
-// G blocks at a time, each step of the G written together (so their chains of reductions overlap), each block's 32
-// values in two registers, all in masks and reductions: no store and reload of a block. The rest of the block is
-// its values but x[j]: rmax, their largest |x|, is the second of the block's two largest (equal to amax where amax
-// is there twice): one tree over the lanes gives both.
-#define G 4
+// The rest of the block is its values but x[j]: rmax, their largest |x|, is the second of the block's two largest
+// (equal to amax where amax is there twice); one tree over the lanes gives both
 static inline __attribute__((always_inline)) float two_largest(__m512 a, __m512 b, float *first) {
     __m512 hi = _mm512_max_ps(a, b), lo = _mm512_min_ps(a, b);  // each lane's two, then a tree over the lanes
     const __m512i swap[4] = {_mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7),
@@ -123,46 +85,74 @@ static inline __attribute__((always_inline)) float two_largest(__m512 a, __m512 
     *first = _mm512_cvtss_f32(hi);
     return _mm512_cvtss_f32(lo);
 }
-static void round_blocks(const float *x, blkx *out, size_t n) {
+// whether a block's 32 values (two registers of |x|) hold inf or NaN
+static inline __attribute__((always_inline)) int unsound(const __m512 size[2]) {
     const __m512 most = _mm512_set1_ps(FLT_MAX);
+    return _mm512_cmp_ps_mask(size[0], most, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(size[1], most, _CMP_NLE_UQ);
+}
+// a sound block (v: its 32 values in two registers, size their |x|, amax and rmax as two_largest gives them) -> out,
+// all in masks and reductions: no store and reload of the block
+static inline __attribute__((always_inline)) void round_sound(const float *x, __m512 v[2], const __m512 size[2],
+                                                              float amax, float rmax, blkx *out) {
+    memset(out, 0, sizeof(*out));
+    one_apart(0.f, 0, out);
+    if (amax < TINY) return;
+    const __m512 top = _mm512_set1_ps(amax);
+    const unsigned at = (unsigned)_mm512_cmp_ps_mask(size[0], top, _CMP_EQ_OQ)
+                        | (unsigned)_mm512_cmp_ps_mask(size[1], top, _CMP_EQ_OQ) << 16;  // lanes holding it
+    const int j = __builtin_ctz(at);
+    one_apart(x[j], j, out);
+    int sum = 0;
+    if (rmax >= TINY) {
+        out->d = rmax / 127.f;
+        const __m512 inv = _mm512_set1_ps(127.f / rmax);
+        v[j / 16] = _mm512_mask_mov_ps(v[j / 16], (__mmask16)(1u << (j % 16)), _mm512_setzero_ps());  // x[j] out
+        for (int h = 0; h < 2; h++) {
+            const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv));  // to nearest, even: |code| <= 127
+            _mm_storeu_si128((__m128i *)(out->qs + 16 * h), _mm512_cvtsepi32_epi8(code));
+            const int half = _mm512_reduce_add_epi32(code);
+            out->off[h] = -128 * half, sum += half;
+        }
+    }
+    out->s = fmaf(out->d, (float)sum, out->e);
+}
+// one block (a tail's, or one of a group holding inf or NaN, which gets d = s = e = NaN)
+static void round_one(const float *x, blkx *out) {
+    __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+    const __m512 size[2] = {_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])};
+    if (unsound(size)) {
+        memset(out, 0, sizeof(*out));
+        one_apart(0.f, 0, out);
+        out->d = out->s = out->e = NAN;
+        return;
+    }
+    float amax;
+    const float rmax = two_largest(size[0], size[1], &amax);
+    round_sound(x, v, size, amax, rmax, out);
+}
+// G blocks at a time, each step of the G written together so that their chains of reductions overlap
+#define G 4
+static void round_blocks(const float *x, blkx *out, size_t n) {
     size_t i = 0;
     for (; i + G <= n; i += G) {
         __m512 v[G][2], size[G][2];
         float amax[G], rmax[G];
-        int odd = 0;  // a block holding inf or NaN, or below TINY: the one-block path's
-        for (int g = 0; g < G; g++)
+        int bad = 0;
+        for (int g = 0; g < G; g++) {
             for (int h = 0; h < 2; h++) {
                 v[g][h] = _mm512_loadu_ps(x + 32 * (i + g) + 16 * h);
                 size[g][h] = _mm512_abs_ps(v[g][h]);
-                odd |= _mm512_cmp_ps_mask(size[g][h], most, _CMP_NLE_UQ);
             }
-        for (int g = 0; g < G; g++) rmax[g] = two_largest(size[g][0], size[g][1], &amax[g]);
-        for (int g = 0; g < G; g++) odd |= !(rmax[g] >= TINY);
-        if (odd) {
-            for (int g = 0; g < G; g++) round_block(x + 32 * (i + g), out + i + g);
+            bad |= unsound(size[g]);
+        }
+        if (bad) {
+            for (int g = 0; g < G; g++) round_one(x + 32 * (i + g), out + i + g);
             continue;
         }
-        for (int g = 0; g < G; g++) {
-            blkx *o = out + i + g;
-            const __m512 top = _mm512_set1_ps(amax[g]), inv = _mm512_set1_ps(127.f / rmax[g]);
-            const unsigned at = (unsigned)_mm512_cmp_ps_mask(size[g][0], top, _CMP_EQ_OQ)
-                                | (unsigned)_mm512_cmp_ps_mask(size[g][1], top, _CMP_EQ_OQ) << 16;
-            const int j = __builtin_ctz(at);
-            memset(o, 0, sizeof(*o));
-            one_apart(x[32 * (i + g) + j], j, o);
-            o->d = rmax[g] / 127.f;
-            v[g][j / 16] = _mm512_mask_mov_ps(v[g][j / 16], (__mmask16)(1u << (j % 16)), _mm512_setzero_ps());
-            int sum = 0;
-            for (int h = 0; h < 2; h++) {
-                const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(v[g][h], inv));  // to nearest, even
-                _mm_storeu_si128((__m128i *)(o->qs + 16 * h), _mm512_cvtsepi32_epi8(code));
-                const int half = _mm512_reduce_add_epi32(code);
-                o->off[h] = -128 * half, sum += half;
-            }
-            o->s = fmaf(o->d, (float)sum, o->e);
-        }
+        for (int g = 0; g < G; g++) rmax[g] = two_largest(size[g][0], size[g][1], &amax[g]);
+        for (int g = 0; g < G; g++) round_sound(x + 32 * (i + g), v[g], size[g], amax[g], rmax[g], out + i + g);
     }
-    for (; i < n; i++) round_block(x + 32 * i, out + i);
+    for (; i < n; i++) round_one(x + 32 * i, out + i);
 }
 #undef G
 #else
