@@ -1,11 +1,12 @@
-"""How far the native target's int8 activations move its output from fp32 activations, teacher-forced.
+"""How far the native target's int8 (or bf16) activations move its output from fp32 activations, teacher-forced.
 
     python benchmarks/fidelity.py bundles/smollm2-q41                        # 20 prompts x 128 positions
     python benchmarks/fidelity.py bundles/smollm2-q41 --prompts 4 --positions 32
+    python benchmarks/fidelity.py bundles/smollm2-bf16-q41 --mode bf16       # bf16 activations, bf16 rows
 
 For each prompt of benchmarks/prompts (the first --prompts, taken in turn from each class), the fp32 mode writes
 --positions tokens greedily (EOS ignored); then both modes score that same text in one teacher-forced pass each, and
-at every written position the record compares them: top-1 agreement, KL(fp32 || int8) in nats, and, where the top
+at every written position the record compares them: top-1 agreement, KL(fp32 || mode) in nats, and, where the top
 tokens differ, fp32's margin between its top two logits there (a disagreement is expected only where that margin is
 small). Both modes are the same bundle opened twice with load(activations=...); the text comes from fp32, so every
 position is one the fp32 model would reach.
@@ -67,7 +68,7 @@ def interleaved(prompts: list, count: int) -> list:
 
 def measure(bundle: str, args) -> tuple[dict, list]:
     fp32 = opening.open_bundle(bundle, backend="native", threads=args.threads, activations=Activations.FP32)
-    int8 = opening.open_bundle(bundle, backend="native", threads=args.threads, activations=Activations.INT8)
+    int8 = opening.open_bundle(bundle, backend="native", threads=args.threads, activations=Activations(args.mode))
     config = GenerationConfig(max_new_tokens=args.positions, temperature=0.0, drafter=DrafterName.NONE,
                               eos_token_ids=(), chat=True)  # EOS ignored: every prompt writes --positions
     per_prompt = []
@@ -111,13 +112,15 @@ def main(argv=None) -> int:
     parser.add_argument("--positions", type=int, default=128, help="written positions a prompt (default 128)")
     parser.add_argument("--prompt-dir", default=str(PROMPTS), help="a folder of *.jsonl prompts")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--mode", choices=[Activations.INT8, Activations.BF16], default=Activations.INT8,
+                        help="the activations compared with fp32 (default int8; bf16 needs bf16 rows and AMX-BF16)")
     opening.add_out(parser)
     args = parser.parse_args(argv)
     described, per_prompt = measure(args.bundle, args)
     figures = summary(per_prompt)
-    run = record.run_record(EXPERIMENT, {"specdec native": {**described, "compared": "int8 against fp32"}},
+    run = record.run_record(EXPERIMENT, {"specdec native": {**described, "compared": f"{args.mode} against fp32"}},
                             args.threads, __file__, argv)
-    text = f"# int8 against fp32 activations: {Path(args.bundle).name}\n\n" + table(figures, per_prompt)
+    text = f"# {args.mode} against fp32 activations: {Path(args.bundle).name}\n\n" + table(figures, per_prompt)
     record.finish(run, args.out, {"fidelity.md": text}, shown=text, summary=figures, prompts=per_prompt)
     return 0
 

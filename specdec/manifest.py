@@ -474,7 +474,7 @@ def _check_defaults(defaults: Defaults) -> None:
                             "re-export the bundle)")
     if defaults.activations not in ACTIVATIONS:
         raise ManifestError(f"manifest defaults.activations is {defaults.activations!r}, not one of "
-                            f"{', '.join(ACTIVATIONS)}", "set it to fp32 or int8 in manifest.json, or re-export the "
+                            f"{', '.join(ACTIVATIONS)}", "set it to one of those in manifest.json, or re-export the "
                             "bundle")
 
 

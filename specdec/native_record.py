@@ -21,12 +21,15 @@ class Activations(StrEnum):
 
     FP32 = "fp32"  # fp32: the target's graph's function, in another summation order
     INT8 = "int8"  # each row's rounded per block of 32 to int8 (a Q8 block): integer dot products (docs/backends.md)
+    BF16 = "bf16"  # each row's rounded to bf16 before products with bf16 rows: AMX-BF16 tiles (docs/backends.md)
 
 
 ACTIVATIONS = tuple(mode.value for mode in Activations)
-ACTIVATIONS_HELP = ("the native target's activations: fp32, or int8 (each row's rounded per block of 32 before every "
-                    "product with blk4, blk8 or blk6 weights: integer dot products, faster prompts; docs/backends.md); "
-                    "default: the bundle's defaults.activations, fp32 where it has none; int8 needs the native backend")
+ACTIVATIONS_HELP = ("the native target's activations: fp32; int8 (each row's rounded per block of 32 before every "
+                    "product with blk4, blk8 or blk6 weights: integer dot products, faster prompts); or bf16 (rounded "
+                    "to bf16 before every product with bf16 rows, on AMX-BF16 tiles: faster prompts and verify "
+                    "passes; CPUs with AMX); docs/backends.md; default: the bundle's defaults.activations, fp32 where "
+                    "it has none; int8 and bf16 need the native backend")
 
 
 class NormKind(StrEnum):

@@ -28,7 +28,8 @@ def test_the_table_reads_as_the_kernels_take_it():
     assert {kind.label: (kind.bytes, kind.per) for kind in WeightKind} == {
         "q41": (24, 32), "q80": (36, 32), "q41p": (40, 64), "bf16": (2, 1), "f16": (2, 1), "f32": (4, 1),
         "q6": (40, 32), "q5": (28, 32)}
-    assert WeightKind.Q41P.kernels == {Kernel.INT8} and WeightKind.Q80.kernels == set(Kernel)
+    assert WeightKind.Q41P.kernels == {Kernel.INT8} and WeightKind.Q80.kernels == set(Kernel) - {Kernel.BF16A}
+    assert WeightKind.BF16.kernels == {Kernel.STEP, Kernel.PROMPT, Kernel.BF16A}
     assert all(kind.isas == set(Isa) - {Isa.AUTO} and kind.decode for kind in WeightKind)
     assert MIXED_KINDS == (WeightKind.Q41, WeightKind.Q5, WeightKind.Q80, WeightKind.Q6)  # narrowest first
     assert [kind.elements(96) for kind in (WeightKind.Q41, WeightKind.Q41P, WeightKind.F32)] == [3, 2, 96]
@@ -80,7 +81,7 @@ def test_a_row_of_the_header_is_a_kind_everywhere_it_is_read():
     ("X(Q5,   7, blk5,  28,", "X(Q5,   7, blk9,  28,", "element blk9 is not"),
     ("typedef struct { float d; int8_t qs[SPECDEC_BLOCK]; } blk8;",
      "typedef struct { double d; int8_t qs[SPECDEC_BLOCK]; } blk8;", "a field of type double"),
-    ("X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK, SPECDEC_INT8,", "X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK, 32,",
+    ("X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK, SPECDEC_INT8,", "X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK, 64,",
      "beyond those of"),
     ("X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK,", "X(Q41P, 2, blk4p, 40, 2.5 * SPECDEC_BLOCK,", "not an integer"),
 ])

@@ -49,7 +49,7 @@ class BenchConfig:
     temperature: float = 0.0
     threads: int | None = None
     backend: BackendName = BackendName.ONNXRUNTIME  # or NATIVE / CUDA (the target on specdec's own CPU / GPU kernels)
-    activations: str | None = None  # the native target's, fp32 or int8 (None: the bundle's default; load())
+    activations: str | None = None  # the native target's, fp32, int8 or bf16 (None: the bundle's default; load())
     verify: bool = True  # check the bundle's file hashes
     peers: str | None = None  # a folder of peer results (*.jsonl) to merge into the table
     plots: bool = True

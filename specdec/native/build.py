@@ -31,7 +31,7 @@ from specdec.weight_kinds import Isa, WeightKind
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-SOURCES = tuple(HERE / name for name in ("forward.c", "linear.c", "linear_q8a.c", "attention.c", "pool.c"))
+SOURCES = tuple(HERE / name for name in ("forward.c", "linear.c", "linear_q8a.c", "linear_bf16a.c", "attention.c", "pool.c"))
 HEADERS = tuple(HERE / name for name in ("specdec_native.h", "specdec_kinds.h", "internal.h", "pool.h"))
 ABI_VERSION = 10  # specdec_native.h's SPECDEC_ABI_VERSION: the exports (SIGNATURES), model_t and status codes
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror")
@@ -292,6 +292,24 @@ def load_kernels(wanted: "Isa | str | None" = None) -> ctypes.CDLL:
 @functools.cache
 def _loaded(chosen: Isa) -> ctypes.CDLL:
     return compiled(chosen)
+
+
+def kernel_runs(lib: ctypes.CDLL, kernel, kind: WeightKind) -> bool:
+    """Whether `lib`'s specdec_matmul runs `kernel` (a weight_kinds.Kernel) on weights of `kind` here: the table may
+    give a kind a kernel that this build lacks or this CPU cannot run (bf16 activations' AMX tiles). One product of a
+    row of zeros answers it."""
+    from specdec.weight_kinds import KERNELS
+
+    K = 32
+    x = (ctypes.c_float * K)()
+    w = (ctypes.c_uint8 * (kind.bytes * kind.elements(K)))()
+    y = ctypes.c_float()
+    need = lib.specdec_matmul_scratch_bytes(1, K, KERNELS[kernel], 1)
+    if need < 0:
+        return False
+    scratch = (ctypes.c_uint8 * max(need, 64))()
+    return lib.specdec_matmul(x, 1, K, w, kind.elements(K), int(kind), KERNELS[kernel], ctypes.byref(y), 1, scratch,
+                              len(scratch), 1) == 0
 
 
 def forget_kernels() -> None:

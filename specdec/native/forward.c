@@ -250,6 +250,7 @@ static int weights_kind(const pass_t *p, int l, int which) {  // of layer l's li
 // any other kind (blk5, rows) keeps the pass's fp32 kernel, `fp32` (a prompt's, or the step's for the head).
 static int kernel_for(const pass_t *p, int kind, int fp32) {
     if (p->kernel == K_Q8A) return linear_kind_ok(K_Q8A, kind) ? K_Q8A : fp32;
+    if (p->kernel == K_BF16A) return linear_kind_ok(K_BF16A, kind) ? K_BF16A : fp32;
     return p->kernel;
 }
 
@@ -473,7 +474,8 @@ static void keep_features(const pass_t *p, const features_t *f, int l) {
 int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
                     const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
                     int last_only, int quant, int threads, float *logits, const features_t *features) {
-    if (out_of(quant, SPECDEC_ACT_F32, SPECDEC_ACT_INT8)) return SPECDEC_E_SHAPE;
+    if (out_of(quant, SPECDEC_ACT_F32, SPECDEC_ACT_BF16) || (quant == SPECDEC_ACT_BF16 && !bf16a_ok()))
+        return SPECDEC_E_SHAPE;
     int status = check_model(m, quant == SPECDEC_ACT_DRAFT);
     if (status) return status;
     if (!scratch || !tokens || !pos || !keys || !values || !logits) return SPECDEC_E_NULL;
@@ -483,7 +485,8 @@ int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const
     const layout_t at = layout_of(m, B, T, S, threads);
     if (scratch_bytes < at.end) return SPECDEC_E_SCRATCH;
     const int fp32 = last_only && T > 1 ? K_PROMPT : K_STEP;  // a prompt's rows: its own kernel
-    const int kernel = quant == SPECDEC_ACT_DRAFT ? K_INT8 : quant == SPECDEC_ACT_INT8 ? K_Q8A : fp32;
+    const int kernel = quant == SPECDEC_ACT_DRAFT ? K_INT8 : quant == SPECDEC_ACT_INT8 ? K_Q8A
+                     : quant == SPECDEC_ACT_BF16 ? K_BF16A : fp32;
     const pass_t p = {m, (char *)ALIGNED((uintptr_t)scratch), at, B, T, S, threads, kernel,
                       quant == SPECDEC_ACT_DRAFT, fp32, pos, keys, values, layer_stride};
     embed(&p, tokens);
@@ -502,6 +505,8 @@ long specdec_matmul_scratch_bytes(int M, int K, int kernel, int threads) {
     if (kernel == K_PROMPT) return (long)(sizeof(float) * threads * linear_decoded_floats(K) + 64);
     if (kernel == K_Q8A || kernel == K_Q8A_REF)  // each worker's decoded columns, then the rounded activations
         return (long)((size_t)threads * q8a_columns_bytes(K) + q8a_rounded_bytes(M, K) + 64);
+    if (kernel == K_BF16A)  // each worker's buffer, then the rounded activations
+        return (long)((size_t)threads * bf16a_worker_bytes(K) + bf16a_rounded_bytes(M, K) + 64);
     return kernel == K_INT8 ? (long)(linear_rounded_bytes(M, K) + 64) : 64;
 }
 
@@ -515,7 +520,8 @@ int specdec_matmul(const float *x, int M, int K, const void *w, int wblocks, int
         return SPECDEC_E_SHAPE;
     if (scratch_bytes < (size_t)need) return SPECDEC_E_SCRATCH;
     char *base = (char *)ALIGNED((uintptr_t)scratch);
-    const size_t columns = kernel == K_Q8A || kernel == K_Q8A_REF ? (size_t)threads * q8a_columns_bytes(K) : 0;
+    const size_t columns = kernel == K_Q8A || kernel == K_Q8A_REF ? (size_t)threads * q8a_columns_bytes(K)
+                         : kernel == K_BF16A ? (size_t)threads * bf16a_worker_bytes(K) : 0;
     linear(threads, kernel, kind, x, M, K, w, y, N, N, (float *)base, base + columns);
     return SPECDEC_OK;
 }

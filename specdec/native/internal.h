@@ -44,7 +44,7 @@ enum {
 };
 enum {
     K_STEP = SPECDEC_KERNEL_STEP, K_PROMPT = SPECDEC_KERNEL_PROMPT, K_INT8 = SPECDEC_KERNEL_INT8,
-    K_Q8A = SPECDEC_KERNEL_Q8A, K_Q8A_REF = SPECDEC_KERNEL_Q8A_REF
+    K_Q8A = SPECDEC_KERNEL_Q8A, K_Q8A_REF = SPECDEC_KERNEL_Q8A_REF, K_BF16A = SPECDEC_KERNEL_BF16A
 };
 typedef struct {
     size_t bytes;      // of an element
@@ -102,6 +102,15 @@ void linear_q8a(int threads, int reference, int kind, const float *x, int M, int
 size_t q8a_columns_bytes(int K);
 size_t q8a_rounded_bytes(int M, int K);
 int q8a_kind_ok(int kind);  // whether linear_q8a has code for weights of this kind (the table says which take it)
+
+// ---- linear_bf16a.c: bf16 activations (K_BF16A) times bf16 rows, by VDPBF16PS ----
+// x [M, K] -> y [M, N] (rows ldy apart) through bf16 rows [N, K]: `buffers` holds bf16a_worker_bytes(K) per worker,
+// `rounded` bf16a_rounded_bytes(M, K)
+void linear_bf16a(int threads, const float *x, int M, int K, const void *w, float *y, int N, int ldy, void *buffers,
+                  void *rounded);
+size_t bf16a_worker_bytes(int K);
+size_t bf16a_rounded_bytes(int M, int K);
+int bf16a_ok(void);  // whether this build has the kernel and the CPU runs it (AVX-512 with AVX512-BF16)
 
 // ---- attention.c: causal GQA of B rows over their own KV ----
 typedef struct {

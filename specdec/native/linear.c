@@ -670,17 +670,20 @@ static void prompt_task(void *ctx, int first, int last, int worker) {
 
 size_t linear_decoded_floats(int K) {  // a prompt's decoded columns, or int8 activations' (linear_q8a.c)
     const size_t prompt = ALIGNED(sizeof(float) * PREFILL_COLUMNS * (size_t)K), q8a = q8a_columns_bytes(K);
-    return (prompt > q8a ? prompt : q8a) / sizeof(float);
+    const size_t most = prompt > q8a ? prompt : q8a, bf16a = bf16a_worker_bytes(K);
+    return (most > bf16a ? most : bf16a) / sizeof(float);
 }
-size_t linear_rounded_bytes(int M, int K) {  // the draft's rounded activations, or int8 activations' blocks
+size_t linear_rounded_bytes(int M, int K) {  // the draft's rounded activations, int8 activations' blocks or bf16's
     const size_t draft = ALIGNED(sizeof(blkq) * (size_t)M * (size_t)(K / BLOCK + 1)), q8a = q8a_rounded_bytes(M, K);
-    return draft > q8a ? draft : q8a;
+    const size_t most = draft > q8a ? draft : q8a, bf16a = bf16a_rounded_bytes(M, K);
+    return most > bf16a ? most : bf16a;
 }
 void linear_decode(int kind, const void *column, int K, float *out) { KIND_OPS[kind].decode(column, K, out); }
 int linear_kind_ok(int kernel, int kind) {
-    if (!kind_known(kind) || kernel < K_STEP || kernel > K_Q8A_REF) return 0;
+    if (!kind_known(kind) || kernel < K_STEP || kernel > K_BF16A) return 0;
     const int has = kernel == K_STEP ? KIND_OPS[kind].step != NULL : kernel == K_PROMPT ? KIND_OPS[kind].decode != NULL
-                  : kernel == K_INT8 ? KIND_OPS[kind].int8 && KIND_OPS[kind].round : q8a_kind_ok(kind);
+                  : kernel == K_INT8 ? KIND_OPS[kind].int8 && KIND_OPS[kind].round
+                  : kernel == K_BF16A ? kind == W_BF16 && bf16a_ok() : q8a_kind_ok(kind);
     return has && (KINDS[kind].kernels >> kernel & 1) && (KINDS[kind].isas & THIS_ISA);
 }
 
@@ -688,6 +691,10 @@ void linear(int threads, int kernel, int kind, const float *x, int M, int K, con
             float *decoded, void *rounded) {
     if (kernel == K_Q8A || kernel == K_Q8A_REF) {  // int8 activations: linear_q8a.c
         linear_q8a(threads, kernel == K_Q8A_REF, kind, x, M, K, w, y, N, ldy, decoded, rounded);
+        return;
+    }
+    if (kernel == K_BF16A) {  // bf16 activations: linear_bf16a.c
+        linear_bf16a(threads, x, M, K, w, y, N, ldy, decoded, rounded);
         return;
     }
     linear_job j = {kernel, kind, M, K, N, ldy, x, w, y, decoded};

@@ -42,7 +42,7 @@ class FeaturesStruct(ctypes.Structure):
 
 MLPS = {Activation.SILU_GATED: 0, Activation.GELU_TANH: 1, Activation.GELU: 2}  # specdec_native.h's SPECDEC_MLP_*
 ACT_DRAFT = 1  # specdec_native.h's SPECDEC_ACT_DRAFT: the draft's kernels (specdec_forward's quant)
-QUANT = {Activations.FP32: 0, Activations.INT8: 2}  # ... SPECDEC_ACT_F32 and SPECDEC_ACT_INT8: a target's
+QUANT = {Activations.FP32: 0, Activations.INT8: 2, Activations.BF16: 3}  # ... SPECDEC_ACT_F32, _INT8, _BF16: a target's
 PER_LAYER = {"in_norm": "input_norm", "post_norm": "post_norm", **{name: name for name in LINEARS},
              "qkv_bias": "qkv_bias", "q_norm": "q_norm", "k_norm": "k_norm", "in_norm_bias": "input_norm_bias",
              "post_norm_bias": "post_norm_bias", "o_bias": "o_bias", "gate_up_bias": "gate_up_bias",
@@ -88,8 +88,9 @@ class NativeModel(KernelModel):
     (a draft taking this target's KV): `geometry` and `buffers`, the per-layer keys then values [slots, Hkv, S, D], as
     GqaDriver holds its own. A draft's products round its activations to two int8 parts before each weight (the
     draft's kernels); the target keeps fp32. threads: the threads each call uses (the caller and its workers).
-    activations: a target's (Activations): fp32, or int8, each row's rounded per block of 32 before every product
-    with blk4, blk8 or blk6 weights (the kernels' SPECDEC_ACT_INT8)."""
+    activations: a target's (Activations): fp32; int8, each row's rounded per block of 32 before every product
+    with blk4, blk8 or blk6 weights (the kernels' SPECDEC_ACT_INT8); or bf16, each row's rounded to bf16 before
+    every product with bf16 rows, on AMX tiles (SPECDEC_ACT_BF16)."""
 
     def __init__(self, weights: NativeWeights, dims: ModelDims, kernels, max_seq_len: int,
                  draft: DraftWeights | None = None, kv_owner: "NativeModel | None" = None, threads: int = 1,

@@ -53,13 +53,15 @@ typedef struct { f16 h[4]; uint8_t qs[SPECDEC_BLOCK]; } blk4p;
 
 // The kernels of specdec_matmul (its `kernel`), and their bits in the table's KERNELS
 enum { SPECDEC_KERNEL_STEP = 0, SPECDEC_KERNEL_PROMPT = 1, SPECDEC_KERNEL_INT8 = 2, SPECDEC_KERNEL_Q8A = 3,
-       SPECDEC_KERNEL_Q8A_REF = 4 };
+       SPECDEC_KERNEL_Q8A_REF = 4, SPECDEC_KERNEL_BF16A = 5 };
 #define SPECDEC_STEP (1 << SPECDEC_KERNEL_STEP)      // a decode step's and a verify pass's: fp32 activations
 #define SPECDEC_PROMPT (1 << SPECDEC_KERNEL_PROMPT)  // a prompt's: the weights decoded to fp32 first
 #define SPECDEC_INT8 (1 << SPECDEC_KERNEL_INT8)      // activations rounded to two int8 parts per block: the draft's
 #define SPECDEC_Q8A (1 << SPECDEC_KERNEL_Q8A)        // ... to one int8 part per block (SPECDEC_ACT_INT8: linear_q8a.c)
 #define SPECDEC_Q8A_REF (1 << SPECDEC_KERNEL_Q8A_REF)  // ... the same in plain C: the bits SPECDEC_Q8A must give
 #define SPECDEC_Q8A_BOTH (SPECDEC_Q8A | SPECDEC_Q8A_REF)
+#define SPECDEC_BF16A (1 << SPECDEC_KERNEL_BF16A)    // ... to bf16, times bf16 rows by VDPBF16PS (SPECDEC_ACT_BF16:
+                                                    // linear_bf16a.c; AVX-512 builds, where the CPU has AVX512-BF16)
 // The builds of the kernels (specdec/native/build.py: Isa), as bits of the table's ISAS
 enum { SPECDEC_ISA_AVX2 = 1, SPECDEC_ISA_AVX512 = 2, SPECDEC_ISA_AVX512_VBMI = 4, SPECDEC_ISA_AVX2_VNNI = 8 };
 #define SPECDEC_EVERY_ISA (SPECDEC_ISA_AVX2 | SPECDEC_ISA_AVX512 | SPECDEC_ISA_AVX512_VBMI | SPECDEC_ISA_AVX2_VNNI)
@@ -80,7 +82,7 @@ enum { SPECDEC_ISA_AVX2 = 1, SPECDEC_ISA_AVX512 = 2, SPECDEC_ISA_AVX512_VBMI = 4
       "d * q, q in -127..127") \
     X(Q41P, 2, blk4p, 40, 2 * SPECDEC_BLOCK, SPECDEC_INT8,                   SPECDEC_EVERY_ISA, \
       "each half: d * q + m, q in 0..15, d and m fp16") \
-    X(BF16, 3, bf16,   2, 1,                 SPECDEC_STEP | SPECDEC_PROMPT,  SPECDEC_EVERY_ISA, \
+    X(BF16, 3, bf16,   2, 1,                 SPECDEC_STEP | SPECDEC_PROMPT | SPECDEC_BF16A, SPECDEC_EVERY_ISA, \
       "the fp32 of these top 16 bits") \
     X(F16,  4, f16,    2, 1,                 SPECDEC_STEP | SPECDEC_PROMPT,  SPECDEC_EVERY_ISA, \
       "the IEEE half, exactly in fp32") \

@@ -93,6 +93,9 @@ enum {
     SPECDEC_ACT_INT8 = 2,   // a target's, each row's activations rounded per block of 32 to int8 (one scale a block)
                             // before every product whose weights the table gives SPECDEC_Q8A (blk4, blk8, blk6), the
                             // head's too; other kinds' products stay fp32
+    SPECDEC_ACT_BF16 = 3,   // a target's, each row's activations rounded to bf16 before every product with bf16 rows,
+                            // the head's too, on AMX-BF16 tiles (specdec_matmul's SPECDEC_KERNEL_BF16A; where the CPU
+                            // lacks them, SPECDEC_E_SHAPE); other kinds' products stay fp32
 };
 
 // Status codes: 0, or what was wrong with the arguments (nothing is written where a call fails its checks), or

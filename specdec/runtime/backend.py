@@ -51,7 +51,7 @@ class Backend:
     # stand in for a prefill of the same tokens, invisibly (specdec serve reuses a shared prompt prefix so)
     exact_prefix_kv = False
     capabilities: Capabilities = LOGITS_ONLY  # what its calls return beyond logits (an open backend may say more)
-    activations = Activations.FP32  # what its target's activations are in its products (native: fp32 or int8)
+    activations = Activations.FP32  # what its target's activations are in its products (native: fp32, int8 or bf16)
 
     def __init__(self, root: Path, entry: ModelEntry):
         self.root = Path(root)

@@ -91,9 +91,10 @@ def load(bundle: str | os.PathLike, backend: str = AUTO_BACKEND, device: str | N
     device: "cpu" for onnxruntime and native, "cuda:N" for cuda and tensorrt (their default cuda:0); unset with
     backend="auto": a GPU where CuPy sees one (the cuda backend), else the CPU.
     prompt_budget: what rendering one chat prompt may cost (time, memory) in the Generator's prompt worker.
-    activations: the native target's, "fp32" or "int8" (each row's rounded per block of 32 before every product with
-    blocked weights: docs/backends.md); unset, the bundle's defaults.activations (fp32 where it has none). int8 runs
-    on the native backend only (another backend asked for it: ConfigError); the Generator's `activations` says which
+    activations: the native target's, "fp32", "int8" (each row's rounded per block of 32 before every product with
+    blocked weights) or "bf16" (rounded to bf16 before every product with bf16 rows, on AMX-BF16 tiles; CPUs with
+    AMX): docs/backends.md; unset, the bundle's defaults.activations (fp32 where it has none). int8 and bf16 run on
+    the native backend only (another backend asked for them: ConfigError); the Generator's `activations` says which
     ran.
     pages, isa: the native backend's: how it holds its weights ("private", the default: a copy on huge pages; or
     "shared": the bundle's file mapped, one copy for every process), and its kernels' instruction set ("auto", the
@@ -212,7 +213,7 @@ class Generator:
         self._closed = False
         self.backend = target.name  # load() names what it chose
         self.backend_note = None  # why load(backend='auto') did not open the native backend
-        self.activations = target.activations  # the target's: fp32, or int8 (the native backend's option)
+        self.activations = target.activations  # the target's: fp32, int8 or bf16 (the native backend's option)
 
     # --- request preparation: specdec.runtime.requests ---------------------------------------------------------
     def default_policy(self, config: GenerationConfig):

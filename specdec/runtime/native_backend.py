@@ -52,8 +52,8 @@ def checked_activations(value) -> Activations:
         return Activations(value)
     except ValueError:
         raise ConfigError(f"activations={value!r} is not one of {', '.join(ACTIVATIONS)}",
-                          "pass activations='fp32' or 'int8' (--activations fp32|int8), or leave it unset for the "
-                          "bundle's default") from None
+                          "pass activations='fp32', 'int8' or 'bf16' (--activations fp32|int8|bf16), or leave it unset "
+                          "for the bundle's default") from None
 
 
 class NativeBackend(KernelBackend):
@@ -87,19 +87,28 @@ class NativeBackend(KernelBackend):
         return self
 
     def _open_target(self, record):
-        from specdec.native.build import load_kernels
+        from specdec.native.build import kernel_runs, load_kernels
         from specdec.native.model import NativeModel
         from specdec.native.weights import target_weights
 
-        from specdec.weight_kinds import WEIGHT_LAYOUTS
+        from specdec.weight_kinds import WEIGHT_LAYOUTS, Kernel, WeightKind
 
         if self.activations is Activations.INT8 and WEIGHT_LAYOUTS[record.layout].rows:
             raise BackendError(f"activations='int8' multiply blocked weights, and this target holds "
                                f"{record.layout} rows", "pass activations='fp32', or use a bundle of a GGUF's "
                                "blocks (Q4_1, Q8_0 or a K-quant mix)")
+        if self.activations is Activations.BF16 and WEIGHT_LAYOUTS[record.layout].linear is not WeightKind.BF16:
+            raise BackendError(f"activations='bf16' multiply bf16 rows, and this target holds {record.layout} weights",
+                               "pass activations='fp32' (or 'int8' for a GGUF's blocks), or export the checkpoint "
+                               "with --dtype bf16 (make bundle-bf16)")
+        kernels = load_kernels(self.isa)
+        if self.activations is Activations.BF16 and not kernel_runs(kernels, Kernel.BF16A, WeightKind.BF16):
+            raise BackendError("activations='bf16' run on AMX-BF16 tiles, which this CPU or build lacks (an AVX-512 "
+                               "build on a CPU with amx_bf16 and avx512_bf16 in /proc/cpuinfo: Sapphire Rapids or "
+                               "later)", "pass activations='fp32'")
         weights = target_weights(self.root, record, self.entry.dims, self.pages)
         self.check_family(weights)
-        return NativeModel(weights, self.entry.dims, load_kernels(self.isa), self.max_seq_len, threads=self._workers(),
+        return NativeModel(weights, self.entry.dims, kernels, self.max_seq_len, threads=self._workers(),
                            activations=self.activations)
 
     def _open_draft(self, record, target_model):

@@ -77,6 +77,17 @@ def _native_off() -> bool:
     return bool(value) and BackendName(value) is BackendName.ONNXRUNTIME
 
 
+def _bf16_runs(isa: str | None) -> bool:
+    """Whether the native kernels of `isa` run bf16 activations here (AMX-BF16); False where they cannot load."""
+    from specdec.native import build
+    from specdec.weight_kinds import Kernel, WeightKind
+
+    try:
+        return build.kernel_runs(build.load_kernels(isa), Kernel.BF16A, WeightKind.BF16)
+    except (SpecDecError, OSError):
+        return False
+
+
 @functools.cache
 def _warn_once(note: str, fallback: str) -> None:
     log.warning("%s; running on %s", note, fallback)
@@ -88,23 +99,28 @@ def open_backends(root: Path, manifest: Manifest, backend: str, device: str | No
     """(target, draft, the backend's name, why the backend auto wanted did not open, or None) for `specdec.load`;
     verify: hash each file a backend reads before it opens. device None: a GPU where CuPy sees one, else the CPU.
     activations: the native target's (None: the bundle's defaults.activations). Only the native backend has int8
-    activations: asked for them, any other backend is a ConfigError, and auto opens native or fails; a bundle whose
+    and bf16 activations: asked for them, any other backend is a ConfigError, and auto opens native or fails; a bundle whose
     default is int8 runs fp32 on the others (the Generator's `activations` says which ran). pages, isa: the native
     backend's (None: its environment's, else its defaults)."""
     mode = Activations(activations or manifest.defaults.activations)
 
     def native_target() -> NativeBackend:
-        return NativeBackend(root, manifest.target, threads, activations=mode, pages=pages, isa=isa)
+        chosen = mode
+        if activations is None and mode is Activations.BF16 and not _bf16_runs(isa):  # the bundle's, not the caller's
+            _warn_once("the bundle's default activations, bf16, need AMX-BF16 tiles, which this CPU or build lacks",
+                       "fp32 activations")
+            chosen = Activations.FP32
+        return NativeBackend(root, manifest.target, threads, activations=chosen, pages=pages, isa=isa)
 
     if backend != AUTO:
         cls = backend_class(backend)
-        if activations is Activations.INT8 and cls is not NativeBackend:
-            raise ConfigError(f"activations='int8' runs on the native backend, not backend={backend!r}",
+        if activations not in (None, Activations.FP32) and cls is not NativeBackend:
+            raise ConfigError(f"activations={str(activations)!r} runs on the native backend, not backend={backend!r}",
                               "pass backend='native' (or 'auto'), or activations='fp32'")
         device = device or ("cuda:0" if cls.devices == (Device.CUDA,) else Device.CPU)
         target = native_target() if cls is NativeBackend else None
         return (*open_pair(cls, root, manifest, device, threads, verify, target), backend, None)
-    if activations is Activations.INT8:  # asked for: native, or a failure that says why
+    if activations not in (None, Activations.FP32):  # int8 or bf16 asked for: native, or a failure that says why
         _check_device(NativeBackend, device or Device.CPU)
         return (*open_pair(NativeBackend, root, manifest, Device.CPU, threads, verify, native_target()),
                 NativeBackend.name, None)

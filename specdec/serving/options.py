@@ -76,7 +76,7 @@ class ServeOptions:
     threads: int | None = None  # onnxruntime intra-op / OpenMP threads (None: every core this process may use)
     backend: str = AUTO_BACKEND  # native where it opens (a batch's rows in one call on either), else onnxruntime
     device: str | None = None  # "cpu" or "cuda:N"; None: load()'s choice for the backend
-    activations: str | None = None  # the native target's, "fp32" or "int8"; None: the bundle's default (load())
+    activations: str | None = None  # the native target's, "fp32", "int8" or "bf16"; None: the bundle's default (load())
     verify_files: bool = True  # check the bundle's sha256 sums at start
     retry_after_s: int = 1  # the Retry-After of a 429
     header_timeout_s: float = 10.0  # a connection sends a request's headers within this (after opening or a response)

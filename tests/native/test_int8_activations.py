@@ -144,7 +144,7 @@ def test_the_mode_is_on_and_near_fp32(grid_bundle):
     """The deliberately failing comparison: int8 logits are not fp32's bits (else the mode would be off), yet close."""
     ids = np.random.default_rng(3).integers(3, 300, (1, 40))
     out = {}
-    for mode in Activations:
+    for mode in (Activations.FP32, Activations.INT8):
         backend = _target(grid_bundle, mode, slots=1)
         assert backend.model.activations is mode
         out[mode] = backend.forward(ids, np.array([0]))[0]
