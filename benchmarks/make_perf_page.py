@@ -66,13 +66,21 @@ def bundle_of(run: Path) -> str:
     return Path(following[0]).name if following else "?"
 
 
-def lockstep_runs() -> list:
-    """The newest lockstep run of each bundle, the default bundle's first, then the newest first."""
+def bundle_runs(experiment: str) -> list:
+    """The newest run of an experiment for each bundle, the default bundle's first, then the newest first."""
     latest = {}
-    for run in runs("lockstep"):
+    for run in runs(experiment):
         latest[bundle_of(run)] = run
     newest_first = sorted(latest.values(), key=_started, reverse=True)
     return sorted(newest_first, key=lambda run: bundle_of(run) != DEFAULT_BUNDLE)  # a stable sort
+
+
+def step_runs() -> list:
+    """The default bundle's newest step run, then the newest of all where another bundle's is newer."""
+    latest = bundle_runs("step")
+    default = [run for run in latest[:1] if bundle_of(run) == DEFAULT_BUNDLE]
+    newest_run = newest("step")
+    return default + [newest_run] if newest_run is not None and newest_run not in default else default
 
 
 def plot_path(run: Path) -> Path:
@@ -208,6 +216,8 @@ NATIVE = {  # experiment: (title, what it asks, the table its script writes)
 
 def native_section(experiment: str, run: Path) -> str:
     title, question, name = NATIVE[experiment]
+    if experiment == "step":  # one section per bundle shown
+        title = f"{title}: {bundle_of(run)}"
     body = (run / name).read_text(encoding="utf-8").strip() if (run / name).is_file() else ""
     return f"## {title}\n\n{question}\n\n" + provenance(run) + "\n" + body + "\n"
 
@@ -312,7 +322,8 @@ def render() -> str:
             "between runs: read ratios within one run, not milliseconds across runs.\n\n")
     parts, cited = [head], set()
     for experiment in SECTIONS:
-        chosen = lockstep_runs() if experiment == "lockstep" else [r for r in [newest(experiment)] if r is not None]
+        chosen = (bundle_runs(experiment) if experiment == "lockstep" else step_runs() if experiment == "step"
+                  else [r for r in [newest(experiment)] if r is not None])
         for run in chosen:
             cited.add(run)
             parts.append(RENDER[experiment](run) if experiment in RENDER else native_section(experiment, run))
@@ -348,7 +359,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     text = render()
     if args.readme:
-        print("\n".join(readme_table(run) for run in lockstep_runs()), end="")
+        print("\n".join(readme_table(run) for run in bundle_runs("lockstep")), end="")
         return 0
     if args.check:
         same = PAGE.is_file() and PAGE.read_text(encoding="utf-8") == text
@@ -357,8 +368,8 @@ def main(argv=None) -> int:
         return 0 if same else 1
     PAGE.parent.mkdir(parents=True, exist_ok=True)
     PAGE.write_text(text, encoding="utf-8")
-    plots = [plot_path(run) for run in lockstep_runs()]
-    for run, path in zip(lockstep_runs(), plots):
+    plots = [plot_path(run) for run in bundle_runs("lockstep")]
+    for run, path in zip(bundle_runs("lockstep"), plots):
         plot(run, path)
     print(f"wrote {rel(PAGE)} and {', '.join(rel(path) for path in plots)}")
     return 0

@@ -53,8 +53,9 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activations", choices=ACTIVATIONS, default=None,
                         help="the bundle's default activations for its native target (what `load` and --activations "
                              "use unset): int8, faster prompts and verify passes, 99.3%% top-1 agreement with fp32 on "
-                             "the default model; or fp32, exact products (default: int8 where the native weights are "
-                             "a GGUF's blocks, else fp32; docs/backends.md)")
+                             "the default model; bf16 (bf16 rows, AMX-BF16 CPUs), 2.9x faster prompts, 99.6%%; or "
+                             "fp32, exact products (default: int8 where the native weights are a GGUF's blocks, bf16 "
+                             "where they are bf16 rows, else fp32; docs/backends.md)")
     parser.add_argument("--skip-parity", action="store_true", help="skip the ONNX-vs-PyTorch check (not advised)")
     _add_head_args(parser)
     _add_quantize_args(parser)

@@ -23,7 +23,7 @@ from specdec.export.sources import (
     rounded,
 )
 from specdec.native_record import Activations
-from specdec.weight_kinds import DTYPES, WEIGHT_LAYOUTS
+from specdec.weight_kinds import DTYPES, WEIGHT_LAYOUTS, WeightKind
 from specdec.chat_template import read_chat_template
 from specdec.lowering import lowering_for
 from specdec.manifest import (
@@ -180,10 +180,16 @@ def _export_model(role, arch, reference, source, derived, root, config, steps, p
 
 def _default_activations(target) -> Activations:
     """The bundle's default activations where --activations is unset: int8 where the target's native weights are
-    blocks (a GGUF's grids: the int8 kernels take its Q4_1, Q8_0 and Q6_K blocks), else fp32 (rows, or no native
-    weights: nothing for int8 activations to multiply). Why int8 there: docs/backends.md, "int8 activations"."""
+    blocks (a GGUF's grids: the int8 kernels take its Q4_1, Q8_0 and Q6_K blocks); bf16 where they are bf16 rows (a
+    CPU without AMX-BF16 runs such a default as fp32: specdec.runtime.registry); else fp32 (f16 or fp32 rows, or no
+    native weights). Why: docs/backends.md, "int8 activations" and "bf16 activations"."""
     native = target.native
-    return Activations.INT8 if native is not None and not WEIGHT_LAYOUTS[native.layout].rows else Activations.FP32
+    if native is None:
+        return Activations.FP32
+    layout = WEIGHT_LAYOUTS[native.layout]
+    if layout.linear is WeightKind.BF16:
+        return Activations.BF16
+    return Activations.FP32 if layout.rows else Activations.INT8
 
 
 def _native_weights(root: Path, role: str, arch, config: ExportConfig, source) -> tuple:

@@ -30,7 +30,7 @@ def test_the_performance_page_is_generated_from_the_committed_records():
     module = perf_page()
     committed = (DOCS / "performance.md").read_text(encoding="utf-8")
     assert committed == module.render(), "docs/performance.md is stale: run python benchmarks/make_perf_page.py"
-    assert all(module.plot_path(run).is_file() for run in module.lockstep_runs())
+    assert all(module.plot_path(run).is_file() for run in module.bundle_runs("lockstep"))
 
 
 def test_the_performance_page_lists_only_files_a_clone_has(tmp_path, monkeypatch):
@@ -73,7 +73,7 @@ def test_every_system_on_the_performance_page_has_its_settings_written():
 
 def test_the_readme_tables_are_the_newest_lockstep_run_of_each_bundle():
     module = perf_page()
-    runs = module.lockstep_runs()
+    runs = module.bundle_runs("lockstep")
     assert runs and module.bundle_of(runs[0]) == module.DEFAULT_BUNDLE
     text = README.read_text(encoding="utf-8")
     for run in runs:

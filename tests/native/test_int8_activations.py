@@ -243,23 +243,27 @@ def test_export_records_the_default_activations(tmp_path):
 
 
 def test_export_defaults_to_int8_where_the_native_weights_are_blocks(tmp_path, capsys):
-    # unset: int8 for a GGUF's grids (blocks the int8 kernels take), fp32 for rows, where int8 has nothing to multiply
+    # unset: int8 for a GGUF's grids (blocks the int8 kernels take), bf16 for bf16 rows (run as fp32 where the CPU
+    # lacks AMX-BF16), fp32 for f16 rows
     from specdec.cli import main as inspect_main
     from specdec.export.bundle import export_bundle
     from specdec.export.config import ExportConfig
     from specdec.export.tiny import save_tiny_in, save_tiny_on_grids
 
     options = dict(family="llama", seed=0, init_range=0.5, hidden=64)
-    for name, model, expected in (
-            ("grid", save_tiny_on_grids(tmp_path / "grid-hf", **options), Activations.INT8),
-            ("rows", save_tiny_in(tmp_path / "rows-hf", "bfloat16", **options), Activations.FP32)):
+    bf16_runs = build.kernel_runs(build.load_kernels(), Kernel.BF16A, WeightKind.BF16)
+    for name, model, expected, runs in (
+            ("grid", save_tiny_on_grids(tmp_path / "grid-hf", **options), Activations.INT8, Activations.INT8),
+            ("bf16", save_tiny_in(tmp_path / "bf16-hf", "bfloat16", **options), Activations.BF16,
+             Activations.BF16 if bf16_runs else Activations.FP32),
+            ("f16", save_tiny_in(tmp_path / "f16-hf", "float16", **options), Activations.FP32, Activations.FP32)):
         bundle = export_bundle(ExportConfig(out=tmp_path / name, target=str(model), max_seq_len=64, gamma=3,
                                             gamma_max=6, max_prefill_chunk=16, progress=False, no_draft=True))
         assert read_manifest(bundle).defaults.activations == expected, name
         with load(bundle, backend="native") as gen:
-            assert gen.activations is expected, name
+            assert gen.activations is runs, name
         assert inspect_main(["inspect", str(bundle), "--no-verify"]) == 0
-        assert f"native activations {expected}" in capsys.readouterr().out
+        assert f"native activations {expected}" in capsys.readouterr().out, name
 
 
 def test_speculative_sampling_keeps_the_int8_targets_distribution(q41_bundle):
