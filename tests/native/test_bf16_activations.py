@@ -161,3 +161,29 @@ def test_load_refuses_what_cannot_run_bf16(bf16_bundle, q41_bundle):
     if not _runs():
         with pytest.raises(BackendError, match="AMX-BF16 tiles"):
             load(bf16_bundle[0], backend="native", activations="bf16")
+
+
+def test_a_bundles_bf16_default_runs_fp32_where_the_tiles_are_missing(bf16_bundle, tmp_path):
+    import json
+    import logging
+    import shutil
+
+    from specdec.runtime import registry
+
+    copy = shutil.copytree(bf16_bundle[0], tmp_path / "bf16")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["defaults"]["activations"] = "bf16"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logging.getLogger(registry.__name__).addHandler(handler)
+    registry._warn_once.cache_clear()
+    try:
+        with load(copy, backend="native", isa=Isa.AVX2) as gen:  # the AVX2 build has no AMX kernel: fp32, warned
+            assert gen.activations is Activations.FP32
+    finally:
+        logging.getLogger(registry.__name__).removeHandler(handler)
+    assert any("need AMX-BF16 tiles" in message for message in seen), seen
+    with load(copy, backend="native") as gen:
+        assert gen.activations is (Activations.BF16 if _runs() else Activations.FP32)
