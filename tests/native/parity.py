@@ -53,3 +53,30 @@ def assert_greedy_identical_to_target_only(bundle, q41, drafter: str, gamma: int
         with load(path) as native:
             assert native.backend == "native" and isinstance(unwrapped(native.draft), draft)
             assert native.generate(GREEDY_PROMPT, config).token_ids == reference
+
+
+def assert_same_bits_in_every_call(bundle, activations) -> np.ndarray:
+    """A row's logits at positions 210..214 in an activations mode of the native target of `bundle`: one-token steps, a
+    5-token verify pass, a prompt chunk's last position, and a batch of 4 rows at other lengths in other slots, each
+    the same bits, on 1 and 2 threads alike. Returns those logits [5, V]."""
+    ids = np.random.default_rng(12).integers(3, 300, (4, 240))
+    runs = []
+    for threads in (1, 2):
+        backend = NativeBackend(bundle, read_manifest(bundle).target, threads, activations=activations).open()
+        backend.reset(4)
+        assert backend.model.activations is activations
+        backend.forward(ids[:1, :210], np.array([0]), last_only=True, slots=np.array([0]))
+        steps = np.stack([backend.forward(ids[:1, p : p + 1], np.array([p]), slots=np.array([0]))[0, 0]
+                          for p in range(210, 215)])
+        verify = backend.forward(ids[:1, 210:215], np.array([210]), slots=np.array([0]))[0]
+        chunk = backend.forward(ids[:1, 150:215], np.array([150]), last_only=True, slots=np.array([0]))[0, 0]
+        assert np.array_equal(verify, steps) and np.array_equal(chunk, steps[-1])
+        lengths = [37, 9, 140]
+        for slot, length in zip((1, 2, 3), lengths):
+            backend.forward(ids[slot : slot + 1, :length], np.array([0]), last_only=True, slots=np.array([slot]))
+        tokens = np.stack([ids[0, 210:215]] + [ids[s, n : n + 5] for s, n in zip((1, 2, 3), lengths)])
+        batch = backend.forward(tokens, np.array([210, *lengths]), slots=np.array([0, 1, 2, 3]))
+        assert np.array_equal(batch[0], steps)
+        runs.append(steps)
+    assert np.array_equal(*runs)
+    return runs[0]

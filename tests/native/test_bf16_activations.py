@@ -18,6 +18,7 @@ from specdec.native_record import Activations
 from specdec.runtime import load
 from specdec.runtime.native_backend import NativeBackend
 from specdec.weight_kinds import Isa, Kernel, WeightKind
+from tests.native.parity import assert_same_bits_in_every_call
 from tests.native.test_int8_activations import PROMPT, product
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
@@ -92,40 +93,18 @@ def bf16_bundle(tmp_path_factory):
     return with_q41(tmp_path_factory, "bf16", model)
 
 
-def _target(bundle, threads: int = 2, slots: int = 4, activations=Activations.BF16) -> NativeBackend:
-    backend = NativeBackend(bundle, read_manifest(bundle).target, threads, activations=activations).open()
-    backend.reset(slots)
-    return backend
-
-
 @amx
 def test_a_rows_logits_are_the_same_bits_in_every_call(bf16_bundle):
-    """Positions 210..214 of a row: one-token steps, a 5-token verify pass, a prompt chunk's last position, and a batch
-    of 4 rows at other lengths in other slots; on 1 and 2 threads. And the mode is on: not fp32's logits, yet close."""
-    ids = np.random.default_rng(12).integers(3, 300, (4, 240))
-    runs = []
-    for threads in (1, 2):
-        backend = _target(bf16_bundle[0], threads=threads)
-        assert backend.model.activations is Activations.BF16
-        backend.forward(ids[:1, :210], np.array([0]), last_only=True, slots=np.array([0]))
-        steps = np.stack([backend.forward(ids[:1, p : p + 1], np.array([p]), slots=np.array([0]))[0, 0]
-                          for p in range(210, 215)])
-        verify = backend.forward(ids[:1, 210:215], np.array([210]), slots=np.array([0]))[0]
-        chunk = backend.forward(ids[:1, 150:215], np.array([150]), last_only=True, slots=np.array([0]))[0, 0]
-        assert np.array_equal(verify, steps) and np.array_equal(chunk, steps[-1])
-        lengths = [37, 9, 140]
-        for slot, length in zip((1, 2, 3), lengths):
-            backend.forward(ids[slot : slot + 1, :length], np.array([0]), last_only=True, slots=np.array([slot]))
-        tokens = np.stack([ids[0, 210:215]] + [ids[s, n : n + 5] for s, n in zip((1, 2, 3), lengths)])
-        batch = backend.forward(tokens, np.array([210, *lengths]), slots=np.array([0, 1, 2, 3]))
-        assert np.array_equal(batch[0], steps)
-        runs.append(steps)
-    assert np.array_equal(*runs)
-    fp32 = _target(bf16_bundle[0], slots=1, activations=Activations.FP32)
+    """Alone, in a verify pass, at a prompt chunk's end and in a batch, on 1 and 2 threads (parity.py). And the mode is
+    on: not fp32's logits, yet close."""
+    steps = assert_same_bits_in_every_call(bf16_bundle[0], Activations.BF16)
+    ids = np.random.default_rng(12).integers(3, 300, (4, 240))  # parity.py's ids
+    fp32 = NativeBackend(bf16_bundle[0], read_manifest(bf16_bundle[0]).target, 2).open()  # fp32 activations
+    fp32.reset(1)
     fp32.forward(ids[:1, :210], np.array([0]), last_only=True, slots=np.array([0]))
     reference = fp32.forward(ids[:1, 210:215], np.array([210]), slots=np.array([0]))[0]
-    assert not np.array_equal(reference, runs[0])
-    assert np.abs(reference - runs[0]).mean() <= 0.02 * np.abs(reference).max()
+    assert not np.array_equal(reference, steps)
+    assert np.abs(reference - steps).mean() <= 0.02 * np.abs(reference).max()
 
 
 @amx

@@ -20,6 +20,7 @@ from specdec.runtime import load
 from specdec.runtime.native_backend import NativeBackend
 from specdec.weight_kinds import KERNELS, Kernel, WeightKind
 from tests.bench.test_entry_points import read_record, run_script
+from tests.native.parity import assert_same_bits_in_every_call
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
 KINDS = (WeightKind.Q41, WeightKind.Q80, WeightKind.Q6)  # what the int8 kernels take (specdec_kinds.h)
@@ -118,26 +119,8 @@ def _target(bundle, activations=Activations.INT8, threads: int = 2, slots: int =
 
 
 def test_a_rows_logits_are_the_same_bits_in_every_call(grid_bundle):
-    """Positions 210..214 of a row: one-token steps, a 5-token verify pass, a prompt chunk's last position, and a batch
-    of 4 rows at other lengths in other slots; on 1 and 2 threads."""
-    ids = np.random.default_rng(12).integers(3, 300, (4, 240))
-    runs = []
-    for threads in (1, 2):
-        backend = _target(grid_bundle, threads=threads)
-        backend.forward(ids[:1, :210], np.array([0]), last_only=True, slots=np.array([0]))
-        steps = np.stack([backend.forward(ids[:1, p : p + 1], np.array([p]), slots=np.array([0]))[0, 0]
-                          for p in range(210, 215)])
-        verify = backend.forward(ids[:1, 210:215], np.array([210]), slots=np.array([0]))[0]
-        chunk = backend.forward(ids[:1, 150:215], np.array([150]), last_only=True, slots=np.array([0]))[0, 0]
-        assert np.array_equal(verify, steps) and np.array_equal(chunk, steps[-1])
-        lengths = [37, 9, 140]
-        for slot, length in zip((1, 2, 3), lengths):
-            backend.forward(ids[slot : slot + 1, :length], np.array([0]), last_only=True, slots=np.array([slot]))
-        tokens = np.stack([ids[0, 210:215]] + [ids[s, n : n + 5] for s, n in zip((1, 2, 3), lengths)])
-        batch = backend.forward(tokens, np.array([210, *lengths]), slots=np.array([0, 1, 2, 3]))
-        assert np.array_equal(batch[0], steps)
-        runs.append(steps)
-    assert np.array_equal(*runs)
+    """Alone, in a verify pass, at a prompt chunk's end and in a batch, on 1 and 2 threads (parity.py)."""
+    assert_same_bits_in_every_call(grid_bundle, Activations.INT8)
 
 
 def test_the_mode_is_on_and_near_fp32(grid_bundle):
