@@ -68,7 +68,7 @@ def interleaved(prompts: list, count: int) -> list:
 
 def measure(bundle: str, args) -> tuple[dict, list]:
     fp32 = opening.open_bundle(bundle, backend="native", threads=args.threads, activations=Activations.FP32)
-    int8 = opening.open_bundle(bundle, backend="native", threads=args.threads, activations=Activations(args.mode))
+    other = opening.open_bundle(bundle, backend="native", threads=args.threads, activations=Activations(args.mode))
     config = GenerationConfig(max_new_tokens=args.positions, temperature=0.0, drafter=DrafterName.NONE,
                               eos_token_ids=(), chat=True)  # EOS ignored: every prompt writes --positions
     per_prompt = []
@@ -76,11 +76,11 @@ def measure(bundle: str, args) -> tuple[dict, list]:
         result = fp32.generate(prompt.text, config)
         ids = list(result.prompt_ids) + list(result.token_ids)
         start = len(result.prompt_ids) - 1  # the logits at this position predict the first written token
-        a, b = (teacher_forced(g, ids)[start:len(ids) - 1] for g in (fp32, int8))
+        a, b = (teacher_forced(g, ids)[start:len(ids) - 1] for g in (fp32, other))
         per_prompt.append({"id": prompt.id, "class": prompt.cls, **compare(a, b)})
     fp32.close()
-    int8.close()
-    return opening.describe(int8), per_prompt
+    other.close()
+    return opening.describe(other), per_prompt
 
 
 def summary(per_prompt: list) -> dict:

@@ -49,7 +49,7 @@ class Kernel(StrEnum):
     INT8 = "int8"  # the activations rounded to two int8 parts: the draft's
     Q8A = "q8a"  # ... to one int8 part per block of 32: a target's int8 activations mode (SPECDEC_ACT_INT8)
     Q8A_REF = "q8a-ref"  # Q8A in plain C: the bits every build of Q8A must give
-    BF16A = "bf16a"  # ... to bf16, times bf16 rows by VDPBF16PS: a target's bf16 activations mode (SPECDEC_ACT_BF16)
+    BF16A = "bf16a"  # ... to bf16, times bf16 rows on AMX tiles: a target's bf16 activations mode (SPECDEC_ACT_BF16)
 
 
 class Isa(StrEnum):

@@ -103,7 +103,7 @@ size_t q8a_columns_bytes(int K);
 size_t q8a_rounded_bytes(int M, int K);
 int q8a_kind_ok(int kind);  // whether linear_q8a has code for weights of this kind (the table says which take it)
 
-// ---- linear_bf16a.c: bf16 activations (K_BF16A) times bf16 rows, by VDPBF16PS ----
+// ---- linear_bf16a.c: bf16 activations (K_BF16A) times bf16 rows, on AMX-BF16 tiles ----
 // x [M, K] -> y [M, N] (rows ldy apart) through bf16 rows [N, K]: `buffers` holds bf16a_worker_bytes(K) per worker,
 // `rounded` bf16a_rounded_bytes(M, K)
 void linear_bf16a(int threads, const float *x, int M, int K, const void *w, float *y, int N, int ldy, void *buffers,

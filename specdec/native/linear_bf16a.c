@@ -1,14 +1,16 @@
 // The bf16 activations mode (specdec_forward's SPECDEC_ACT_BF16; specdec_matmul's kernel 5): each row's activations
-// rounded to bf16 (to nearest, ties to even: VCVTNEPS2BF16), then multiplied with rows of bf16 weights by VDPBF16PS,
-// 32 multiply-adds an instruction where an fp32 FMA does 16, and no weight widened to fp32 first. AVX512-BF16 only:
-// the AVX-512 builds compile it for that extension alone, and it runs where the CPU has it (bf16a_ok).
+// rounded to bf16 (to nearest, ties to even: VCVTNE2PS2BF16), then multiplied with rows of bf16 weights on AMX-BF16
+// tiles (TDPBF16PS: 16 weight columns by 32 inputs times 32 inputs by 16 tokens), accumulated in fp32 over the whole
+// row, no weight widened to fp32 first. The AVX-512 builds compile it for AMX alone, and it runs where the CPU has
+// AMX-BF16 and AVX512-BF16 and Linux lets the process use the tiles (bf16a_ok); any other build or CPU refuses it.
 //
-// Summation order, which makes a row's result independent of the call: each output is one 16-lane chain over K, 32
-// elements a step; lane l of step s adds x[32 s + 2 l + 1] w[32 s + 2 l + 1], then x[32 s + 2 l] w[32 s + 2 l] (each
-// product of two bf16 exact in fp32, each addition rounded to nearest; denormal inputs and results are zeros), and the
-// 16 lanes are summed in one fixed tree (lane_sum). A vector holds parts of one output only, and every tile shape runs
-// the same chain for every output, so a decode step, a verify pass, a prompt chunk and a batch of rows, and every
-// thread count, give an output the same bits (tests/native/test_bf16_activations.py emulates them in numpy).
+// Why a row's result does not depend on the call: each output is one tile element, summed by the same instruction
+// sequence over its row (a tile's tokens padded with zeros to 16, its columns to 32), whatever the other elements of
+// its tile hold. So a decode step, a verify pass, a prompt chunk and a batch of rows, and every thread count, give an
+// output the same bits. The tiles' order of summation within a step is not documented (it matched no sequential
+// order emulated in numpy), so tests/native/test_bf16_activations.py checks that invariance and the error bound of
+// fp32 accumulation, not the bits of an emulation. VDPBF16PS, tried first, lost to the fp32 kernels at many rows
+// (docs/backends.md).
 #include <stdint.h>
 #include <string.h>
 
@@ -17,8 +19,10 @@
 
 #define GROUP 16  // a tile's rows: 16 weight columns (A), or 16 pairs of K (B); B's and C's columns: 16 tokens
 
-// a worker's buffer: a partial group's weight columns padded with zero columns, then a C tile stored
-size_t bf16a_worker_bytes(int K) { return ALIGNED(sizeof(uint16_t) * GROUP * (size_t)K) + 4 * GROUP * GROUP * 2; }
+// a worker's buffer: a partial group's weight columns padded with zero columns, then a C tile stored (fp32)
+size_t bf16a_worker_bytes(int K) {
+    return ALIGNED(sizeof(uint16_t) * GROUP * (size_t)K) + sizeof(float) * GROUP * GROUP;
+}
 // the rounded activations, as B tiles: per group of 16 tokens (zeros past M) and step of 32 along K, one 1 KB tile
 size_t bf16a_rounded_bytes(int M, int K) {
     return ALIGNED(sizeof(uint16_t) * (size_t)((M + GROUP - 1) / GROUP) * GROUP * (size_t)K);

@@ -60,8 +60,8 @@ enum { SPECDEC_KERNEL_STEP = 0, SPECDEC_KERNEL_PROMPT = 1, SPECDEC_KERNEL_INT8 =
 #define SPECDEC_Q8A (1 << SPECDEC_KERNEL_Q8A)        // ... to one int8 part per block (SPECDEC_ACT_INT8: linear_q8a.c)
 #define SPECDEC_Q8A_REF (1 << SPECDEC_KERNEL_Q8A_REF)  // ... the same in plain C: the bits SPECDEC_Q8A must give
 #define SPECDEC_Q8A_BOTH (SPECDEC_Q8A | SPECDEC_Q8A_REF)
-#define SPECDEC_BF16A (1 << SPECDEC_KERNEL_BF16A)    // ... to bf16, times bf16 rows by VDPBF16PS (SPECDEC_ACT_BF16:
-                                                    // linear_bf16a.c; AVX-512 builds, where the CPU has AVX512-BF16)
+#define SPECDEC_BF16A (1 << SPECDEC_KERNEL_BF16A)    // ... to bf16, times bf16 rows on AMX tiles (SPECDEC_ACT_BF16:
+                                                    // linear_bf16a.c; AVX-512 builds, where the CPU has AMX-BF16)
 // The builds of the kernels (specdec/native/build.py: Isa), as bits of the table's ISAS
 enum { SPECDEC_ISA_AVX2 = 1, SPECDEC_ISA_AVX512 = 2, SPECDEC_ISA_AVX512_VBMI = 4, SPECDEC_ISA_AVX2_VNNI = 8 };
 #define SPECDEC_EVERY_ISA (SPECDEC_ISA_AVX2 | SPECDEC_ISA_AVX512 | SPECDEC_ISA_AVX512_VBMI | SPECDEC_ISA_AVX2_VNNI)
