@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -160,7 +161,11 @@ def _without_sanitizers(preload: str) -> str:
 
 class WorkerProcess:
     """One worker: `python -c WORKER_MAIN FD ROOT BYTES`, a socket of a socketpair as its pipe (a plain subprocess, so
-    nothing of the caller's process, its main module included, is imported or inherited)."""
+    nothing of the caller's process, its main module included, is imported or inherited).
+
+    Any thread may stop it while another waits on its pipe (a server's shutdown, a request retired mid-render). The
+    pipe's descriptor is closed once, by whichever of them lets go of it last: closed under a waiting thread, its
+    number could be reused by a file opened meanwhile, and the waiting thread would read that file."""
 
     def __init__(self, root: Path, memory_bytes: int):
         ours, theirs = socket.socketpair()
@@ -176,17 +181,39 @@ class WorkerProcess:
         finally:
             theirs.close()
         self.conn = Connection(ours.detach())
+        self._lock = threading.Lock()
+        self._users = 0  # threads inside _use()
+        self._stopping = False
+
+    @contextmanager
+    def _use(self):
+        """The pipe, held open for the block's duration; PromptBudgetError once the worker is being stopped."""
+        with self._lock:
+            if self._stopping:
+                raise PromptBudgetError("the prompt worker was stopped", "retry the request")
+            self._users += 1
+        try:
+            yield self.conn
+        finally:
+            with self._lock:
+                self._users -= 1
+                last = self._stopping and self._users == 0
+            if last:
+                self.conn.close()
 
     def ready(self) -> None:
         """Wait for the worker to open the tokenizer; PromptBudgetError (and the worker stopped) where it cannot."""
-        if not self.conn.poll(START_TIMEOUT_S):
+        with self._use() as conn:
+            started = conn.poll(START_TIMEOUT_S)
+            if started:
+                try:
+                    state, detail = conn.recv()
+                except (EOFError, OSError):
+                    state, detail = Reply.FAILED, f"it exited with code {self.process.poll()}"
+        if not started:
             self.kill()
             raise PromptBudgetError(f"a prompt worker did not start within {START_TIMEOUT_S:.0f} s",
                                     "check the machine's load and memory")
-        try:
-            state, detail = self.conn.recv()
-        except (EOFError, OSError):
-            state, detail = Reply.FAILED, f"it exited with code {self.process.poll()}"
         if state is not Reply.READY:
             self.stop()
             raise PromptBudgetError(f"a prompt worker failed to start: {detail}",
@@ -196,16 +223,18 @@ class WorkerProcess:
     def exchange(self, request: tuple, timeout_s: float) -> tuple:
         """Send a request and wait for its reply (blocking), at most `timeout_s`; PromptBudgetError past it or where
         the worker died (the caller then kills it: it may still be rendering)."""
-        try:
-            self.conn.send(request)
-            if not self.conn.poll(timeout_s):
-                raise PromptBudgetError(f"the prompt took more than the prompt workers' {timeout_s:g} s to render "
-                                        "and tokenize", f"the chat template does too much work, or raise the "
-                                        f"timeout: {BUDGET_HINT}")
-            return self.conn.recv()
-        except (EOFError, OSError):
-            raise PromptBudgetError(f"a prompt worker died (exit code {self.process.poll()})",
-                                    "check the machine's memory; the chat template may build too much text") from None
+        with self._use() as conn:
+            try:
+                conn.send(request)
+                if not conn.poll(timeout_s):
+                    raise PromptBudgetError(f"the prompt took more than the prompt workers' {timeout_s:g} s to render "
+                                            "and tokenize", f"the chat template does too much work, or raise the "
+                                            f"timeout: {BUDGET_HINT}")
+                return conn.recv()
+            except (EOFError, OSError):
+                raise PromptBudgetError(f"a prompt worker died (exit code {self.process.poll()})",
+                                        "check the machine's memory; the chat template may build too much text") \
+                    from None
 
     def kill(self) -> None:
         """Stop the worker now, whatever it is doing."""
@@ -213,7 +242,14 @@ class WorkerProcess:
         self.stop()
 
     def stop(self) -> None:
-        self.conn.close()
+        """Let go of the pipe (closed now, or by the last thread still waiting on it) and wait for the worker to end;
+        from any thread, any number of times. A worker still working is killed after STOP_TIMEOUT_S."""
+        with self._lock:
+            first = not self._stopping
+            self._stopping = True
+            last = first and self._users == 0
+        if last:
+            self.conn.close()
         try:
             self.process.wait(STOP_TIMEOUT_S)  # it ends once its pipe closes, unless it is still working
         except subprocess.TimeoutExpired:

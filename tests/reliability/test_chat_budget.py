@@ -9,6 +9,8 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -19,7 +21,7 @@ from specdec.cli import main
 from specdec.errors import BackendError
 from specdec.manifest import sha256_file
 from specdec.runtime.config import RequestCapacityError
-from specdec.runtime.prompt_worker import PromptBudget, PromptBudgetError
+from specdec.runtime.prompt_worker import Op, PromptBudget, PromptBudgetError, WorkerProcess
 
 # One template, three ways to exhaust a process, chosen by the last message; anything else renders normally.
 TEMPLATE = """{%- set text = messages[-1]['content'] -%}
@@ -92,6 +94,43 @@ def test_close_kills_the_worker(greedy_bundle):
     assert process.poll() is not None
     with pytest.raises(BackendError, match="closed"):
         generator.prompt_worker.chat_ids([{"role": "user", "content": "hi"}])
+
+
+def test_a_worker_stopped_mid_render_keeps_its_pipe_until_the_waiting_thread_lets_go(greedy_bundle):
+    """A server's shutdown stops workers from its own thread while request threads wait on their pipes. The pipe is
+    closed once, by the last thread to let go: closed under a waiting thread, its descriptor's number could be reused
+    by a file opened meanwhile (CI saw the double close as EBADF)."""
+    worker = WorkerProcess(greedy_bundle, 256 << 20)
+    worker.ready()
+    outcome = []
+    waiting = threading.Thread(target=lambda: outcome.append(_failure(
+        lambda: worker.exchange((Op.CHAT, [{"role": "user", "content": "loop"}], None), 60))))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while worker._users == 0 and time.monotonic() < deadline:  # the request thread holds the pipe
+        time.sleep(0.01)
+    assert worker._users == 1
+    stopped = []
+    stoppers = [threading.Thread(target=lambda: stopped.append(_failure(worker.kill))) for _ in range(8)]  # at once
+    for stopper in stoppers:
+        stopper.start()
+    for stopper in stoppers:
+        stopper.join()
+    assert stopped == [None] * 8
+    waiting.join(10)
+    assert not waiting.is_alive() and worker.conn.closed and worker.process.poll() is not None
+    assert isinstance(outcome[0], PromptBudgetError) and "died" in str(outcome[0])
+    with pytest.raises(PromptBudgetError, match="was stopped"):
+        worker.exchange((Op.TEXT, "hi", None), 1)
+    worker.stop()  # once more: nothing left to close
+
+
+def _failure(call):
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return exc
+    return None
 
 
 @pytest.mark.parametrize("text, message", [("loop", "more than the prompt workers' 1 s"),
