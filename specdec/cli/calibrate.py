@@ -87,11 +87,14 @@ def _add_head_parser(actions) -> None:
     train.add_argument("--rows", type=int, default=16, help="prompts the target answers at once (default 16)")
     train.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default 6e-4)")
     train.add_argument("--seed", type=int, default=0, help="prompts, sampling and training order (default 0)")
+    train.add_argument("--activations", choices=("fp32", "int8", "bf16"),
+                       help="the target's activations while it writes the data (default: the bundle's, those the head "
+                            "drafts from when it runs)")
     train.add_argument("--threads", type=int, help="threads (default: the cores this process may use)")
     head.set_defaults(run=run_head)
 
 
-TRAIN_FLAGS = ("out", "work", "resume", "overwrite", "minutes", "steps")  # refused beside --from
+TRAIN_FLAGS = ("activations", "out", "work", "resume", "overwrite", "minutes", "steps")  # refused beside --from
 
 
 def _add_report_parser(actions) -> None:
@@ -208,7 +211,7 @@ def _train_head(args) -> int:
     config = HeadTrainConfig(out=args.out, work=args.work, resume=args.resume, overwrite=args.overwrite,
                              minutes=args.minutes, data_tokens=args.data_tokens, max_new_tokens=args.max_new_tokens,
                              rows=args.rows, draft_vocab=args.draft_vocab, steps=args.steps, epochs=args.epochs,
-                             lr=args.lr, seed=args.seed, threads=args.threads)
+                             lr=args.lr, seed=args.seed, activations=args.activations, threads=args.threads)
     summary = train_head(args.bundle, config, progress=sys.stderr.isatty() or args.verbose)
     data, training = summary["data"], summary["training"]
     agreement = " ".join(f"{a:.3f}" for a in training["held_out_agreement"])

@@ -93,6 +93,17 @@ def _warn_once(note: str, fallback: str) -> None:
     log.warning("%s; running on %s", note, fallback)
 
 
+def native_activations(manifest: Manifest, activations: Activations | None, isa: str | None) -> Activations:
+    """The native target's activations: those asked for, else the bundle's default, where that is bf16 and this CPU or
+    build cannot run it fp32 (with a warning; asked for by name, the backend refuses instead)."""
+    mode = Activations(activations or manifest.defaults.activations)
+    if activations is None and mode is Activations.BF16 and not _bf16_runs(isa):  # the bundle's, not the caller's
+        _warn_once("the bundle's default activations, bf16, need AMX-BF16 tiles, which this CPU or build lacks",
+                   "fp32 activations")
+        return Activations.FP32
+    return mode
+
+
 def open_backends(root: Path, manifest: Manifest, backend: str, device: str | None, threads: int | None,
                   verify: bool = False, activations: Activations | None = None, pages: str | None = None,
                   isa: str | None = None) -> tuple:
@@ -102,15 +113,9 @@ def open_backends(root: Path, manifest: Manifest, backend: str, device: str | No
     and bf16 activations: asked for them, any other backend is a ConfigError, and auto opens native or fails; a bundle whose
     default is int8 runs fp32 on the others (the Generator's `activations` says which ran). pages, isa: the native
     backend's (None: its environment's, else its defaults)."""
-    mode = Activations(activations or manifest.defaults.activations)
-
     def native_target() -> NativeBackend:
-        chosen = mode
-        if activations is None and mode is Activations.BF16 and not _bf16_runs(isa):  # the bundle's, not the caller's
-            _warn_once("the bundle's default activations, bf16, need AMX-BF16 tiles, which this CPU or build lacks",
-                       "fp32 activations")
-            chosen = Activations.FP32
-        return NativeBackend(root, manifest.target, threads, activations=chosen, pages=pages, isa=isa)
+        return NativeBackend(root, manifest.target, threads, activations=native_activations(manifest, activations, isa),
+                             pages=pages, isa=isa)
 
     if backend != AUTO:
         cls = backend_class(backend)

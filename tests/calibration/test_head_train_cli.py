@@ -102,6 +102,8 @@ def test_training_stops_at_its_deadline_and_resumes_to_the_same_weights(trained,
     (["--resume", "--overwrite"], "--resume continues a run and --overwrite starts it again"),
     (["--resume"], "holds no earlier run"),
     (["--from", "DIR", "--out", "x"], "--out is an option of training, and --from attaches a trained head"),
+    (["--from", "DIR", "--activations", "fp32"], "--activations is an option of training"),
+    (["--activations", "int8", "--out", "x"], "activations='int8' multiply blocked weights"),
     (["--max-new-tokens", "500", "--data-tokens", "60", "--out", "x"], "no training data was written"),
 ])
 def test_bad_options_are_refused_with_a_hint(native_bundle, tmp_path, capsys, argv, message):

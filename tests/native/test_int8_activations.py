@@ -262,3 +262,27 @@ def test_speculative_sampling_keeps_the_int8_targets_distribution(q41_bundle):
         counts, (proposed, accepted) = sampled(gen, prompt_ids, config)
         assert proposed[2] > 100 and accepted[1] > 50, (proposed, accepted)
         assert p_value(exact_joint(gen, prompt_ids, config), counts) > 1e-3
+
+
+def test_a_head_is_trained_on_the_states_of_the_bundles_default_mode(grid_bundle, tmp_path):
+    """`specdec calibrate head` writes its data in the activations the head drafts from: the bundle's default, or
+    --activations; the mode is recorded with the data, and the data differ between modes."""
+    from specdec.cli.main import main
+
+    copy = shutil.copytree(grid_bundle, tmp_path / "bundle")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["defaults"]["activations"] = "int8"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    tiny = ["--data-tokens", "30", "--max-new-tokens", "10", "--rows", "2", "--draft-vocab", "64", "--steps", "1",
+            "--threads", "1"]
+    features = {}
+    for mode, extra in (("int8", []), ("fp32", ["--activations", "fp32"])):
+        out = tmp_path / mode
+        assert main(["calibrate", "head", str(copy), "--out", str(out), *tiny, *extra]) == 0
+        work = out.with_name(f"{mode}.head-train")
+        assert json.loads((work / "run.json").read_text())["summary"]["data"]["activations"] == mode
+        features[mode] = np.load(sorted((work / "data").iterdir())[0] / "features.npy")
+    first = features["fp32"][:8]  # the first prompt's positions: the same tokens, computed in each mode
+    assert np.isfinite(first).all() and not np.array_equal(features["int8"][:8], first)
+    gap = np.abs(features["int8"][:8].astype(np.float32) - first).max()
+    assert gap <= 0.05 * np.abs(first).max(), gap  # near: int8 rounds, it does not guess

@@ -38,6 +38,7 @@ class HeadTrainConfig:
     lr: float = field(default=6e-4, metadata={"fingerprint": True})
     chain_steps: int = field(default=3, metadata=RESUMED)
     seed: int = field(default=0, metadata={"fingerprint": True})
+    activations: str | None = field(default=None, metadata={"fingerprint": True})  # the data's (None: the bundle's)
     threads: int | None = None
 
     def __post_init__(self):
@@ -53,6 +54,10 @@ class HeadTrainConfig:
             raise ConfigError(f"the data's share of --minutes must be in (0, 1), not {self.data_share!r}", HINT)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"--seed must be an integer >= 0, not {self.seed!r}", HINT)
+        if self.activations is not None:
+            from specdec.runtime.native_backend import checked_activations
+
+            object.__setattr__(self, "activations", str(checked_activations(self.activations)))
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues a run and --overwrite starts it again: pass one of them",
                               "--resume to continue the run in the work folder, --overwrite to start afresh")

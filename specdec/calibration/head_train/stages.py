@@ -32,6 +32,7 @@ def make_data(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work: P
     """Answer training prompts into work/data until config.data_tokens (or `deadline`); -> its size."""
     import specdec
     from specdec.runtime.native_backend import NativeBackend
+    from specdec.runtime.registry import native_activations
 
     plan = DataPlan(rows=config.rows, max_new_tokens=config.max_new_tokens, seed=config.seed)
     prompts = training_prompts(config.data_tokens // PROMPT_TOKENS + plan.per_shard, config.seed)
@@ -48,7 +49,8 @@ def make_data(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work: P
             return ids if len(ids) <= room else None
 
         entry = dataclasses.replace(manifest.target, max_batch=config.rows)
-        target = NativeBackend(bundle, entry, threads=config.threads).open()
+        mode = native_activations(manifest, config.activations, None)  # the head drafts from the default mode's states
+        target = NativeBackend(bundle, entry, threads=config.threads, activations=mode).open()
         try:
             target.reset(config.rows)
             answering = Answering(target, layers, manifest.tokenizer.eos_token_ids, plan)
@@ -65,7 +67,7 @@ def make_data(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work: P
                           "pass a smaller --max-new-tokens, or use a bundle exported with a larger --max-seq-len")
     return {"answer_tokens": tokens, "sequences": len(shards), "all_tokens": int(sum(
         shards.length(s) for s in range(len(shards)))), "prompts_made": len(prompts),
-        "seconds": time.monotonic() - started}
+        "activations": str(mode), "seconds": time.monotonic() - started}
 
 
 def _vocabulary(work: Path, shards: Shards, manifest: Manifest, size: int) -> np.ndarray:
