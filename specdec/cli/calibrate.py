@@ -9,6 +9,7 @@ from specdec.calibration.bundle_io import SOURCES
 from specdec.calibration.quantize import BACKENDS, METHODS, MINIMUMS, ROLES
 from specdec.errors import ConfigError
 from specdec.manifest import Role
+from specdec.native_record import ACTIVATIONS
 from specdec.runtime.config import BackendName
 
 
@@ -87,7 +88,7 @@ def _add_head_parser(actions) -> None:
     train.add_argument("--rows", type=int, default=16, help="prompts the target answers at once (default 16)")
     train.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default 6e-4)")
     train.add_argument("--seed", type=int, default=0, help="prompts, sampling and training order (default 0)")
-    train.add_argument("--activations", choices=("fp32", "int8", "bf16"),
+    train.add_argument("--activations", choices=ACTIVATIONS,
                        help="the target's activations while it writes the data (default: the bundle's, those the head "
                             "drafts from when it runs)")
     train.add_argument("--threads", type=int, help="threads (default: the cores this process may use)")

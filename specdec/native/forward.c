@@ -246,8 +246,8 @@ static int weights_kind(const pass_t *p, int l, int which) {  // of layer l's li
 }
 
 // The kernel of a product with weights of `kind`: SPECDEC_ACT_INT8 rounds the activations of every product whose
-// weights the int8 kernel takes (linear_kind_ok(K_Q8A, ...): blk4, blk8, blk6), the four linears and the head alike;
-// any other kind (blk5, rows) keeps the pass's fp32 kernel, `fp32` (a prompt's, or the step's for the head).
+// weights the int8 kernel takes (linear_kind_ok(K_Q8A, ...): blk4, blk8, blk5, blk6), the four linears and the head
+// alike; any other kind (rows) keeps the pass's fp32 kernel, `fp32` (a prompt's, or the step's for the head).
 static int kernel_for(const pass_t *p, int kind, int fp32) {
     if (p->kernel == K_Q8A) return linear_kind_ok(K_Q8A, kind) ? K_Q8A : fp32;
     if (p->kernel == K_BF16A) return linear_kind_ok(K_BF16A, kind) ? K_BF16A : fp32;

@@ -1,7 +1,7 @@
 // The int8 activations mode (specdec_forward's SPECDEC_ACT_INT8; specdec_matmul's kernels 3 and 4): each row's
 // activations rounded per block of 32 to int8 with an fp32 scale (a Q8 block, as llama.cpp's, but with the block's
 // largest value kept apart in fp32), then multiplied with blocked weights (blk4: Q4_1, blk8: Q8_0, blk6: Q6_K's) by
-// integer dot products: VNNI's vpdpbusd (the AVX-512 builds; AVX-VNNI's in the avx2-vnni build), else vpmaddubsw +
+// integer dot products (blk5, the K-quants' 5-bit fallback, as Q4_1 with 5-bit codes): VNNI's vpdpbusd (the AVX-512 builds; AVX-VNNI's in the avx2-vnni build), else vpmaddubsw +
 // vpmaddwd (avx2).
 //
 // Summation order, which makes a row's result independent of the call: a block's integer dot product is exact
@@ -53,7 +53,9 @@ _Static_assert(sizeof(apart16) == 2048, "apart16 is 2048 bytes");
 
 size_t q8a_columns_bytes(int K) { return ALIGNED((sizeof(cols16) + sizeof(apart16)) * (size_t)(K / BLOCK)); }
 size_t q8a_rounded_bytes(int M, int K) { return ALIGNED(sizeof(blkx) * (size_t)M * (size_t)(K / BLOCK)); }
-int q8a_kind_ok(int kind) { return kind == W_Q41 || kind == W_Q80 || kind == W_Q6; }
+int q8a_kind_ok(int kind) { return kind == W_Q41 || kind == W_Q80 || kind == W_Q6 || kind == W_Q5; }
+// codes 0..15 or 0..31 and a minimum (Q4_1, blk5): vpdpbusd takes the codes as they are, and acc gains m * s
+#define UNSIGNED(kind) ((kind) == W_Q41 || (kind) == W_Q5)
 
 // ---- the activations: x [M, K] -> blkx [M, K / BLOCK] ----
 // Each block's largest |x| (the first, x[j]) is kept apart, exact: e = x[j], met by its weight as a float, so that
@@ -271,7 +273,16 @@ static void round_task(void *ctx, int first, int last, int worker) {
 
 // ---- the reference: one output at a time, in plain C ----
 static size_t block_bytes(int kind) {
-    return kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : sizeof(blk6);
+    return kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : kind == W_Q5 ? sizeof(blk5) : sizeof(blk6);
+}
+// blk5's code i, from its 5-bit slot (specdec_kinds.h: slot s holds q[SPECDEC_Q5_ORDER[s]], bits 5 s..5 s + 4)
+static int q5_code(const blk5 *c, int i) {
+    static const int order[32] = SPECDEC_Q5_ORDER;
+    int slot = 0;
+    while (order[slot] != i) slot++;
+    const int bit = 5 * slot, byte = bit >> 3, shift = bit & 7;
+    const int pair = c->codes[byte] | (shift > 3 ? c->codes[byte + 1] << 8 : 0);  // never past the codes
+    return (pair >> shift) & 31;
 }
 // one weight's code at element i of a block: what the kernels' vector k = i / 4, byte i % 4, holds for a column
 static int code_at(int kind, const char *block, int i) {
@@ -279,6 +290,7 @@ static int code_at(int kind, const char *block, int i) {
         const blk4 *c = (const blk4 *)block;
         return i < 16 ? c->qs[i] & 15 : c->qs[i - 16] >> 4;
     }
+    if (kind == W_Q5) return q5_code((const blk5 *)block, i);
     return kind == W_Q80 ? ((const blk8 *)block)->qs[i] : ((const blk6 *)block)->qs[i];
 }
 
@@ -293,6 +305,13 @@ static float output_reference(int kind, const char *column, const blkx *x, int n
             for (int i = 0; i < 16; i++) dot += (c->qs[i] & 15) * x->qs[i] + (c->qs[i] >> 4) * x->qs[i + 16];
             acc = fmaf(c->d * x->d, (float)dot, acc);
             acc = fmaf(x->e, c->d * code, acc);  // ... times its scale (the minimum is in s)
+            acc = fmaf(c->m, x->s, acc);
+        } else if (kind == W_Q5) {
+            const blk5 *c = (const blk5 *)block;
+            int dot = 0;
+            for (int i = 0; i < 32; i++) dot += code_at(kind, block, i) * x->qs[i];
+            acc = fmaf(c->d * x->d, (float)dot, acc);
+            acc = fmaf(x->e, c->d * code, acc);
             acc = fmaf(c->m, x->s, acc);
         } else if (kind == W_Q80) {
             const blk8 *c = (const blk8 *)block;
@@ -316,9 +335,48 @@ static float output_reference(int kind, const char *column, const blkx *x, int n
 // ---- decoding a task's columns into cols16 ----
 // where a block's codes start (its scale starts it; the minimum or the second scale follows)
 static size_t codes_at(int kind) {
-    return kind == W_Q41 ? offsetof(blk4, qs) : kind == W_Q80 ? offsetof(blk8, qs) : offsetof(blk6, qs);
+    return kind == W_Q41 ? offsetof(blk4, qs) : kind == W_Q80 ? offsetof(blk8, qs) : kind == W_Q5 ? offsetof(blk5, codes)
+                                                                                     : offsetof(blk6, qs);
 }
+// where its scale starts (the minimum or the second scale follows it)
+static size_t scale_at(int kind) { return kind == W_Q5 ? offsetof(blk5, d) : 0; }
 #define LOAD16(p) _mm_loadu_si128((const __m128i *)(p))
+
+// The 16 columns' blk5 codes of one block, each column's 32 in their order (codes 0..31 in bytes 0..31), for the
+// Q8_0 path's two transposes to take as it takes Q8_0's bytes
+#if defined(__AVX512F__)
+// word j of the 128-bit lane L: q[8 (L & 1) + j] from the two bytes of the 16 loaded at the codes (lanes 0-1) or at
+// their byte 5 (lanes 2-3), shifted down by its first bit's place in them
+#define Q5_WORD(k) ((unsigned)(Q5_BIT(k) >> 3) | (unsigned)((Q5_BIT(k) >> 3) + 1) << 8)
+#define Q5_WORDS(k) (int)(Q5_WORD(k) | Q5_WORD((k) + 1) << 16)
+#define Q5_SHIFT2(k) (int)((unsigned)(Q5_BIT(k) & 7) | (unsigned)(Q5_BIT((k) + 1) & 7) << 16)
+#define Q5_LANES(F) _mm512_setr_epi32(F(0), F(2), F(4), F(6), F(8), F(10), F(12), F(14), \
+                                      F(0), F(2), F(4), F(6), F(8), F(10), F(12), F(14))
+static inline __attribute__((always_inline)) void q5_natural(const char *codes, uint8_t out[32]) {
+    const __m512i v = _mm512_inserti64x4(_mm512_broadcast_i32x4(LOAD16(codes)),
+                                         _mm256_broadcastsi128_si256(LOAD16(codes + 5)), 1);
+    const __m512i q = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_epi8(v, Q5_LANES(Q5_WORDS)),
+                                                         Q5_LANES(Q5_SHIFT2)), _mm512_set1_epi16(31));
+    _mm256_store_si256((__m256i *)out, _mm512_cvtepi16_epi8(q));
+}
+#else
+// (codes k..k + 7 as dwords by linear.c's Q5_PICK, packed to bytes: the packs interleave 128-bit lanes, which the
+// last permutation undoes)
+static inline __attribute__((always_inline)) void q5_natural(const char *codes, uint8_t out[32]) {
+    const __m256i lo = _mm256_broadcastsi128_si256(LOAD16(codes)), hi = _mm256_broadcastsi128_si256(LOAD16(codes + 5));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(Q5_PICK(lo, 0), Q5_PICK(lo, 8)),
+                                              _mm256_packs_epi32(Q5_PICK(hi, 0), Q5_PICK(hi, 8)));
+    _mm256_store_si256((__m256i *)out, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+#endif
+// ... for `count` columns (col[c]: column c's blocks), block b: rows[c] then points at column c's 32 codes
+static inline __attribute__((always_inline)) void q5_columns(const char *const *col, int count, size_t b,
+                                                            uint8_t natural[][32], const char **rows) {
+    for (int c = 0; c < count; c++) {
+        q5_natural(col[c] + b * sizeof(blk5) + offsetof(blk5, codes), natural[c]);
+        rows[c] = (const char *)natural[c];
+    }
+}
 
 #if defined(__AVX512F__)
 // 16 columns' 16 bytes at `at` (column c's block at col[c]) -> t[i], lane c holding column c's bytes 4i..4i+3:
@@ -340,16 +398,25 @@ static inline __attribute__((always_inline)) void transposed(const char *const c
 static inline __attribute__((always_inline)) void decode_regs(const int kind, const char *const col[COLS],
                                                               const char *first, __m512i at, size_t b, __m512i w[8],
                                                               __m512 *da, __m512 *db) {
-    const size_t bytes = kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : sizeof(blk6);
+    const size_t bytes = block_bytes(kind);
     const size_t codes = b * bytes + codes_at(kind);
     __m512i t[4];
-    transposed(col, codes, t);
-    if (kind == W_Q41) {
+    if (kind == W_Q5) {  // its codes in their order first, then as Q8_0's bytes are (unsigned: not flipped)
+        _Alignas(64) uint8_t natural[COLS][32];
+        const char *rows[COLS];
+        q5_columns(col, COLS, b, natural, rows);
+        transposed(rows, 0, t);
+        for (int i = 0; i < 4; i++) w[i] = t[i];
+        transposed(rows, 16, t);
+        for (int i = 0; i < 4; i++) w[4 + i] = t[i];
+    } else if (kind == W_Q41) {
         const __m512i low = _mm512_set1_epi8(0x0F);
+        transposed(col, codes, t);
         for (int i = 0; i < 4; i++) w[i] = _mm512_and_si512(t[i], low);
         for (int i = 0; i < 4; i++) w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(t[i], 4), low);
     } else {
         const __m512i flip = _mm512_set1_epi8((char)0x80);
+        transposed(col, codes, t);
         for (int i = 0; i < 4; i++) w[i] = _mm512_xor_si512(t[i], flip);
         transposed(col, codes + 16, t);
         for (int i = 0; i < 4; i++) w[4 + i] = _mm512_xor_si512(t[i], flip);
@@ -359,8 +426,9 @@ static inline __attribute__((always_inline)) void decode_regs(const int kind, co
         *db = _mm512_setzero_ps();
         return;
     }
-    const __m512i lo = _mm512_i32gather_epi64(_mm512_castsi512_si256(at), first + b * bytes, 1);  // (d, m) or d[2]
-    const __m512i hi = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(at, 1), first + b * bytes, 1);
+    const char *scales = first + b * bytes + scale_at(kind);
+    const __m512i lo = _mm512_i32gather_epi64(_mm512_castsi512_si256(at), scales, 1);  // (d, m) or d[2]
+    const __m512i hi = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(at, 1), scales, 1);
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     *da = _mm512_castsi512_ps(_mm512_permutex2var_epi32(lo, even, hi));
     *db = _mm512_castsi512_ps(_mm512_permutex2var_epi32(lo, _mm512_add_epi32(even, _mm512_set1_epi32(1)), hi));
@@ -369,7 +437,7 @@ static inline __attribute__((always_inline)) void decode_regs(const int kind, co
 // w as decode_regs gives them: vector i / 4, byte i % 4; signed ones + 128)
 static inline __attribute__((always_inline)) __m512 weight_at(const int kind, __m512i w, int byte, __m512 scale) {
     const __m512i code = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_set1_epi32(8 * byte)), _mm512_set1_epi32(0xFF));
-    return _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(code, _mm512_set1_epi32(kind == W_Q41 ? 0 : 128))));
+    return _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(code, _mm512_set1_epi32(UNSIGNED(kind) ? 0 : 128))));
 }
 static inline __attribute__((always_inline)) void decode_block(const int kind, const int wide,
                                                                const char *const col[COLS], const char *first,
@@ -384,7 +452,9 @@ static inline __attribute__((always_inline)) void decode_block(const int kind, c
                                                                              kind == W_Q6 && i >= 16 ? db : da));
 }
 #else
-static size_t second_at(int kind) { return kind == W_Q41 ? offsetof(blk4, m) : offsetof(blk6, d) + sizeof(float); }
+static size_t second_at(int kind) {
+    return kind == W_Q41 ? offsetof(blk4, m) : kind == W_Q5 ? offsetof(blk5, m) : offsetof(blk6, d) + sizeof(float);
+}
 // 8 columns' 16 bytes at `at` -> t[i], lane c holding column c's bytes 4i..4i+3 (as above, with two 128-bit lanes)
 static inline __attribute__((always_inline)) void transposed(const char *const col[8], size_t at, __m256i t[4]) {
     __m256i z[4];
@@ -401,9 +471,9 @@ static inline __attribute__((always_inline)) void transposed(const char *const c
 // signed ones + 128 for vpdpbusd, else as they are)
 static inline __attribute__((always_inline)) __m256 weight_at(const int kind, __m256i w, int byte, __m256 scale) {
     __m256i code;
-    if (kind == W_Q41 || VNNI) {
+    if (UNSIGNED(kind) || VNNI) {
         code = _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_set1_epi32(8 * byte)), _mm256_set1_epi32(0xFF));
-        code = _mm256_sub_epi32(code, _mm256_set1_epi32(kind == W_Q41 ? 0 : 128));
+        code = _mm256_sub_epi32(code, _mm256_set1_epi32(UNSIGNED(kind) ? 0 : 128));
     } else {
         code = _mm256_srai_epi32(_mm256_sllv_epi32(w, _mm256_set1_epi32(24 - 8 * byte)), 24);
     }
@@ -413,13 +483,23 @@ static inline __attribute__((always_inline)) void decode_block(const int kind, c
                                                                const char *const col[COLS], const char *first,
                                                                __m256i at[2], size_t b, cols16 *out,
                                                                apart16 *one) {
-    const size_t bytes = kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : sizeof(blk6);
+    const size_t bytes = block_bytes(kind);
     const size_t codes = b * bytes + codes_at(kind);
     const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(VNNI ? (char)0x80 : 0);
+    _Alignas(32) uint8_t natural[COLS][32];  // blk5: each column's codes in their order, read as Q8_0's bytes
+    const char *rows[COLS];
+    if (kind == W_Q5) q5_columns(col, COLS, b, natural, rows);
     for (int h = 0; h < 2; h++) {
         __m256i t[4];
-        transposed(col + 8 * h, codes, t);
-        for (int i = 0; i < 4; i++) {
+        if (kind == W_Q5) {  // unsigned: as they are
+            for (int half = 0; half < 2; half++) {
+                transposed(rows + 8 * h, 16 * (size_t)half, t);
+                for (int i = 0; i < 4; i++) _mm256_store_si256((__m256i *)(out->q[4 * half + i] + 32 * h), t[i]);
+            }
+        } else {
+            transposed(col + 8 * h, codes, t);
+        }
+        for (int i = 0; i < 4 && kind != W_Q5; i++) {
             if (kind == W_Q41) {
                 _mm256_store_si256((__m256i *)(out->q[i] + 32 * h), _mm256_and_si256(t[i], low));
                 _mm256_store_si256((__m256i *)(out->q[4 + i] + 32 * h),
@@ -428,12 +508,13 @@ static inline __attribute__((always_inline)) void decode_block(const int kind, c
                 _mm256_store_si256((__m256i *)(out->q[i] + 32 * h), _mm256_xor_si256(t[i], flip));
             }
         }
-        if (kind != W_Q41) {
+        if (kind == W_Q80 || kind == W_Q6) {
             transposed(col + 8 * h, codes + 16, t);
             for (int i = 0; i < 4; i++)
                 _mm256_store_si256((__m256i *)(out->q[4 + i] + 32 * h), _mm256_xor_si256(t[i], flip));
         }
-        _mm256_storeu_ps(out->a + 8 * h, _mm256_i32gather_ps((const float *)(first + b * bytes), at[h], 1));
+        _mm256_storeu_ps(out->a + 8 * h, _mm256_i32gather_ps((const float *)(first + b * bytes + scale_at(kind)), at[h],
+                                                             1));
         if (kind != W_Q80)
             _mm256_storeu_ps(out->b + 8 * h, _mm256_i32gather_ps((const float *)(first + b * bytes + second_at(kind)),
                                                                  at[h], 1));
@@ -490,8 +571,8 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
         }
         for (int r = 0; r < R; r++) {
             const blkx *x = a + (size_t)r * nb + b;
-            __m512i lo = _mm512_set1_epi32(kind == W_Q41 ? 0 : x->off[0]);  // the two halves: two chains
-            __m512i hi = _mm512_set1_epi32(kind == W_Q41 ? 0 : x->off[1]);
+            __m512i lo = _mm512_set1_epi32(UNSIGNED(kind) ? 0 : x->off[0]);  // the two halves: two chains
+            __m512i hi = _mm512_set1_epi32(UNSIGNED(kind) ? 0 : x->off[1]);
             for (int k = 0; k < 4; k++) {
                 lo = _mm512_dpbusd_epi32(lo, w[k], _mm512_set1_epi32(codes4(x, k)));
                 hi = _mm512_dpbusd_epi32(hi, w[4 + k], _mm512_set1_epi32(codes4(x, 4 + k)));
@@ -500,7 +581,7 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
             if (wide) {
                 one = _mm512_load_ps(o->w[x->oj]);
             } else {
-                const __m512i code = _mm512_dpbusd_epi32(_mm512_set1_epi32(kind == W_Q41 ? 0 : -128),
+                const __m512i code = _mm512_dpbusd_epi32(_mm512_set1_epi32(UNSIGNED(kind) ? 0 : -128),
                                                          _mm512_load_si512(codes[x->ok]), _mm512_set1_epi32(x->ocode));
                 one = _mm512_mul_ps(kind == W_Q6 && x->ok >= 4 ? db : da, _mm512_cvtepi32_ps(code));
             }
@@ -512,7 +593,7 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
                 acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(da, dx), _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), acc[r]);
             }
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x->e), one, acc[r]);
-            if (kind == W_Q41) acc[r] = _mm512_fmadd_ps(db, _mm512_set1_ps(x->s), acc[r]);
+            if (UNSIGNED(kind)) acc[r] = _mm512_fmadd_ps(db, _mm512_set1_ps(x->s), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy, keep, acc[r]);
@@ -522,13 +603,13 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
 static inline __attribute__((always_inline)) __m256i dot4(const int kind, const __m256i *w, const blkx *x, int k0,
                                                           int32_t start) {
 #if VNNI
-    __m256i s = _mm256_set1_epi32(kind == W_Q41 ? 0 : start);
+    __m256i s = _mm256_set1_epi32(UNSIGNED(kind) ? 0 : start);
     for (int k = 0; k < 4; k++) s = _mm256_dpbusd_avx_epi32(s, w[k], _mm256_set1_epi32(codes4(x, k0 + k)));
     return s;
 #else
     const __m256i ones = _mm256_set1_epi16(1);
     (void)start;
-    if (kind == W_Q41) {  // 4 pairs of codes <= 15 times |x| <= 127 stay within int16
+    if (UNSIGNED(kind)) {  // 4 pairs of codes <= 31 times |x| <= 127 stay within int16 (8 * 31 * 127 = 31496)
         __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(codes4(x, k0)));
         for (int k = 1; k < 4; k++)
             s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(codes4(x, k0 + k))));
@@ -547,10 +628,10 @@ static inline __attribute__((always_inline)) __m256i dot4(const int kind, const 
 // its code (signed codes stored + 128 for vpdpbusd: the 128 taken back out)
 static inline __attribute__((always_inline)) __m256i dot1(const int kind, const __m256i w, const blkx *x) {
 #if VNNI
-    return _mm256_dpbusd_avx_epi32(_mm256_set1_epi32(kind == W_Q41 ? 0 : -128), w, _mm256_set1_epi32(x->ocode));
+    return _mm256_dpbusd_avx_epi32(_mm256_set1_epi32(UNSIGNED(kind) ? 0 : -128), w, _mm256_set1_epi32(x->ocode));
 #else
     const __m256i ones = _mm256_set1_epi16(1), v = _mm256_set1_epi32(x->ocode);
-    if (kind == W_Q41) return _mm256_madd_epi16(_mm256_maddubs_epi16(w, v), ones);
+    if (UNSIGNED(kind)) return _mm256_madd_epi16(_mm256_maddubs_epi16(w, v), ones);
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(v, w)), ones);
 #endif
 }
@@ -578,7 +659,7 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
                 acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(da, dx), _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), acc[r]);
             }
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(x->e), one, acc[r]);
-            if (kind == W_Q41) acc[r] = _mm256_fmadd_ps(db, _mm256_set1_ps(x->s), acc[r]);
+            if (UNSIGNED(kind)) acc[r] = _mm256_fmadd_ps(db, _mm256_set1_ps(x->s), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) {
@@ -655,6 +736,7 @@ static void q8a_task(void *ctx, int first, int last, int worker) {
     for (int task = first; task < last; task++) {
         if (j->kind == W_Q41) columns_task(W_Q41, j, task * COLS, buf, apart);
         else if (j->kind == W_Q80) columns_task(W_Q80, j, task * COLS, buf, apart);
+        else if (j->kind == W_Q5) columns_task(W_Q5, j, task * COLS, buf, apart);
         else columns_task(W_Q6, j, task * COLS, buf, apart);
     }
 }

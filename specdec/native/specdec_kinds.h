@@ -90,7 +90,7 @@ enum { SPECDEC_ISA_AVX2 = 1, SPECDEC_ISA_AVX512 = 2, SPECDEC_ISA_AVX512_VBMI = 4
       "itself") \
     X(Q6,   6, blk6,  40, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT | SPECDEC_Q8A_BOTH, SPECDEC_EVERY_ISA, \
       "d[0] * q for elements 0-15, d[1] * q for 16-31, q in -127..127") \
-    X(Q5,   7, blk5,  28, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT,  SPECDEC_EVERY_ISA, \
+    X(Q5,   7, blk5,  28, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT | SPECDEC_Q8A_BOTH, SPECDEC_EVERY_ISA, \
       "d * q + m, q in 0..31")
 
 enum {

@@ -91,7 +91,7 @@ enum {
     SPECDEC_ACT_F32 = 0,    // fp32 activations times the model's weights (a target's graph's function)
     SPECDEC_ACT_DRAFT = 1,  // the draft's: activations rounded to two int8 parts times its paired blocks (*_p)
     SPECDEC_ACT_INT8 = 2,   // a target's, each row's activations rounded per block of 32 to int8 (one scale a block)
-                            // before every product whose weights the table gives SPECDEC_Q8A (blk4, blk8, blk6), the
+                            // before every product whose weights the table gives SPECDEC_Q8A (blk4, blk8, blk5, blk6), the
                             // head's too; other kinds' products stay fp32
     SPECDEC_ACT_BF16 = 3,   // a target's, each row's activations rounded to bf16 before every product with bf16 rows,
                             // the head's too, on AMX-BF16 tiles (specdec_matmul's SPECDEC_KERNEL_BF16A; where the CPU

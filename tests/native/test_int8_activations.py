@@ -23,7 +23,7 @@ from tests.bench.test_entry_points import read_record, run_script
 from tests.native.parity import assert_same_bits_in_every_call
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
-KINDS = (WeightKind.Q41, WeightKind.Q80, WeightKind.Q6)  # what the int8 kernels take (specdec_kinds.h)
+KINDS = tuple(kind for kind in WeightKind if Kernel.Q8A in kind.kernels)  # what the int8 kernels take (the table)
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 
 

@@ -23,7 +23,7 @@ from specdec.runtime.cuda_backend import CudaOptions
 from specdec.runtime.generator import load_cuda
 from specdec.runtime.native_backend import NativeBackend
 from tests.native.conftest import with_q41
-from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only,
+from tests.native.parity import (DRAFTER_CASES, assert_greedy_identical_to_target_only, assert_same_bits_in_every_call,
                                  assert_logits_match_onnxruntime, assert_sampling_matches_the_target)
 
 pytestmark = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA and F16C")
@@ -215,3 +215,23 @@ def test_a_manifest_that_reads_blk5_as_blk4_is_refused(mixed_bundle, tmp_path):
         assert gen.backend == "onnxruntime" and "the file's own table holds it as blk5" in gen.backend_note
     with pytest.raises(BackendError, match=message):  # cuda reads through the same reader (its CPU reference here)
         load_cuda(bundle, CudaOptions(kernels=ReferenceKernels))
+
+
+def test_int8_activations_take_every_block_of_the_mix(mixed_bundle):
+    """int8 activations run on every kind of a K-quant mix, blk5 (Q5_0, the fallback of most of a Q4_K_M's weights)
+    included: a row's logits are the same bits in every call, near fp32's and not equal to them, and speculative
+    greedy output equals plain greedy output."""
+    from specdec import GenerationConfig
+    from specdec.native_record import Activations
+    from specdec.weight_kinds import Kernel, WeightKind
+
+    assert all(Kernel.Q8A in kind.kernels for kind in (WeightKind.Q41, WeightKind.Q5, WeightKind.Q80, WeightKind.Q6))
+    bundle, q41 = mixed_bundle
+    int8 = assert_same_bits_in_every_call(bundle, Activations.INT8)
+    fp32 = assert_same_bits_in_every_call(bundle, Activations.FP32)
+    assert not np.array_equal(fp32, int8) and np.abs(fp32 - int8).mean() <= 0.02 * np.abs(fp32).max()
+    with load(q41, backend="native", activations="int8") as gen:
+        plain = gen.generate("The quick brown fox", GenerationConfig(max_new_tokens=40, drafter="none")).token_ids
+        for drafter, gamma in (("model", 3), ("prompt_lookup", 4)):
+            assert gen.generate("The quick brown fox", GenerationConfig(max_new_tokens=40, drafter=drafter,
+                                                                        gamma=gamma)).token_ids == plain
