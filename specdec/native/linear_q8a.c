@@ -342,55 +342,85 @@ static size_t codes_at(int kind) {
 static size_t scale_at(int kind) { return kind == W_Q5 ? offsetof(blk5, d) : 0; }
 #define LOAD16(p) _mm_loadu_si128((const __m128i *)(p))
 
-// The 16 columns' blk5 codes of one block, each column's 32 in their order (codes 0..31 in bytes 0..31), for the
-// Q8_0 path's two transposes to take as it takes Q8_0's bytes
-#if defined(__AVX512F__)
-// word j of the 128-bit lane L: q[8 (L & 1) + j] from the two bytes of the 16 loaded at the codes (lanes 0-1) or at
-// their byte 5 (lanes 2-3), shifted down by its first bit's place in them
-#define Q5_WORD(k) ((unsigned)(Q5_BIT(k) >> 3) | (unsigned)((Q5_BIT(k) >> 3) + 1) << 8)
-#define Q5_WORDS(k) (int)(Q5_WORD(k) | Q5_WORD((k) + 1) << 16)
-#define Q5_SHIFT2(k) (int)((unsigned)(Q5_BIT(k) & 7) | (unsigned)(Q5_BIT((k) + 1) & 7) << 16)
-#define Q5_LANES(F) _mm512_setr_epi32(F(0), F(2), F(4), F(6), F(8), F(10), F(12), F(14), \
-                                      F(0), F(2), F(4), F(6), F(8), F(10), F(12), F(14))
-static inline __attribute__((always_inline)) void q5_natural(const char *codes, uint8_t out[32]) {
-    const __m512i v = _mm512_inserti64x4(_mm512_broadcast_i32x4(LOAD16(codes)),
-                                         _mm256_broadcastsi128_si256(LOAD16(codes + 5)), 1);
-    const __m512i q = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_epi8(v, Q5_LANES(Q5_WORDS)),
-                                                         Q5_LANES(Q5_SHIFT2)), _mm512_set1_epi16(31));
-    _mm256_store_si256((__m256i *)out, _mm512_cvtepi16_epi8(q));
-}
-#else
-// (codes k..k + 7 as dwords by linear.c's Q5_PICK, packed to bytes: the packs interleave 128-bit lanes, which the
-// last permutation undoes)
+#if !defined(__AVX512F__)
+// The 16 columns' blk5 codes of one block, each column's 32 in their order (codes 0..31 in bytes 0..31), which the
+// AVX2 decode then reads as it reads Q8_0's bytes (codes k..k + 7 as dwords by Q5_PICK, packed to bytes: the packs
+// interleave 128-bit lanes, which the last permutation undoes)
 static inline __attribute__((always_inline)) void q5_natural(const char *codes, uint8_t out[32]) {
     const __m256i lo = _mm256_broadcastsi128_si256(LOAD16(codes)), hi = _mm256_broadcastsi128_si256(LOAD16(codes + 5));
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(Q5_PICK(lo, 0), Q5_PICK(lo, 8)),
                                               _mm256_packs_epi32(Q5_PICK(hi, 0), Q5_PICK(hi, 8)));
     _mm256_store_si256((__m256i *)out, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
-#endif
-// ... for `count` columns (col[c]: column c's blocks), block b: rows[c] then points at column c's 32 codes
-static inline __attribute__((always_inline)) void q5_columns(const char *const *col, int count, size_t b,
-                                                            uint8_t natural[][32], const char **rows) {
-    for (int c = 0; c < count; c++) {
+// ... for the COLS columns (col[c]: column c's blocks), block b: rows[c] then points at column c's 32 codes
+static inline __attribute__((always_inline)) void q5_columns(const char *const *col, size_t b, uint8_t natural[][32],
+                                                            const char **rows) {
+    for (int c = 0; c < COLS; c++) {
         q5_natural(col[c] + b * sizeof(blk5) + offsetof(blk5, codes), natural[c]);
         rows[c] = (const char *)natural[c];
     }
 }
+#endif
 
 #if defined(__AVX512F__)
 // 16 columns' 16 bytes at `at` (column c's block at col[c]) -> t[i], lane c holding column c's bytes 4i..4i+3:
 // register j takes columns j, 4 + j, 8 + j, 12 + j in its 128-bit lanes, then a 4 x 4 transpose of dwords within
 // the lanes puts column 4 L + p in dword p of lane L
-static inline __attribute__((always_inline)) void transposed(const char *const col[COLS], size_t at, __m512i t[4]) {
-    __m512i z[4];
+static inline __attribute__((always_inline)) void gathered(const char *const col[COLS], size_t at, __m512i z[4]) {
     for (int j = 0; j < 4; j++)
         z[j] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(LOAD16(col[j] + at)),
                LOAD16(col[4 + j] + at), 1), LOAD16(col[8 + j] + at), 2), LOAD16(col[12 + j] + at), 3);
+}
+static inline __attribute__((always_inline)) void dwords_transposed(const __m512i z[4], __m512i t[4]) {
     const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
     const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
     t[0] = _mm512_unpacklo_epi64(a, c), t[1] = _mm512_unpackhi_epi64(a, c);
     t[2] = _mm512_unpacklo_epi64(b, d), t[3] = _mm512_unpackhi_epi64(b, d);
+}
+static inline __attribute__((always_inline)) void transposed(const char *const col[COLS], size_t at, __m512i t[4]) {
+    __m512i z[4];
+    gathered(col, at, z);
+    dwords_transposed(z, t);
+}
+// blk5: each 128-bit lane of z, the 16 bytes loaded at a block's codes (or at their byte 5), -> its codes 0..15 (or
+// 16..31) in their order, one a byte. Each code lies within one 8-byte half of the load (specdec_kinds.h): with
+// VBMI one multishift puts the codes of each half at its bytes (codes 0, 1, 4, 5, 8, 9, 12, 13 of the first, the
+// others of the second), then a byte shuffle orders them; without, two shuffles of each code's two bytes, shifts and
+// a pack. Then the dword transpose, as for any codes.
+#define Q5_WORD(k) ((unsigned)(Q5_BIT(k) >> 3) | (unsigned)((Q5_BIT(k) >> 3) + 1) << 8)
+#define Q5_WORDS(k) (int)(Q5_WORD(k) | Q5_WORD((k) + 1) << 16)
+#define Q5_SHIFT2(k) (int)((unsigned)(Q5_BIT(k) & 7) | (unsigned)(Q5_BIT((k) + 1) & 7) << 16)
+#define Q5_LANES(F, k) _mm512_setr_epi32(F(k), F(k + 2), F(k + 4), F(k + 6), F(k), F(k + 2), F(k + 4), F(k + 6), \
+                                         F(k), F(k + 2), F(k + 4), F(k + 6), F(k), F(k + 2), F(k + 4), F(k + 6))
+static inline __attribute__((always_inline)) __m512i q5_lanes(__m512i z) {
+#if defined(__AVX512VBMI__)
+    const __m512i at = _mm512_set1_epi64((long long)(
+        (unsigned long long)Q5_BIT(0) | (unsigned long long)Q5_BIT(1) << 8 | (unsigned long long)Q5_BIT(4) << 16 |
+        (unsigned long long)Q5_BIT(5) << 24 | (unsigned long long)Q5_BIT(8) << 32 | (unsigned long long)Q5_BIT(9) << 40 |
+        (unsigned long long)Q5_BIT(12) << 48 | (unsigned long long)Q5_BIT(13) << 56));
+    const __m512i second = _mm512_set1_epi64((long long)(  // the second half's, less its 64 bits
+        (unsigned long long)(Q5_BIT(2) - 64) | (unsigned long long)(Q5_BIT(3) - 64) << 8 |
+        (unsigned long long)(Q5_BIT(6) - 64) << 16 | (unsigned long long)(Q5_BIT(7) - 64) << 24 |
+        (unsigned long long)(Q5_BIT(10) - 64) << 32 | (unsigned long long)(Q5_BIT(11) - 64) << 40 |
+        (unsigned long long)(Q5_BIT(14) - 64) << 48 | (unsigned long long)(Q5_BIT(15) - 64) << 56));
+    const __m512i shifts = _mm512_mask_blend_epi64(0xAA, at, second);
+    const __m512i codes = _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, z), _mm512_set1_epi8(31));
+    const __m128i order = _mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    return _mm512_shuffle_epi8(codes, _mm512_broadcast_i32x4(order));
+#else
+    const __m512i mask = _mm512_set1_epi16(31);
+    const __m512i first = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_epi8(z, Q5_LANES(Q5_WORDS, 0)),
+                                                             Q5_LANES(Q5_SHIFT2, 0)), mask);
+    const __m512i second = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_epi8(z, Q5_LANES(Q5_WORDS, 8)),
+                                                              Q5_LANES(Q5_SHIFT2, 8)), mask);
+    return _mm512_packus_epi16(first, second);  // per lane: codes 0-7, then 8-15
+#endif
+}
+static inline __attribute__((always_inline)) void q5_transposed(const char *const col[COLS], size_t at, __m512i t[4]) {
+    __m512i z[4];
+    gathered(col, at, z);
+    for (int j = 0; j < 4; j++) z[j] = q5_lanes(z[j]);
+    dwords_transposed(z, t);
 }
 // block b of the 16 columns in registers: codes w[k] (Q4_1's nibbles apart: the low ones are codes 0-15, the high
 // ones 16-31; signed codes + 128, as vpdpbusd takes the weights unsigned and the activations' off[] takes the 128s
@@ -401,14 +431,9 @@ static inline __attribute__((always_inline)) void decode_regs(const int kind, co
     const size_t bytes = block_bytes(kind);
     const size_t codes = b * bytes + codes_at(kind);
     __m512i t[4];
-    if (kind == W_Q5) {  // its codes in their order first, then as Q8_0's bytes are (unsigned: not flipped)
-        _Alignas(64) uint8_t natural[COLS][32];
-        const char *rows[COLS];
-        q5_columns(col, COLS, b, natural, rows);
-        transposed(rows, 0, t);
-        for (int i = 0; i < 4; i++) w[i] = t[i];
-        transposed(rows, 16, t);
-        for (int i = 0; i < 4; i++) w[4 + i] = t[i];
+    if (kind == W_Q5) {  // unsigned: not flipped
+        q5_transposed(col, codes, w);
+        q5_transposed(col, codes + 5, w + 4);
     } else if (kind == W_Q41) {
         const __m512i low = _mm512_set1_epi8(0x0F);
         transposed(col, codes, t);
@@ -488,7 +513,7 @@ static inline __attribute__((always_inline)) void decode_block(const int kind, c
     const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(VNNI ? (char)0x80 : 0);
     _Alignas(32) uint8_t natural[COLS][32];  // blk5: each column's codes in their order, read as Q8_0's bytes
     const char *rows[COLS];
-    if (kind == W_Q5) q5_columns(col, COLS, b, natural, rows);
+    if (kind == W_Q5) q5_columns(col, b, natural, rows);
     for (int h = 0; h < 2; h++) {
         __m256i t[4];
         if (kind == W_Q5) {  // unsigned: as they are
