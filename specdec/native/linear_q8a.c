@@ -342,25 +342,8 @@ static size_t codes_at(int kind) {
 static size_t scale_at(int kind) { return kind == W_Q5 ? offsetof(blk5, d) : 0; }
 #define LOAD16(p) _mm_loadu_si128((const __m128i *)(p))
 
-#if !defined(__AVX512F__)
-// The 16 columns' blk5 codes of one block, each column's 32 in their order (codes 0..31 in bytes 0..31), which the
-// AVX2 decode then reads as it reads Q8_0's bytes (codes k..k + 7 as dwords by Q5_PICK, packed to bytes: the packs
-// interleave 128-bit lanes, which the last permutation undoes)
-static inline __attribute__((always_inline)) void q5_natural(const char *codes, uint8_t out[32]) {
-    const __m256i lo = _mm256_broadcastsi128_si256(LOAD16(codes)), hi = _mm256_broadcastsi128_si256(LOAD16(codes + 5));
-    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(Q5_PICK(lo, 0), Q5_PICK(lo, 8)),
-                                              _mm256_packs_epi32(Q5_PICK(hi, 0), Q5_PICK(hi, 8)));
-    _mm256_store_si256((__m256i *)out, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-}
-// ... for the COLS columns (col[c]: column c's blocks), block b: rows[c] then points at column c's 32 codes
-static inline __attribute__((always_inline)) void q5_columns(const char *const *col, size_t b, uint8_t natural[][32],
-                                                            const char **rows) {
-    for (int c = 0; c < COLS; c++) {
-        q5_natural(col[c] + b * sizeof(blk5) + offsetof(blk5, codes), natural[c]);
-        rows[c] = (const char *)natural[c];
-    }
-}
-#endif
+// blk5 (both builds): a code's two bytes as a 16-bit word, for a byte shuffle to gather
+#define Q5_WORD(k) ((unsigned)(Q5_BIT(k) >> 3) | (unsigned)((Q5_BIT(k) >> 3) + 1) << 8)
 
 #if defined(__AVX512F__)
 // 16 columns' 16 bytes at `at` (column c's block at col[c]) -> t[i], lane c holding column c's bytes 4i..4i+3:
@@ -387,7 +370,6 @@ static inline __attribute__((always_inline)) void transposed(const char *const c
 // VBMI one multishift puts the codes of each half at its bytes (codes 0, 1, 4, 5, 8, 9, 12, 13 of the first, the
 // others of the second), then a byte shuffle orders them; without, two shuffles of each code's two bytes, shifts and
 // a pack. Then the dword transpose, as for any codes.
-#define Q5_WORD(k) ((unsigned)(Q5_BIT(k) >> 3) | (unsigned)((Q5_BIT(k) >> 3) + 1) << 8)
 #define Q5_WORDS(k) (int)(Q5_WORD(k) | Q5_WORD((k) + 1) << 16)
 #define Q5_SHIFT2(k) (int)((unsigned)(Q5_BIT(k) & 7) | (unsigned)(Q5_BIT((k) + 1) & 7) << 16)
 #define Q5_LANES(F, k) _mm512_setr_epi32(F(k), F(k + 2), F(k + 4), F(k + 6), F(k), F(k + 2), F(k + 4), F(k + 6), \
@@ -481,14 +463,36 @@ static size_t second_at(int kind) {
     return kind == W_Q41 ? offsetof(blk4, m) : kind == W_Q5 ? offsetof(blk5, m) : offsetof(blk6, d) + sizeof(float);
 }
 // 8 columns' 16 bytes at `at` -> t[i], lane c holding column c's bytes 4i..4i+3 (as above, with two 128-bit lanes)
-static inline __attribute__((always_inline)) void transposed(const char *const col[8], size_t at, __m256i t[4]) {
-    __m256i z[4];
-    for (int j = 0; j < 4; j++)
-        z[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(LOAD16(col[j] + at)), LOAD16(col[4 + j] + at), 1);
+static inline __attribute__((always_inline)) void dwords_transposed(const __m256i z[4], __m256i t[4]) {
     const __m256i a = _mm256_unpacklo_epi32(z[0], z[1]), b = _mm256_unpackhi_epi32(z[0], z[1]);
     const __m256i c = _mm256_unpacklo_epi32(z[2], z[3]), d = _mm256_unpackhi_epi32(z[2], z[3]);
     t[0] = _mm256_unpacklo_epi64(a, c), t[1] = _mm256_unpackhi_epi64(a, c);
     t[2] = _mm256_unpacklo_epi64(b, d), t[3] = _mm256_unpackhi_epi64(b, d);
+}
+static inline __attribute__((always_inline)) void transposed(const char *const col[8], size_t at, __m256i t[4]) {
+    __m256i z[4];
+    for (int j = 0; j < 4; j++)
+        z[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(LOAD16(col[j] + at)), LOAD16(col[4 + j] + at), 1);
+    dwords_transposed(z, t);
+}
+// blk5: each 128-bit lane of z, the 16 bytes loaded at a block's codes (or at their byte 5), -> its codes 0..15 (or
+// 16..31) in their order, one a byte: each code's two bytes gathered into a word, shifted by a multiply (AVX2 has no
+// variable shift of words: w * 2^(11 - s), then 11 bits down, leaves bits s..s + 4 of w), packed to bytes
+#define Q5_MUL(k) (short)(1 << (11 - (Q5_BIT(k) & 7)))
+#define Q5_EIGHT(F, k) F(k), F(k + 1), F(k + 2), F(k + 3), F(k + 4), F(k + 5), F(k + 6), F(k + 7)
+static inline __attribute__((always_inline)) __m256i q5_words(__m256i z, int k) {
+    const __m256i pick = _mm256_setr_epi16(Q5_EIGHT((short)Q5_WORD, k), Q5_EIGHT((short)Q5_WORD, k));
+    const __m256i by = _mm256_setr_epi16(Q5_EIGHT(Q5_MUL, k), Q5_EIGHT(Q5_MUL, k));
+    return _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(z, pick), by), 11);
+}
+static inline __attribute__((always_inline)) void q5_transposed(const char *const col[8], size_t at, __m256i t[4]) {
+    __m256i z[4];
+    for (int j = 0; j < 4; j++) {
+        const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(LOAD16(col[j] + at)),
+                                                    LOAD16(col[4 + j] + at), 1);
+        z[j] = _mm256_packus_epi16(q5_words(raw, 0), q5_words(raw, 8));  // per lane: codes 0-7, then 8-15
+    }
+    dwords_transposed(z, t);
 }
 // block b of the 16 columns, 8 at a time (half h: columns 8 h..8 h + 7, bytes 32 h.. of each vector); signed codes
 // + 128 for vpdpbusd, or as they are for vpmaddubsw (which takes their sign onto the activations)
@@ -511,14 +515,11 @@ static inline __attribute__((always_inline)) void decode_block(const int kind, c
     const size_t bytes = block_bytes(kind);
     const size_t codes = b * bytes + codes_at(kind);
     const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(VNNI ? (char)0x80 : 0);
-    _Alignas(32) uint8_t natural[COLS][32];  // blk5: each column's codes in their order, read as Q8_0's bytes
-    const char *rows[COLS];
-    if (kind == W_Q5) q5_columns(col, b, natural, rows);
     for (int h = 0; h < 2; h++) {
         __m256i t[4];
         if (kind == W_Q5) {  // unsigned: as they are
             for (int half = 0; half < 2; half++) {
-                transposed(rows + 8 * h, 16 * (size_t)half, t);
+                q5_transposed(col + 8 * h, codes + 5 * (size_t)half, t);
                 for (int i = 0; i < 4; i++) _mm256_store_si256((__m256i *)(out->q[4 * half + i] + 32 * h), t[i]);
             }
         } else {
