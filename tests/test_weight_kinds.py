@@ -66,7 +66,7 @@ def test_each_kinds_numpy_decoder_reads_its_encoder(kind):
 
 def test_a_row_of_the_header_is_a_kind_everywhere_it_is_read():
     text = HEADER.read_text(encoding="utf-8")
-    row = 'X(Q5,   7, blk5,  28, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT,  SPECDEC_EVERY_ISA, \\\n'
+    row = 'X(Q5,   7, blk5,  28, SPECDEC_BLOCK,     SPECDEC_STEP | SPECDEC_PROMPT | SPECDEC_Q8A_BOTH, SPECDEC_EVERY_ISA, \\\n'
     assert text.count(row) == 1
     added = text.replace(row, row + '      "d * q + m") \\\n    X(Q4X,  8, blk4,  24, SPECDEC_BLOCK, SPECDEC_STEP, '
                                      'SPECDEC_ISA_AVX2, \\\n')
