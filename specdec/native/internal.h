@@ -13,15 +13,6 @@
 // A 5-bit block's codes (blk5: 160 bits, slot i holding q[SPECDEC_Q5_ORDER[i]]). Q5_BIT(k): the first bit of
 // q[k] for k in 0..15 from the block's start, and of q[16 + k] from its byte 5 (q[16 + k] lies 40 bits after q[k])
 #define Q5_BIT(k) (5 * (((k) >> 1) + ((k) & 1) + (((k) >> 1) & 1) * 15))
-// a dword lane's shuffle of q[k]'s two bytes (the code within bits Q5_BIT(k) % 8 .. + 4 of them) and two zeros
-#define Q5_BYTES(k) ((int)((unsigned)(Q5_BIT(k) >> 3) | (unsigned)((Q5_BIT(k) >> 3) + 1) << 8 | 0x80800000u))
-#define Q5_BYTES8(k) _mm256_setr_epi32(Q5_BYTES(k), Q5_BYTES(k + 1), Q5_BYTES(k + 2), Q5_BYTES(k + 3), \
-                                        Q5_BYTES(k + 4), Q5_BYTES(k + 5), Q5_BYTES(k + 6), Q5_BYTES(k + 7))
-#define Q5_SHIFTS8(k) _mm256_setr_epi32(Q5_BIT(k) & 7, Q5_BIT(k + 1) & 7, Q5_BIT(k + 2) & 7, Q5_BIT(k + 3) & 7, \
-                                         Q5_BIT(k + 4) & 7, Q5_BIT(k + 5) & 7, Q5_BIT(k + 6) & 7, Q5_BIT(k + 7) & 7)
-// codes k..k+7 of a half's 16 bytes, broadcast to both 128-bit lanes (a shuffle stays within its lane)
-#define Q5_PICK(v, k) _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(v, Q5_BYTES8(k)), Q5_SHIFTS8(k)), \
-                                       _mm256_set1_epi32(31))
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

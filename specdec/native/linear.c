@@ -69,6 +69,16 @@ static inline __attribute__((always_inline)) void rows_times(const int R, const 
     const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi8_, mask)), d_, m_); \
     const __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(lo8_, 4)), d_, m_); \
     const __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hi8_, 4)), d_, m_)
+// (blk5's Q5_BIT: internal.h)
+// a dword lane's shuffle of q[k]'s two bytes (the code within bits Q5_BIT(k) % 8 .. + 4 of them) and two zeros
+#define Q5_BYTES(k) ((int)((unsigned)(Q5_BIT(k) >> 3) | (unsigned)((Q5_BIT(k) >> 3) + 1) << 8 | 0x80800000u))
+#define Q5_BYTES8(k) _mm256_setr_epi32(Q5_BYTES(k), Q5_BYTES(k + 1), Q5_BYTES(k + 2), Q5_BYTES(k + 3), \
+                                        Q5_BYTES(k + 4), Q5_BYTES(k + 5), Q5_BYTES(k + 6), Q5_BYTES(k + 7))
+#define Q5_SHIFTS8(k) _mm256_setr_epi32(Q5_BIT(k) & 7, Q5_BIT(k + 1) & 7, Q5_BIT(k + 2) & 7, Q5_BIT(k + 3) & 7, \
+                                         Q5_BIT(k + 4) & 7, Q5_BIT(k + 5) & 7, Q5_BIT(k + 6) & 7, Q5_BIT(k + 7) & 7)
+// codes k..k+7 of a half's 16 bytes, broadcast to both 128-bit lanes (a shuffle stays within its lane)
+#define Q5_PICK(v, k) _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(v, Q5_BYTES8(k)), Q5_SHIFTS8(k)), \
+                                       _mm256_set1_epi32(31))
 // A 5-bit block's 32 weights as four vectors of 8, d * q + m as Q4_DECODE's: 12 integer operations a block, where
 // a nibble and a fifth bit apart took 30
 #define Q5_DECODE(blk, w0, w1, w2, w3) \

@@ -1,8 +1,8 @@
 // The int8 activations mode (specdec_forward's SPECDEC_ACT_INT8; specdec_matmul's kernels 3 and 4): each row's
 // activations rounded per block of 32 to int8 with an fp32 scale (a Q8 block, as llama.cpp's, but with the block's
-// largest value kept apart in fp32), then multiplied with blocked weights (blk4: Q4_1, blk8: Q8_0, blk6: Q6_K's) by
-// integer dot products (blk5, the K-quants' 5-bit fallback, as Q4_1 with 5-bit codes): VNNI's vpdpbusd (the AVX-512 builds; AVX-VNNI's in the avx2-vnni build), else vpmaddubsw +
-// vpmaddwd (avx2).
+// largest value kept apart in fp32), then multiplied with blocked weights (blk4: Q4_1, blk5: the K-quants' 5-bit
+// fallback, as Q4_1 with 5-bit codes, blk8: Q8_0, blk6: Q6_K's) by integer dot products: VNNI's vpdpbusd (the AVX-512
+// builds; AVX-VNNI's in the avx2-vnni build), else vpmaddubsw + vpmaddwd (avx2).
 //
 // Summation order, which makes a row's result independent of the call: a block's integer dot product is exact
 // whatever instructions compute it, and the floats of one output form one chain over its blocks, block 0 first:
@@ -275,6 +275,8 @@ static void round_task(void *ctx, int first, int last, int worker) {
 static size_t block_bytes(int kind) {
     return kind == W_Q41 ? sizeof(blk4) : kind == W_Q80 ? sizeof(blk8) : kind == W_Q5 ? sizeof(blk5) : sizeof(blk6);
 }
+// where its scale starts (the minimum or the second scale follows it)
+static size_t scale_at(int kind) { return kind == W_Q5 ? offsetof(blk5, d) : 0; }
 // blk5's code i, from its 5-bit slot (specdec_kinds.h: slot s holds q[SPECDEC_Q5_ORDER[s]], bits 5 s..5 s + 4)
 static int q5_code(const blk5 *c, int i) {
     static const int order[32] = SPECDEC_Q5_ORDER;
@@ -299,20 +301,14 @@ static float output_reference(int kind, const char *column, const blkx *x, int n
     for (int b = 0; b < nb; b++, x++) {
         const char *block = column + (size_t)b * block_bytes(kind);
         const float code = (float)code_at(kind, block, x->oj);  // the weight the largest meets: its code...
-        if (kind == W_Q41) {
-            const blk4 *c = (const blk4 *)block;
-            int dot = 0;
-            for (int i = 0; i < 16; i++) dot += (c->qs[i] & 15) * x->qs[i] + (c->qs[i] >> 4) * x->qs[i + 16];
-            acc = fmaf(c->d * x->d, (float)dot, acc);
-            acc = fmaf(x->e, c->d * code, acc);  // ... times its scale (the minimum is in s)
-            acc = fmaf(c->m, x->s, acc);
-        } else if (kind == W_Q5) {
-            const blk5 *c = (const blk5 *)block;
+        if (UNSIGNED(kind)) {  // Q4_1, blk5: d then m at scale_at, codes 0..15 or 0..31
+            float dm[2];
+            memcpy(dm, block + scale_at(kind), sizeof(dm));
             int dot = 0;
             for (int i = 0; i < 32; i++) dot += code_at(kind, block, i) * x->qs[i];
-            acc = fmaf(c->d * x->d, (float)dot, acc);
-            acc = fmaf(x->e, c->d * code, acc);
-            acc = fmaf(c->m, x->s, acc);
+            acc = fmaf(dm[0] * x->d, (float)dot, acc);
+            acc = fmaf(x->e, dm[0] * code, acc);  // ... times its scale (the minimum is in s)
+            acc = fmaf(dm[1], x->s, acc);
         } else if (kind == W_Q80) {
             const blk8 *c = (const blk8 *)block;
             int dot = 0;
@@ -335,11 +331,9 @@ static float output_reference(int kind, const char *column, const blkx *x, int n
 // ---- decoding a task's columns into cols16 ----
 // where a block's codes start (its scale starts it; the minimum or the second scale follows)
 static size_t codes_at(int kind) {
-    return kind == W_Q41 ? offsetof(blk4, qs) : kind == W_Q80 ? offsetof(blk8, qs) : kind == W_Q5 ? offsetof(blk5, codes)
-                                                                                     : offsetof(blk6, qs);
+    return kind == W_Q41 ? offsetof(blk4, qs) : kind == W_Q80 ? offsetof(blk8, qs)
+           : kind == W_Q5 ? offsetof(blk5, codes) : offsetof(blk6, qs);
 }
-// where its scale starts (the minimum or the second scale follows it)
-static size_t scale_at(int kind) { return kind == W_Q5 ? offsetof(blk5, d) : 0; }
 #define LOAD16(p) _mm_loadu_si128((const __m128i *)(p))
 
 // blk5 (both builds): a code's two bytes as a 16-bit word, for a byte shuffle to gather
@@ -378,7 +372,8 @@ static inline __attribute__((always_inline)) __m512i q5_lanes(__m512i z) {
 #if defined(__AVX512VBMI__)
     const __m512i at = _mm512_set1_epi64((long long)(
         (unsigned long long)Q5_BIT(0) | (unsigned long long)Q5_BIT(1) << 8 | (unsigned long long)Q5_BIT(4) << 16 |
-        (unsigned long long)Q5_BIT(5) << 24 | (unsigned long long)Q5_BIT(8) << 32 | (unsigned long long)Q5_BIT(9) << 40 |
+        (unsigned long long)Q5_BIT(5) << 24 | (unsigned long long)Q5_BIT(8) << 32 |
+        (unsigned long long)Q5_BIT(9) << 40 |
         (unsigned long long)Q5_BIT(12) << 48 | (unsigned long long)Q5_BIT(13) << 56));
     const __m512i second = _mm512_set1_epi64((long long)(  // the second half's, less its 64 bits
         (unsigned long long)(Q5_BIT(2) - 64) | (unsigned long long)(Q5_BIT(3) - 64) << 8 |
@@ -444,7 +439,8 @@ static inline __attribute__((always_inline)) void decode_regs(const int kind, co
 // w as decode_regs gives them: vector i / 4, byte i % 4; signed ones + 128)
 static inline __attribute__((always_inline)) __m512 weight_at(const int kind, __m512i w, int byte, __m512 scale) {
     const __m512i code = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_set1_epi32(8 * byte)), _mm512_set1_epi32(0xFF));
-    return _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(code, _mm512_set1_epi32(UNSIGNED(kind) ? 0 : 128))));
+    const __m512i offset = _mm512_set1_epi32(UNSIGNED(kind) ? 0 : 128);
+    return _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(code, offset)));
 }
 static inline __attribute__((always_inline)) void decode_block(const int kind, const int wide,
                                                                const char *const col[COLS], const char *first,
@@ -522,22 +518,19 @@ static inline __attribute__((always_inline)) void decode_block(const int kind, c
                 q5_transposed(col + 8 * h, codes + 5 * (size_t)half, t);
                 for (int i = 0; i < 4; i++) _mm256_store_si256((__m256i *)(out->q[4 * half + i] + 32 * h), t[i]);
             }
-        } else {
+        } else if (kind == W_Q41) {
             transposed(col + 8 * h, codes, t);
-        }
-        for (int i = 0; i < 4 && kind != W_Q5; i++) {
-            if (kind == W_Q41) {
+            for (int i = 0; i < 4; i++) {
                 _mm256_store_si256((__m256i *)(out->q[i] + 32 * h), _mm256_and_si256(t[i], low));
                 _mm256_store_si256((__m256i *)(out->q[4 + i] + 32 * h),
                                    _mm256_and_si256(_mm256_srli_epi16(t[i], 4), low));
-            } else {
-                _mm256_store_si256((__m256i *)(out->q[i] + 32 * h), _mm256_xor_si256(t[i], flip));
             }
-        }
-        if (kind == W_Q80 || kind == W_Q6) {
-            transposed(col + 8 * h, codes + 16, t);
-            for (int i = 0; i < 4; i++)
-                _mm256_store_si256((__m256i *)(out->q[4 + i] + 32 * h), _mm256_xor_si256(t[i], flip));
+        } else {
+            for (int half = 0; half < 2; half++) {
+                transposed(col + 8 * h, codes + 16 * (size_t)half, t);
+                for (int i = 0; i < 4; i++)
+                    _mm256_store_si256((__m256i *)(out->q[4 * half + i] + 32 * h), _mm256_xor_si256(t[i], flip));
+            }
         }
         _mm256_storeu_ps(out->a + 8 * h, _mm256_i32gather_ps((const float *)(first + b * bytes + scale_at(kind)), at[h],
                                                              1));
