@@ -73,15 +73,14 @@ class DrafterKind:
     needs_model: bool = False  # refused on a bundle without a draft model
     drafts: bool = True  # False: rows of this kind verify one token per round
     needs_head: bool = False  # refused on a bundle without a draft head
-    reads_features: bool = False  # the target's passes over its rows return hidden states to its drafter (observe)
 
 
 DRAFTER_KINDS = {kind.name: kind for kind in (
-    DrafterKind(DrafterName.AUTO, lambda drafters, lookup, model, head: drafters.ChainDrafter(lookup, model)),
+    DrafterKind(DrafterName.AUTO, lambda drafters, lookup, model, head: drafters.ChainDrafter(lookup, model, head)),
     DrafterKind(DrafterName.MODEL, lambda drafters, lookup, model, head: model, needs_model=True),
     DrafterKind(DrafterName.PROMPT_LOOKUP, lambda drafters, lookup, model, head: lookup),
     DrafterKind(DrafterName.NONE, lambda drafters, lookup, model, head: None, drafts=False),
-    DrafterKind(DrafterName.HEAD, lambda drafters, lookup, model, head: head, needs_head=True, reads_features=True),
+    DrafterKind(DrafterName.HEAD, lambda drafters, lookup, model, head: head, needs_head=True),
 )}
 DRAFTERS = tuple(name.value for name in DRAFTER_KINDS)
 

@@ -308,9 +308,18 @@ class ModelGate:
             tokens += run
         return tokens / (gamma * self.cost_ratio + 1.0) / self.verify_ratio
 
+    @property
+    def warming(self) -> bool:
+        """Whether it still drafts every round to learn: fewer than warmup_rounds rounds, or no draft step timed."""
+        return self.rounds < self.warmup_rounds or (self.fixed_cost is None and not self.steps)
+
+    def expected(self, gamma: int) -> float:
+        """The speedup over plain steps it expects of a round of γ drafts (tokens per round over its cost in steps)."""
+        return self._speedup(gamma)
+
     def pays(self, gamma: int) -> bool:
         """Whether to draft with the model this round (the expected gain, or a periodic probe)."""
-        if self.rounds < self.warmup_rounds or (self.fixed_cost is None and not self.steps):
+        if self.warming:
             return True
         if self.fixed_cost is None and self.plain_steps < self.plain_probes:
             self.plain_declines += 1  # time a one-token pass now and then, until plain_probes of them
@@ -326,28 +335,51 @@ class ModelGate:
 
 
 class ChainDrafter:
-    """`auto`: prompt lookup where the context offers a match, the model elsewhere, and only where it pays."""
+    """`auto`: prompt lookup where the context offers a match; elsewhere the model or the draft head (where the bundle
+    has one and its target returns the head's features), whichever its gate expects to gain more, and only where it
+    pays."""
 
     name = DrafterName.AUTO
 
-    def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None):
+    def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None, head=None):
         self.lookup = lookup_drafter
         self.model = model
+        self.head = head  # a HeadDrafter, which then reads the hidden states of this drafter's rows too
+        if head is not None:
+            head.readers.add(self.name)
+
+    @property
+    def feature_tap(self):
+        """The drafter the target's hidden states go to (the head's), or None."""
+        return self.head
+
+    def _pick(self, row, limit: int):
+        """The drafter of a row's round (the model, the head or None): each gate that says it pays is a candidate; one
+        still learning first (the head before the model), else the one expecting the larger speedup."""
+        picked, best = None, 0.0
+        for drafter, gate in ((self.head, row.head_gate), (self.model, row.gate)):
+            if drafter is None or gate is None or (drafter is self.head and not drafter.ready(row)):
+                continue
+            if gate.pays(limit):
+                score = float("inf") if gate.warming else gate.expected(limit)
+                if picked is None or score > best:
+                    picked, best = drafter, score
+        return picked
 
     def propose(self, rows: list, limits: list) -> list:
         # a strong lookup (longest n-gram, full length) costs nothing to find and is usually right: it goes first
-        # where lookups of its kind pay; elsewhere the model drafts where the row's gate says it pays, and weak lookups
-        # fill in where it does not (and where they pay)
+        # where lookups of its kind pay; elsewhere the model or the head drafts where the row's gate says it pays, and
+        # weak lookups fill in where neither does (and where they pay)
         kinds = [None if row.gate is None else row.gate.lookup_kinds() for row in rows]  # worth verifying here
         found = self.lookup.propose(rows, [lim if k is None or k else 0 for lim, k in zip(limits, kinds)])  # (no
         # search where no kind is)
         proposals = [p if k is None or p.strong in k else EMPTY for p, k in zip(found, kinds)]
-        if self.model is None:
+        if self.model is None and self.head is None:
             return proposals
-        need = [lim if lim and not p.strong and row.gate.pays(lim) else 0
-                for row, p, lim in zip(rows, proposals, limits)]
-        if not any(need):
-            return proposals
-        drafted = self.model.propose(rows, need)
-        return [d if n else p for p, d, n in zip(proposals, drafted, need)]
-
+        picks = [self._pick(row, lim) if lim and not p.strong else None for row, p, lim in zip(rows, proposals, limits)]
+        for drafter in (self.model, self.head):
+            need = [lim if pick is drafter and drafter is not None else 0 for pick, lim in zip(picks, limits)]
+            if any(need):
+                drafted = drafter.propose(rows, need)
+                proposals = [d if n else p for p, d, n in zip(proposals, drafted, need)]
+        return proposals

@@ -14,6 +14,7 @@ residual max(0, p - q) is p there and acceptance stays exact. Greedy drafts are 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,9 +111,21 @@ class HeadDrafter:
 
     name = DrafterName.HEAD
 
-    def __init__(self, head: HeadModel, chunk: int):
+    def __init__(self, head: HeadModel, chunk: int, step_timer=None):
         self.head = head
         self.chunk = chunk
+        self.step_timer = step_timer  # told the seconds of every one-token chain step (or None)
+        self.readers = {self.name}  # the drafter= kinds whose rows it reads the hidden states of (auto adds itself)
+
+    @property
+    def feature_tap(self):
+        """The drafter the target's hidden states go to: this one."""
+        return self
+
+    @staticmethod
+    def ready(row: Row) -> bool:
+        """Whether it can draft for `row` (it holds the features of the row's verified positions)."""
+        return _ready(row)
 
     @property
     def feature_layers(self) -> tuple:
@@ -122,7 +135,7 @@ class HeadDrafter:
     def observe(self, row: Row, start: int, features: np.ndarray) -> None:
         """The target's hidden states of the tokens a pass fed to `row` at positions start.. (features: [T, F, H]).
         A pass from below the head's length (a prefill again) drops what the head held past `start`."""
-        if not row.drafter.reads_features:
+        if row.drafter.name not in self.readers:
             return
         state = row.head if row.head is not None else HeadState()
         row.head = state
@@ -181,8 +194,11 @@ class HeadDrafter:
         of the position before; -> b -> (logits [V'], prenorm [H])."""
         tokens = np.array([[drafts[b][-1]] for b in feeding], np.int64)  # [G, 1]
         hidden = np.stack([last[b][1] for b in feeding])[:, None]  # [G, 1, H]
+        started = time.perf_counter()
         logits, prenorm = self.head.forward(tokens, hidden, [rows[b].head.length + step for b in feeding],
                                             [rows[b].slot for b in feeding], last_only=True)
+        if self.step_timer is not None:
+            self.step_timer(time.perf_counter() - started)
         return {b: (logits[i, -1], prenorm[i, -1]) for i, b in enumerate(feeding)}
 
     @staticmethod

@@ -40,7 +40,7 @@ class SpeculativeLoop:
         fresh = [row.active and row.generated == 0 for row in rows]
         seqs = [None if not row.active else row.tokens if new else row.tokens[:-1] for row, new in zip(rows, fresh)]
         starts = [self.reusable(row, seq) if seq else 0 for row, seq in zip(rows, seqs)]
-        starts = [0 if row.drafter.reads_features else start for row, start in zip(rows, starts)]  # (a drafter that
+        starts = [0 if self.feature_tap(row) else start for row, start in zip(rows, starts)]  # (a drafter that
         # reads the target's hidden states needs them at every position: no prefill is skipped for its rows)
         for row, start in zip(rows, starts):
             row.reused = start
@@ -91,12 +91,18 @@ class SpeculativeLoop:
         seqs = [[row.tokens[-1]] + prop.tokens.tolist() if row.active else None for row, prop in zip(rows, proposals)]
         return forward_rows(self.target, rows, seqs, [row.target_len for row in rows], tap=self.tap(rows, seqs))
 
+    def feature_tap(self, row):
+        """The drafter that reads the target's hidden states of `row` (the head drafter, of drafter head or of auto
+        where the bundle has a head), or None."""
+        return getattr(self.drafters.get(row.drafter), "feature_tap", None)
+
     def tap(self, rows: list, seqs: list):
         """The drafter that reads the target's hidden states (the head drafter), where a row this pass feeds drafts
         with it; else None, and the pass asks for logits alone."""
         for row, seq in zip(rows, seqs):
-            if seq and row.drafter.reads_features and row.drafter in self.drafters:
-                return self.drafters[row.drafter]
+            tap = self.feature_tap(row) if seq else None
+            if tap is not None:
+                return tap
         return None
 
     @staticmethod
@@ -161,8 +167,10 @@ class SpeculativeLoop:
         which no row verified drafts (a one-token pass)."""
         runs = {}  # per gate: (gate, [(proposed, accepted) of each of its rows])
         for row, row_record in zip(rows, record.rows):
-            if row_record is not None and row.gate is not None and row_record.source == DrafterName.MODEL:
-                runs.setdefault(id(row.gate), (row.gate, []))[1].append((row_record.proposed, row_record.accepted))
+            gate = None if row_record is None else row.gate if row_record.source == DrafterName.MODEL \
+                else row.head_gate if row_record.source == DrafterName.HEAD else None
+            if gate is not None:
+                runs.setdefault(id(gate), (gate, []))[1].append((row_record.proposed, row_record.accepted))
         for gate, pairs in runs.values():
             gate.observe(sum(p for p, _ in pairs), sum(a for _, a in pairs), record.verify_s, pairs)
         if not runs:  # lookups alone: each gate learns what its rows' lookups emitted for the pass
@@ -175,5 +183,6 @@ class SpeculativeLoop:
                 for strong, emitted in kinds.items():
                     gate.observe_lookup(strong, sum(emitted) / len(emitted), record.verify_s)
         if not any(row_record is not None and row_record.proposed for row_record in record.rows):
-            for gate in {id(row.gate): row.gate for row in rows if row.gate is not None}.values():
+            gates = [gate for row in rows for gate in (row.gate, row.head_gate) if gate is not None]
+            for gate in {id(gate): gate for gate in gates}.values():
                 gate.observe_plain(record.verify_s)  # every row verified one token: a plain step

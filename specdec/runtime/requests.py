@@ -52,6 +52,8 @@ class RequestLayer:
         self.prompts = prompts  # the PromptWorker that renders conversations on a budget
         self.head = head  # the bundle's draft head (specdec.head.model.HeadModel), or None
         self.head_problem = head_problem  # why its target cannot feed it (head_drafter.feature_problem), or None
+        # the head's measured α and c on this machine, which `auto` weighs against the model's (greedy requests)
+        self.head_gate = ModelGate() if head is not None and head_problem is None else None
 
     # --- the prompt ------------------------------------------------------------------------------------------
     def prompt_ids(self, prompt, chat: bool = False) -> list:
@@ -225,6 +227,12 @@ class RequestLayer:
         record = self.gamma_record
         return ModelGate(cost_ratio=record.cost_ratio if record is not None else DEFAULT_COST)
 
+    def head_gate_for(self, config: GenerationConfig) -> ModelGate | None:
+        """The `auto` gate of a request's draft head: the measured one for greedy requests where the bundle has a head
+        its target can feed; None otherwise (a sampled request's `auto` weighs the model alone: a fixed gate would
+        need the head's cost as bundle data, which no calibration records yet)."""
+        return self.head_gate if self.with_defaults(config).greedy else None
+
     def eos_ids(self, config: GenerationConfig) -> tuple:
         given = config.eos_token_ids
         return tuple(given if given is not None else self.manifest.tokenizer.eos_token_ids)
@@ -262,7 +270,8 @@ class RequestLayer:
         its random stream and noise come from (seed, index)."""
         config = self.with_defaults(config)
         return Row(tokens=list(ids), prompt_len=len(ids), rng=row_rng(config.seed, index), config=config, slot=slot,
-                   gate=self.gate_for(config), noise_key=_noise_key(config, index), drafter=config.drafter_kind)
+                   gate=self.gate_for(config), head_gate=self.head_gate_for(config), noise_key=_noise_key(config, index),
+                   drafter=config.drafter_kind)
 
     def drafters(self, draft, target) -> dict:
         """DrafterKind -> drafter for every kind that drafts here. `draft`: the draft backend as the caller times or
@@ -272,8 +281,8 @@ class RequestLayer:
         if draft is not None:
             model = ModelDrafter(draft, self.manifest.defaults.max_prefill_chunk, self.gate.observe_draft_step,
                                  kv_source=target)
-        if self.head is not None:
-            head = HeadDrafter(self.head, self.manifest.defaults.max_prefill_chunk)
+        if self.head_gate is not None:  # (a head its target cannot feed: requests for it are refused, auto leaves it)
+            head = HeadDrafter(self.head, self.manifest.defaults.max_prefill_chunk, self.head_gate.observe_draft_step)
         built = {kind: kind.build(drafter_classes, lookup, model, head) for kind in DRAFTER_KINDS.values()}
         return {kind: drafter for kind, drafter in built.items() if drafter is not None}
 

@@ -48,6 +48,7 @@ class Row:
     reused: int = 0  # prompt tokens its prefill did not feed: their target KV was already in the slot
     finish: Finish | None = None
     gate: object = None  # the ModelGate deciding `auto` for this row (specdec.runtime.drafters)
+    head_gate: object = None  # ... its gate of the draft head, where `auto` weighs one (a greedy request), or None
     stop_at: int | None = None  # for Finish.STOP: the text length at which the stop string begins
     noise_key: tuple | None = None  # (seed, row) of the Gumbel noise under Coupling.GUMBEL
     noise_cache: dict = field(default_factory=dict, repr=False)  # position -> noise, drafted but not yet verified

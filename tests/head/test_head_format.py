@@ -95,6 +95,8 @@ def test_a_target_that_returns_no_hidden_states_refuses_drafter_head_and_names_t
                                               r"onnxruntime backend does not return.*--feature-layers head.*native"):
             gen.generate("hi", GenerationConfig(drafter="head"))
         plain = gen.generate("hi", GenerationConfig(max_new_tokens=8, drafter="none")).token_ids
+        assert gen.requests.head_gate is None  # auto leaves a head its target cannot feed, and drafts as before
+        assert gen.generate("hi", GenerationConfig(max_new_tokens=8)).token_ids == plain
     if build.missing_cpu_flags():
         return
     with specdec.load(featureless_bundle, backend="native") as gen:  # the native engine returns any layer's

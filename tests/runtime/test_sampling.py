@@ -147,7 +147,7 @@ def test_gate_counts_acceptance_by_position():
     from specdec.runtime.state import Round, RowRound
 
     gate = ModelGate(warmup_rounds=2, prior_weight=1e-9)
-    rows = [SimpleNamespace(gate=gate), SimpleNamespace(gate=gate)]
+    rows = [SimpleNamespace(gate=gate, head_gate=None), SimpleNamespace(gate=gate, head_gate=None)]
     for accepted in (4, 4, 4, 0, 4, 4, 0, 4, 0, 4):  # two rows a round: the same run each
         drafted = [RowRound(4, accepted, [7] * (accepted + 1), "model", None)] * 2
         SpeculativeLoop._teach_gates(rows, Round(4, drafted, 0.0, 0.017))
@@ -176,7 +176,7 @@ def test_gate_counts_the_verify_pass_against_a_one_token_step():
     assert expected_speedup(costly.alpha, 4, costly.cost_ratio) > 1.0  # the paper's model (r = 1) says it pays
     declined = [costly.pays(4) for _ in range(9)]  # until four one-token passes are timed: 1st, 5th, 9th, ...
     assert [i for i, d in enumerate(declined) if not d] == [0, 4, 8]
-    rows = [SimpleNamespace(gate=costly), SimpleNamespace(gate=costly)]
+    rows = [SimpleNamespace(gate=costly, head_gate=None), SimpleNamespace(gate=costly, head_gate=None)]
     plain = Round(4, [RowRound(0, 0, [7], "none", None), None], 0.0, 0.008)
     drafted = Round(4, [RowRound(0, 0, [7], "none", None), RowRound(2, 1, [7, 8], "lookup", None)], 0.0, 0.02)
     for record in (plain, drafted, plain):  # a round where some row verified drafts is no one-token pass
@@ -206,7 +206,7 @@ def test_lookups_are_verified_only_where_they_pay():
     from specdec.runtime.state import Round, RowRound
 
     gate = ModelGate(warmup_rounds=4)
-    rows = [SimpleNamespace(gate=gate)]
+    rows = [SimpleNamespace(gate=gate, head_gate=None)]
     assert gate.lookup_pays(False) and gate.lookup_pays(True)  # nothing timed yet
     for _ in range(4):
         SpeculativeLoop._teach_gates(rows, Round(4, [RowRound(0, 0, [7], "none", None)], 0.0, 0.0045))
@@ -218,8 +218,8 @@ def test_lookups_are_verified_only_where_they_pay():
     assert gate.lookup_pays(True)
     weak = [gate.lookup_pays(False) for _ in range(32)]
     assert [i for i, pays in enumerate(weak) if pays] == [15, 31]  # the probes
-    row = SimpleNamespace(gate=gate, tokens=[5, 6, 7, 8, 9, 5, 6, 7], config=SimpleNamespace(lookup_ngram=3,
-                                                                                           lookup_min_ngram=1))
+    row = SimpleNamespace(gate=gate, head_gate=None, tokens=[5, 6, 7, 8, 9, 5, 6, 7],
+                          config=SimpleNamespace(lookup_ngram=3, lookup_min_ngram=1))
     found = PromptLookupDrafter().propose([row], [4])[0]
     assert found.tokens.tolist() == [8, 9, 5, 6] and found.strong
     assert ChainDrafter(PromptLookupDrafter(), None).propose([row], [4])[0].tokens.tolist() == [8, 9, 5, 6]  # paid

@@ -1,0 +1,106 @@
+"""`auto` weighs the draft head: where the bundle has a head its target can feed, a greedy request's `auto` drafts with
+the head, the model or neither, whichever its gates (each drafter's measured acceptance and cost) expect to gain most
+and only where that pays; prompt lookups go first as before. Its output stays the target's, token for token."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import specdec
+from specdec import GenerationConfig
+from specdec.runtime.config import DrafterName
+from specdec.runtime.drafters import EMPTY, ChainDrafter, ModelGate, PromptLookupDrafter
+from tests.head.test_head_exactness import GAMMAS, NEW_TOKENS, _backend_or_skip, _plain
+from tests.runtime.test_exactness import PROMPTS
+
+
+def _sources(gen, prompt, config) -> tuple[list, list]:
+    """(the tokens of one request, the drafter of each of its rounds that verified drafts)."""
+    request = gen.request([prompt], config)
+    sources = [record.rows[0].source for record in gen.rounds(request)
+               if record.rows and record.rows[0] is not None and record.rows[0].proposed]
+    return gen.result(request.rows[0], request.stats).token_ids, sources
+
+
+@pytest.mark.parametrize("backend", ["native", "onnxruntime"])
+def test_auto_drafts_with_an_accepted_head_and_stays_exact(mirror_head_bundle, backend):
+    with specdec.load(mirror_head_bundle, backend=_backend_or_skip(backend)) as gen:
+        assert gen.requests.head_gate is not None
+        # on a target this tiny a head step costs about a target step, so the measured gate rightly declines the head
+        # after its warm-up; a fixed gate that calls the head cheap lets it draft wherever its acceptance pays
+        gen.requests.head_gate = ModelGate(cost_ratio=0.05)
+        heads = 0
+        for prompt in PROMPTS[:6]:
+            expected = _plain(gen, prompt)
+            for gamma in GAMMAS:
+                tokens, sources = _sources(gen, prompt, GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=gamma))
+                assert tokens == expected, (prompt, gamma)
+                assert set(sources) <= {DrafterName.HEAD, DrafterName.PROMPT_LOOKUP}
+                heads += sources.count(DrafterName.HEAD)
+        assert heads > 20  # the head drafted (its gate learned that it pays), not only lookups
+        gate = gen.requests.head_gate
+        assert gate.rounds == heads and gate.steps > 0 and gate.alpha > 0.2  # it learned from those rounds
+
+
+def test_auto_stays_exact_beside_a_rejected_head(random_head_bundle):
+    with specdec.load(random_head_bundle) as gen:
+        for prompt in PROMPTS[:4]:
+            expected = _plain(gen, prompt)
+            for gamma in (1, 3, 7):
+                assert gen.generate(prompt, GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=gamma)).token_ids \
+                    == expected, (prompt, gamma)
+
+
+def test_a_sampled_request_leaves_the_head_to_drafter_head(mirror_head_bundle):
+    """A sampled request's `auto` gate is fixed (its tokens must not depend on what ran before): it weighs the model
+    alone, and a bundle without a draft model then drafts only lookups."""
+    with specdec.load(mirror_head_bundle) as gen:
+        _, sources = _sources(gen, PROMPTS[0], GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=0.8, seed=3))
+        assert DrafterName.HEAD not in sources
+        assert gen.requests.head_gate.rounds == 0
+
+
+def _gate(alpha: float, cost: float, rounds: int = 8) -> ModelGate:
+    """A fixed gate past its warm-up that has seen drafts accepted at `alpha` (r = 1: a verify pass costs a step)."""
+    gate, taken = ModelGate(cost_ratio=cost, prior_weight=1e-9), round(100 * alpha)
+    for _ in range(rounds):  # 100 rows a round, each proposing one draft
+        gate.observe(100, taken, 0.01, [(1, 1)] * taken + [(1, 0)] * (100 - taken))
+    return gate
+
+
+class _Drafter:
+    """A stand-in model or head that records which rows it was asked to draft for."""
+
+    def __init__(self, token: int, ready: bool = True):
+        self.token, self.asked, self._ready = token, [], ready
+
+    def ready(self, row) -> bool:
+        return self._ready
+
+    def propose(self, rows, limits):
+        self.asked.append(list(limits))
+        return [SimpleNamespace(tokens=[self.token] * lim, strong=False) if lim else EMPTY for lim in limits]
+
+
+def _picked(head_gate, model_gate, head_ready: bool = True):
+    model, head = _Drafter(1), _Drafter(2, head_ready)
+    head.readers = set()
+    chain = ChainDrafter(PromptLookupDrafter(), model, head)
+    row = SimpleNamespace(gate=model_gate, head_gate=head_gate, tokens=[5, 6, 7, 8], active=True,
+                          config=SimpleNamespace(lookup_ngram=3, lookup_min_ngram=1))
+    proposal = chain.propose([row], [3])[0]
+    return {1: "model", 2: "head"}[proposal.tokens[0]] if len(proposal.tokens) else None
+
+
+def test_auto_picks_the_drafter_whose_gate_expects_more():
+    cheap_good, cheap_poor = _gate(0.8, 0.1), _gate(0.05, 0.1)
+    costly_good, costly_poor = _gate(0.9, 0.7), _gate(0.05, 0.7)
+    assert _picked(cheap_good, costly_good) == "head"  # both pay; the head costs less
+    assert _picked(cheap_poor, costly_good) == "model"  # the head does not pay
+    assert _picked(ModelGate(cost_ratio=0.1), costly_good) == "head"  # a gate still learning goes first
+    assert _picked(cheap_good, costly_good, head_ready=False) == "model"  # the head holds no features of the row
+    assert _picked(None, costly_good) == "model"  # no head gate (a sampled request)
+    gate = _gate(0.05, 0.7)
+    assert _picked(cheap_poor, costly_poor) is None and costly_poor.refusals == 1  # neither pays: plain (or lookup)
+    assert gate.expected(3) < 1.0 < cheap_good.expected(3)
