@@ -348,10 +348,9 @@ class ChainDrafter:
         if head is not None:
             head.readers.add(self.name)
 
-    @property
-    def feature_tap(self):
-        """The drafter the target's hidden states go to (the head's), or None."""
-        return self.head
+    def feature_tap(self, row):
+        """The drafter `row`'s hidden states go to (the head's, where it weighs the head for the row), or None."""
+        return None if self.head is None else self.head.feature_tap(row)
 
     def _pick(self, row, limit: int):
         """The drafter of a row's round (the model, the head or None): each gate that says it pays is a candidate; one

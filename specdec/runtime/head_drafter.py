@@ -15,7 +15,7 @@ residual max(0, p - q) is p there and acceptance stays exact. Greedy drafts are 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +38,43 @@ NO_FEATURES_HINT = ("re-export the bundle with --feature-layers head (its onnxru
 @dataclass
 class HeadState:
     """A row's head: KV positions 0..length-1 computed from the target's own features, and the target's features
-    of positions length.. that it has not fed yet."""
+    of positions length.. that it has not fed yet (`pending`), held in a buffer that grows by doubling, so that a pass
+    adds its rows in time proportional to them however long the head goes without drafting."""
 
     length: int = 0
-    pending: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0), np.float32))  # [n, F, H]
+    buffer: np.ndarray | None = None  # [capacity, F, H]: pending is buffer[first : first + count]
+    first: int = 0
+    count: int = 0
+
+    @property
+    def pending(self) -> np.ndarray:
+        return self.buffer[self.first : self.first + self.count]
+
+    def put(self, at: int, features: np.ndarray) -> None:
+        """features [T, F, H] of positions length + at.. (at <= count): what was held from there on is dropped."""
+        need = at + len(features)
+        if self.buffer is None or self.buffer.shape[1:] != features.shape[1:] or \
+                self.first + need > len(self.buffer):
+            grown = np.empty((max(2 * need, 64), *features.shape[1:]), np.float32)
+            if at:
+                grown[:at] = self.buffer[self.first : self.first + at]
+            self.buffer, self.first = grown, 0
+        self.buffer[self.first + at : self.first + need] = features
+        self.count = need
+
+    def keep(self, n: int) -> None:
+        """Drop the pending positions past the first n."""
+        self.count = min(self.count, max(n, 0))
+
+    def take(self, n: int) -> None:
+        """The first n pending positions were fed: the head's length grows by n."""
+        self.first, self.count, self.length = self.first + n, self.count - n, self.length + n
+        if not self.count:
+            self.first = 0
+
+    def restart(self, length: int) -> None:
+        """Back to `length` (a prefill again), nothing pending."""
+        self.length, self.first, self.count = length, 0, 0
 
 
 def open_head(root: Path, manifest: Manifest, target, verify: bool) -> HeadModel | None:
@@ -117,10 +150,14 @@ class HeadDrafter:
         self.step_timer = step_timer  # told the seconds of every one-token chain step (or None)
         self.readers = {self.name}  # the drafter= kinds whose rows it reads the hidden states of (auto adds itself)
 
-    @property
-    def feature_tap(self):
-        """The drafter the target's hidden states go to: this one."""
-        return self
+    def reads(self, row: Row) -> bool:
+        """Whether it reads the target's hidden states of `row`: a row of drafter head, or of auto where auto weighs
+        the head for it (the row has a head gate)."""
+        return row.drafter.name == self.name or (row.drafter.name in self.readers and row.head_gate is not None)
+
+    def feature_tap(self, row: Row):
+        """The drafter `row`'s hidden states go to: this one, where it reads them; else None."""
+        return self if self.reads(row) else None
 
     @staticmethod
     def ready(row: Row) -> bool:
@@ -135,18 +172,17 @@ class HeadDrafter:
     def observe(self, row: Row, start: int, features: np.ndarray) -> None:
         """The target's hidden states of the tokens a pass fed to `row` at positions start.. (features: [T, F, H]).
         A pass from below the head's length (a prefill again) drops what the head held past `start`."""
-        if row.drafter.name not in self.readers:
+        if not self.reads(row):
             return
         state = row.head if row.head is not None else HeadState()
         row.head = state
         if start < state.length:
-            state.length, state.pending = start, features[:0]
-        held = state.length + len(state.pending)
+            state.restart(start)
+        held = state.length + state.count
         if start > held:
             raise BackendError(f"the head holds the features of positions below {held}, and a pass fed position "
                                f"{start}", "this is a bug in specdec's loop; report it")
-        state.pending = np.concatenate([state.pending[: start - state.length], features]) if len(state.pending) \
-            else np.array(features, np.float32)
+        state.put(start - state.length, features)
 
     def propose(self, rows: list, limits: list) -> list:
         ready = [b for b, (row, limit) in enumerate(zip(rows, limits)) if row.active and limit > 0 and _ready(row)]
@@ -173,8 +209,8 @@ class HeadDrafter:
         while True:
             pieces = {}
             for b in ready:
-                if len(rows[b].head.pending):
-                    pieces.setdefault(min(self.chunk, len(rows[b].head.pending)), []).append(b)
+                if rows[b].head.count:
+                    pieces.setdefault(min(self.chunk, rows[b].head.count), []).append(b)
             if not pieces:
                 return last
             for size, group in sorted(pieces.items()):
@@ -186,8 +222,7 @@ class HeadDrafter:
                                                     [rows[b].slot for b in group], last_only=True)
                 for i, (b, state) in enumerate(zip(group, states)):
                     last[b] = (logits[i, -1], prenorm[i, -1])
-                    state.length += size
-                    state.pending = state.pending[size:]
+                    state.take(size)
 
     def _step(self, rows: list, feeding: list, drafts: dict, last: dict, step: int) -> dict:
         """One chain step of the feeding rows: the latest draft at position length + step, on the head's own prenorm
@@ -214,5 +249,5 @@ def _ready(row: Row) -> bool:
     if state is None:
         return False
     unfed = row.target_len - state.length
-    state.pending = state.pending[: max(unfed, 0)]
-    return unfed >= 1 and len(state.pending) == unfed
+    state.keep(unfed)
+    return unfed >= 1 and state.count == unfed

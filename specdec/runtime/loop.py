@@ -94,7 +94,8 @@ class SpeculativeLoop:
     def feature_tap(self, row):
         """The drafter that reads the target's hidden states of `row` (the head drafter, of drafter head or of auto
         where the bundle has a head), or None."""
-        return getattr(self.drafters.get(row.drafter), "feature_tap", None)
+        tap = getattr(self.drafters.get(row.drafter), "feature_tap", None)
+        return None if tap is None else tap(row)
 
     def tap(self, rows: list, seqs: list):
         """The drafter that reads the target's hidden states (the head drafter), where a row this pass feeds drafts

@@ -39,6 +39,9 @@ DEFAULT_ALPHA, DEFAULT_COST = 0.7, 0.5  # priors of sampled requests where the b
 NO_TEMPLATE_HINT = "pass the prompt as raw text (chat=False; drop --chat; or POST it to /v1/completions)"
 
 
+HEAD_PROBE = 8  # where the head's gate expects no gain, one greedy request in this many still weighs it (to learn)
+
+
 class RequestLayer:
     """The request preparation of one generator: its bundle's manifest and tokenizer, whether it has a draft model,
     and its measured gate (which greedy requests share: their tokens do not depend on it)."""
@@ -54,6 +57,7 @@ class RequestLayer:
         self.head_problem = head_problem  # why its target cannot feed it (head_drafter.feature_problem), or None
         # the head's measured α and c on this machine, which `auto` weighs against the model's (greedy requests)
         self.head_gate = ModelGate() if head is not None and head_problem is None else None
+        self.head_declined = 0  # greedy requests whose auto left the head out (head_gate_for)
 
     # --- the prompt ------------------------------------------------------------------------------------------
     def prompt_ids(self, prompt, chat: bool = False) -> list:
@@ -229,9 +233,17 @@ class RequestLayer:
 
     def head_gate_for(self, config: GenerationConfig) -> ModelGate | None:
         """The `auto` gate of a request's draft head: the measured one for greedy requests where the bundle has a head
-        its target can feed; None otherwise (a sampled request's `auto` weighs the model alone: a fixed gate would
-        need the head's cost as bundle data, which no calibration records yet)."""
-        return self.head_gate if self.with_defaults(config).greedy else None
+        its target can feed, while it is learning or expects the head to pay at some γ; after that, for one request
+        in HEAD_PROBE (to learn again); None otherwise (a sampled request's `auto` weighs the model alone: a fixed gate
+        would need the head's cost as bundle data, which no calibration records yet). A row without one reads no
+        hidden states: weighing the head costs their copy on every pass, and the head's catch-up where it drafts."""
+        gate = self.head_gate
+        if gate is None or not self.with_defaults(config).greedy:
+            return None
+        if gate.warming or max(gate.expected(g) for g in range(1, self.manifest.defaults.gamma_max + 1)) > 1.0:
+            return gate
+        self.head_declined += 1
+        return gate if self.head_declined % HEAD_PROBE == 0 else None
 
     def eos_ids(self, config: GenerationConfig) -> tuple:
         given = config.eos_token_ids

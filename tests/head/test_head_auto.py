@@ -104,3 +104,23 @@ def test_auto_picks_the_drafter_whose_gate_expects_more():
     gate = _gate(0.05, 0.7)
     assert _picked(cheap_poor, costly_poor) is None and costly_poor.refusals == 1  # neither pays: plain (or lookup)
     assert gate.expected(3) < 1.0 < cheap_good.expected(3)
+
+
+def test_a_head_that_does_not_pay_is_left_out_of_auto_and_probed_now_and_then(mirror_head_bundle):
+    """Weighing the head costs the rows' hidden states on every pass: where its gate expects no gain at any γ, a
+    greedy request's rows get no head gate (and read no hidden states), but for one request in HEAD_PROBE."""
+    from specdec.runtime.requests import HEAD_PROBE
+
+    with specdec.load(mirror_head_bundle) as gen:
+        layer, greedy = gen.requests, GenerationConfig()
+        assert layer.head_gate_for(greedy) is layer.head_gate  # still learning
+        layer.head_gate = _gate(0.8, 0.1)
+        assert all(layer.head_gate_for(greedy) is layer.head_gate for _ in range(2 * HEAD_PROBE))  # it pays
+        layer.head_gate = _gate(0.05, 0.5)
+        weighed = [layer.head_gate_for(greedy) is not None for _ in range(2 * HEAD_PROBE)]
+        assert weighed.count(True) == 2 and weighed[HEAD_PROBE - 1] and weighed[-1]
+        assert layer.head_gate_for(GenerationConfig(temperature=0.8, seed=1)) is None
+        request = gen.request([PROMPTS[0]], GenerationConfig(max_new_tokens=8))
+        row = request.rows[0]
+        assert row.head_gate is None and request.loop.feature_tap(row) is None  # no hidden states asked for
+        assert [r for r in gen.rounds(request)] and row.head is None
