@@ -147,7 +147,7 @@ class HeadDrafter:
     def __init__(self, head: HeadModel, chunk: int, step_timer=None):
         self.head = head
         self.chunk = chunk
-        self.step_timer = step_timer  # told the seconds of every one-token chain step (or None)
+        self.step_timer = step_timer  # told, per round, its draft time over the drafts of its longest chain (or None)
         self.readers = {self.name}  # the drafter= kinds whose rows it reads the hidden states of (auto adds itself)
 
     def reads(self, row: Row) -> bool:
@@ -188,6 +188,7 @@ class HeadDrafter:
         ready = [b for b, (row, limit) in enumerate(zip(rows, limits)) if row.active and limit > 0 and _ready(row)]
         if not ready:
             return [EMPTY] * len(rows)
+        started = time.perf_counter()
         last = self._catch_up(rows, ready)  # b -> (logits [V'], prenorm [H]) of the row's last verified position
         drafts, dists = {b: [] for b in ready}, {b: [] for b in ready}
         for step in range(max(limits[b] for b in ready)):
@@ -200,6 +201,10 @@ class HeadDrafter:
             if not feeding:
                 break
             last.update(self._step(rows, feeding, drafts, last, step))
+        if self.step_timer is not None:  # the round's whole draft, catch-up and host work included, a draft's share
+            positions = max(limits[b] for b in ready)
+            for _ in range(positions):
+                self.step_timer((time.perf_counter() - started) / positions)
         return [self._proposal(rows[b], drafts[b], dists[b]) if b in drafts else EMPTY for b in range(len(rows))]
 
     def _catch_up(self, rows: list, ready: list) -> dict:
@@ -229,11 +234,8 @@ class HeadDrafter:
         of the position before; -> b -> (logits [V'], prenorm [H])."""
         tokens = np.array([[drafts[b][-1]] for b in feeding], np.int64)  # [G, 1]
         hidden = np.stack([last[b][1] for b in feeding])[:, None]  # [G, 1, H]
-        started = time.perf_counter()
         logits, prenorm = self.head.forward(tokens, hidden, [rows[b].head.length + step for b in feeding],
                                             [rows[b].slot for b in feeding], last_only=True)
-        if self.step_timer is not None:
-            self.step_timer(time.perf_counter() - started)
         return {b: (logits[i, -1], prenorm[i, -1]) for i, b in enumerate(feeding)}
 
     @staticmethod
