@@ -146,15 +146,17 @@ class GoodputGamma(GammaPolicy):
         self.previous_gamma = 0
         self.load = 0.0  # active rows, smoothed
 
-    def expected(self, rows: int, drafting: int, gamma: int, alphas=None) -> tuple[float, float]:
+    def expected(self, rows: int, drafting: int, gamma: int, alphas=None, gains=None) -> tuple[float, float]:
         """(tokens, seconds) of a round over `rows` rows, `drafting` of them drafting at `gamma`; alphas: the
-        conditional acceptance per position (default: the running estimate)."""
+        conditional acceptance per position (default: the running estimate); gains: their cumulative_from_conditional,
+        where the caller has it."""
         c = self.costs
         host = rows * c.host_row
         if gamma == 0 or drafting == 0:
             return float(rows), c.target_step[rows] + host
-        alphas = self.acceptance.alphas if alphas is None else alphas
-        gains = cumulative_from_conditional(alphas)[:gamma]  # [γ] A_1..A_γ
+        if gains is None:
+            gains = cumulative_from_conditional(self.acceptance.alphas if alphas is None else alphas)
+        gains = gains[:gamma]  # [γ] A_1..A_γ
         tokens = rows - drafting + drafting * (1.0 + float(gains.sum()))
         draft = 0.0
         if self.has_model:
@@ -166,8 +168,9 @@ class GoodputGamma(GammaPolicy):
 
     def rates(self, rows: int, drafting: int, alphas=None) -> np.ndarray:
         """[γ_max + 1] expected tokens per second for γ = 0..γ_max."""
+        gains = cumulative_from_conditional(self.acceptance.alphas if alphas is None else alphas)  # once for every γ
         return np.asarray([tokens / seconds for tokens, seconds in
-                           (self.expected(rows, drafting, g, alphas) for g in range(self.gamma_max + 1))])
+                           (self.expected(rows, drafting, g, gains=gains) for g in range(self.gamma_max + 1))])
 
     def best(self, rows: int, drafting: int) -> int:
         """The γ in 0..γ_max with the highest expected tokens per second (ties: the smaller)."""
