@@ -78,3 +78,28 @@ def test_a_deadline_stops_taking_shards(native_bundle, tmp_path):
     ticks = itertools.count()
     _run(native_bundle, tmp_path, rows=2, budget=Budget(deadline=1.0), clock=lambda: float(next(ticks)))
     assert shard_numbers(tmp_path) == [0]  # begun before the deadline, finished after it
+
+
+def test_labels_of_rows_together_are_each_rows_alone_and_the_sampler_draws_warps_tokens():
+    from specdec.calibration.head_train.generate import sample_top_k, top_labels_rows
+    from specdec.runtime.config import GenerationConfig
+    from specdec.runtime.sampling import sample, warp
+
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((5, 3000)) * 4).astype(np.float32)
+    logits[2, 7] = logits[2, 9] = logits[2].max() + 1  # a tie at the top
+    ids, probs = top_labels_rows(logits, 8)
+    for row in range(5):
+        alone = top_labels(logits[row], 8)
+        assert np.array_equal(ids[row], alone[0]) and np.array_equal(probs[row], alone[1])
+        exact = np.exp(logits[row].astype(np.float64) - logits[row].max())
+        exact /= exact.sum()
+        assert set(ids[row]) == set(np.argsort(-exact, kind="stable")[:8])
+        assert np.allclose(probs[row].astype(np.float64), exact[ids[row]], rtol=2e-3)  # float16 kept
+    config = GenerationConfig(temperature=0.8, top_k=50, top_p=1.0)
+    for row in range(5):
+        for seed in range(40):  # the same uniform draw picks the same token as warp and sample
+            assert sample_top_k(logits[row], 0.8, 50, np.random.default_rng(seed)) == \
+                sample(warp(logits[row], config), np.random.default_rng(seed))
+    wrong = [sample_top_k(logits[0], 0.8, 3000, np.random.default_rng(seed)) for seed in range(40)]  # no top-k
+    assert wrong != [sample(warp(logits[0], config), np.random.default_rng(seed)) for seed in range(40)]

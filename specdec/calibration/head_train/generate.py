@@ -5,8 +5,8 @@ distribution of token p + 1: the teacher-forced features and soft labels of the 
 pass over it (a row's numbers do not depend on the rows beside it: the engine's batch invariance, tested in
 tests/calibration/test_head_train_data.py against a teacher-forced pass over the finished sequence).
 
-Even prompts are answered greedily, odd ones sampled (specdec.runtime.sampling: temperature `temperature`, top-k
-50, a partition where top-p would sort the vocabulary at every token) from a stream seeded by (seed, prompt index),
+Even prompts are answered greedily, odd ones sampled (temperature `temperature`, top-k 50: the distribution
+specdec.runtime.sampling gives, computed over those 50 tokens alone) from a stream seeded by (seed, prompt index),
 so the data does not depend on how rows were batched. Prompts are taken in shards of `per_shard`; a shard is
 written when all its prompts are answered.
 """
@@ -18,9 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.calibration.head_train.shards import Sequence, shard_meta, shard_numbers, write_shard
-from specdec.runtime.config import GenerationConfig
 from specdec.runtime.forward import ForwardRequest
-from specdec.runtime.sampling import sample, warp
 
 
 @dataclass(frozen=True)
@@ -41,13 +39,36 @@ class Budget:
     deadline: float | None = None
 
 
+def top_labels_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """logits [R, V] -> (each row's k likeliest token ids, likeliest first [R, k] int32, their probabilities [R, k]
+    float16), in float32: the probabilities are kept as float16, and every row's numbers are those it gets alone
+    (each row's reductions run along that row only)."""
+    logits = np.asarray(logits, np.float32)
+    ids = np.argpartition(-logits, k, axis=-1)[:, :k]
+    peak = logits.max(axis=-1, keepdims=True)
+    total = np.exp(logits - peak).sum(axis=-1, keepdims=True)
+    probs = np.exp(np.take_along_axis(logits, ids, axis=-1) - peak) / total
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    return (np.take_along_axis(ids, order, axis=-1).astype(np.int32),
+            np.take_along_axis(probs, order, axis=-1).astype(np.float16))
+
+
 def top_labels(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """logits [V] -> (the k likeliest token ids, likeliest first [k] int32, their probabilities [k] float16)."""
-    ids = np.argpartition(-logits, k)[:k]
-    shifted = logits.astype(np.float64) - logits.max()
-    probs = np.exp(shifted[ids]) / np.exp(shifted).sum()
-    order = np.argsort(-probs, kind="stable")
-    return ids[order].astype(np.int32), probs[order].astype(np.float16)
+    ids, probs = top_labels_rows(np.asarray(logits)[None], k)
+    return ids[0], probs[0]
+
+
+def sample_top_k(logits: np.ndarray, temperature: float, k: int, stream: np.random.Generator) -> int:
+    """A token from logits [V] at `temperature` among the k likeliest (and any tied with the k-th), as
+    specdec.runtime.sampling's warp and sample draw it with top-k k and top-p 1, but over those tokens alone rather
+    than the whole vocabulary (one partition instead of several passes over V in float64)."""
+    vocab = logits.shape[-1]
+    kept = np.flatnonzero(logits >= np.partition(logits, vocab - k)[vocab - k]) if 0 < k < vocab \
+        else np.arange(vocab)
+    weights = np.exp((logits[kept].astype(np.float64) - float(logits.max())) / temperature)
+    cdf = np.cumsum(weights)
+    return int(kept[min(np.searchsorted(cdf, stream.random() * cdf[-1], side="right"), len(kept) - 1)])
 
 
 class Answering:
@@ -58,7 +79,7 @@ class Answering:
         self.layers = tuple(layers)
         self.eos = set(eos)
         self.plan = plan
-        self.sampled = GenerationConfig(temperature=plan.temperature, top_p=1.0, top_k=50)
+        self.sample_top_k = 50  # of the sampled answers (temperature plan.temperature, top-p 1)
         self.rows = {}  # slot -> (Sequence, its sampling stream)
 
     def free_slots(self) -> list:
@@ -87,22 +108,25 @@ class Answering:
         result = self.backend.run(ForwardRequest(tokens, cache_len, slots=np.array(slots),
                                                  feature_layers=self.layers))
         ended = []
+        logits = result.logits[:, -1]  # [rows, V]
+        labels = top_labels_rows(logits, self.plan.top_k)  # every row's at once
         for row, slot in enumerate(slots):
-            if self._take(slot, result.logits[row, -1], result.features[row, -1]):
+            if self._take(slot, logits[row], result.features[row, -1], (labels[0][row], labels[1][row])):
                 ended.append(self.rows.pop(slot)[0])
         return ended
 
-    def _take(self, slot: int, logits: np.ndarray, features: np.ndarray) -> bool:
-        """Record the fed token's features and label, choose the next token; -> whether the row ended."""
+    def _take(self, slot: int, logits: np.ndarray, features: np.ndarray, labels=None) -> bool:
+        """Record the fed token's features and label (labels: its top_labels, where the caller has them), choose the
+        next token; -> whether the row ended."""
         sequence, stream = self.rows[slot]
         sequence.features.append(features.astype(np.float16))
-        ids, probs = top_labels(logits, self.plan.top_k)
+        ids, probs = labels if labels is not None else top_labels(logits, self.plan.top_k)
         sequence.top_ids.append(ids)
         sequence.top_probs.append(probs)
         if sequence.index % 2 == 0:
             token = int(np.argmax(logits))
         else:
-            token = sample(warp(logits, self.sampled), stream)
+            token = sample_top_k(logits, self.plan.temperature, self.sample_top_k, stream)
         sequence.tokens.append(token)
         answered = len(sequence.tokens) - sequence.prompt_len
         if token in self.eos or answered >= self.plan.max_new_tokens or \
