@@ -149,6 +149,9 @@ class HeadDrafter:
         self.chunk = chunk
         self.step_timer = step_timer  # told, per round, its draft time over the drafts of its longest chain (or None)
         self.readers = {self.name}  # the drafter= kinds whose rows it reads the hidden states of (auto adds itself)
+        # draft rows in the order of their target ids: a greedy draft is then the argmax over the draft vocabulary,
+        # the first of ties as over the target's, with no [V] array built (to_target) a draft
+        self.ascending = bool(np.all(np.diff(head.draft_ids) > 0))
 
     def reads(self, row: Row) -> bool:
         """Whether it reads the target's hidden states of `row`: a row of drafter head, or of auto where auto weighs
@@ -194,7 +197,7 @@ class HeadDrafter:
         for step in range(max(limits[b] for b in ready)):
             for b in ready:
                 if step < limits[b]:
-                    token, q = ModelDrafter._choose(self.head.to_target(last[b][0]), rows[b], step)
+                    token, q = self._choose(last[b][0], rows[b], step)
                     drafts[b].append(token)
                     dists[b].append(q)
             feeding = [b for b in ready if step + 1 < limits[b]]
@@ -206,6 +209,12 @@ class HeadDrafter:
             for _ in range(positions):
                 self.step_timer((time.perf_counter() - started) / positions)
         return [self._proposal(rows[b], drafts[b], dists[b]) if b in drafts else EMPTY for b in range(len(rows))]
+
+    def _choose(self, logits: np.ndarray, row: Row, step: int):
+        """logits [V'] over the draft vocabulary -> (token, q or None), as ModelDrafter._choose over the target's."""
+        if row.config.greedy and self.ascending:
+            return int(self.head.draft_ids[np.argmax(logits)]), None
+        return ModelDrafter._choose(self.head.to_target(logits), row, step)
 
     def _catch_up(self, rows: list, ready: list) -> dict:
         """Feed each ready row's unfed verified positions, in chunks, rows with pieces of one length together;

@@ -88,3 +88,29 @@ def test_greedy_equality_beside_the_cuda_backend_on_its_numpy_references(mirror_
     with load_cuda(mirror_head_bundle, CudaOptions(kernels=ReferenceKernels)) as gen:
         proposed, accepted = _check_equality(gen, PROMPTS[:2])
     assert accepted > 0
+
+
+def test_a_greedy_draft_is_the_argmax_over_the_target_vocabulary_ties_included():
+    """Where the draft rows are in target-id order, a greedy draft is taken over the draft vocabulary alone: the same
+    token as the argmax of to_target's [V] logits (the first of ties); other orders build the [V] logits."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from specdec.runtime.head_drafter import HeadDrafter
+
+    def head_of(ids):
+        def to_target(logits):
+            full = np.full(20, -np.inf, np.float32)
+            full[ids] = logits
+            return full
+        return SimpleNamespace(draft_ids=np.asarray(ids), to_target=to_target)
+
+    row = SimpleNamespace(config=GenerationConfig(temperature=0.0))
+    for ids in ([1, 4, 6, 9, 15], [9, 1, 15, 4, 6]):
+        drafter = HeadDrafter(head_of(ids), chunk=16)
+        assert drafter.ascending == (ids == sorted(ids))
+        for logits in ([0.5, 2.0, -1.0, 2.0, 0.0], [3.0, 1.0, 3.0, 3.0, -2.0], [-5.0, -4.0, -3.0, -2.0, -1.0]):
+            logits = np.asarray(logits, np.float32)
+            expected = int(np.argmax(head_of(ids).to_target(logits)))
+            assert drafter._choose(logits, row, 0) == (expected, None), (ids, logits)
