@@ -344,9 +344,7 @@ class ChainDrafter:
     def __init__(self, lookup_drafter: PromptLookupDrafter, model: ModelDrafter | None, head=None):
         self.lookup = lookup_drafter
         self.model = model
-        self.head = head  # a HeadDrafter, which then reads the hidden states of this drafter's rows too
-        if head is not None:
-            head.readers.add(self.name)
+        self.head = head  # a HeadDrafter, which reads the hidden states of the rows auto weighs it for
 
     def feature_tap(self, row):
         """The drafter `row`'s hidden states go to (the head's, where it weighs the head for the row), or None."""

@@ -148,7 +148,6 @@ class HeadDrafter:
         self.head = head
         self.chunk = chunk
         self.step_timer = step_timer  # told, per round, its draft time over the drafts of its longest chain (or None)
-        self.readers = {self.name}  # the drafter= kinds whose rows it reads the hidden states of (auto adds itself)
         # draft rows in the order of their target ids: a greedy draft is then the argmax over the draft vocabulary,
         # the first of ties as over the target's, with no [V] array built (to_target) a draft
         self.ascending = bool(np.all(np.diff(head.draft_ids) > 0))
@@ -156,7 +155,7 @@ class HeadDrafter:
     def reads(self, row: Row) -> bool:
         """Whether it reads the target's hidden states of `row`: a row of drafter head, or of auto where auto weighs
         the head for it (the row has a head gate)."""
-        return row.drafter.name == self.name or (row.drafter.name in self.readers and row.head_gate is not None)
+        return row.drafter.name == self.name or (row.drafter.name == DrafterName.AUTO and row.head_gate is not None)
 
     def feature_tap(self, row: Row):
         """The drafter `row`'s hidden states go to: this one, where it reads them; else None."""

@@ -168,8 +168,8 @@ class SpeculativeLoop:
         which no row verified drafts (a one-token pass)."""
         runs = {}  # per gate: (gate, [(proposed, accepted) of each of its rows])
         for row, row_record in zip(rows, record.rows):
-            gate = None if row_record is None else row.gate if row_record.source == DrafterName.MODEL \
-                else row.head_gate if row_record.source == DrafterName.HEAD else None
+            gate = None if row_record is None else \
+                {DrafterName.MODEL: row.gate, DrafterName.HEAD: row.head_gate}.get(row_record.source)
             if gate is not None:
                 runs.setdefault(id(gate), (gate, []))[1].append((row_record.proposed, row_record.accepted))
         for gate, pairs in runs.values():

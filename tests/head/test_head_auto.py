@@ -85,7 +85,6 @@ class _Drafter:
 
 def _picked(head_gate, model_gate, head_ready: bool = True):
     model, head = _Drafter(1), _Drafter(2, head_ready)
-    head.readers = set()
     chain = ChainDrafter(PromptLookupDrafter(), model, head)
     row = SimpleNamespace(gate=model_gate, head_gate=head_gate, tokens=[5, 6, 7, 8], active=True,
                           config=SimpleNamespace(lookup_ngram=3, lookup_min_ngram=1))
