@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from specdec.calibration.bundle_io import SOURCES
+from specdec.calibration.head_train.config import PRECISIONS
 from specdec.calibration.quantize import BACKENDS, METHODS, MINIMUMS, ROLES
 from specdec.errors import ConfigError
 from specdec.manifest import Role
@@ -92,10 +93,13 @@ def _add_head_parser(actions) -> None:
                        help="the target's activations while it writes the data (default: the bundle's, those the head "
                             "drafts from when it runs)")
     train.add_argument("--threads", type=int, help="threads (default: the cores this process may use)")
+    train.add_argument("--precision", choices=PRECISIONS,
+                       help="the training's products: bf16 (torch autocast; weights, optimizer and softmax stay fp32), "
+                            "fp32, or auto (default): bf16 where the CPU has amx_bf16 or avx512_bf16")
     head.set_defaults(run=run_head)
 
 
-TRAIN_FLAGS = ("activations", "out", "work", "resume", "overwrite", "minutes", "steps")  # refused beside --from
+TRAIN_FLAGS = ("precision", "activations", "out", "work", "resume", "overwrite", "minutes", "steps")  # refused beside --from
 
 
 def _add_report_parser(actions) -> None:
@@ -212,7 +216,8 @@ def _train_head(args) -> int:
     config = HeadTrainConfig(out=args.out, work=args.work, resume=args.resume, overwrite=args.overwrite,
                              minutes=args.minutes, data_tokens=args.data_tokens, max_new_tokens=args.max_new_tokens,
                              rows=args.rows, draft_vocab=args.draft_vocab, steps=args.steps, epochs=args.epochs,
-                             lr=args.lr, seed=args.seed, activations=args.activations, threads=args.threads)
+                             lr=args.lr, seed=args.seed, activations=args.activations, threads=args.threads,
+                             precision=args.precision or "auto")
     summary = train_head(args.bundle, config, progress=sys.stderr.isatty() or args.verbose)
     data, training = summary["data"], summary["training"]
     agreement = " ".join(f"{a:.3f}" for a in training["held_out_agreement"])

@@ -39,6 +39,7 @@ def test_a_trained_head_loads_and_drafts_exactly(trained, native_bundle):
     assert read_manifest(native_bundle).head is None  # --out: the source bundle is left as it was
     summary = json.loads((trained.with_name("out.head-train") / "run.json").read_text())["summary"]
     assert summary["training"]["steps"] == 3 and summary["data"]["answer_tokens"] >= 60
+    assert summary["training"]["precision"] in ("bf16", "fp32")
     with specdec.load(trained, backend="native", threads=1) as generator:
         for prompt in ("Hello there", "Write a poem about the sea"):
             plain = generator.generate(prompt, GenerationConfig(max_new_tokens=24, temperature=0.0, drafter="none"))
@@ -62,7 +63,7 @@ def test_the_seed_reproduces_a_run_and_resume_continues_it(trained, native_bundl
     assert all(np.array_equal(first[name], value) for name, value in _head_arrays(resumed).items())
 
 
-def _trainer(bundle, data, work, held_out: int = 0):
+def _trainer(bundle, data, work, held_out: int = 0, bf16: bool = False):
     from specdec.calibration.head_train.shards import Shards
     from specdec.calibration.head_train.stages import _head
     from specdec.calibration.head_train.train import TrainPlan, Trainer
@@ -74,7 +75,7 @@ def _trainer(bundle, data, work, held_out: int = 0):
     to_draft = torch.full((manifest.target.dims.vocab_size,), -1, dtype=torch.int64)
     to_draft[torch.from_numpy(ids)] = torch.arange(len(ids))
     work.mkdir(exist_ok=True)
-    plan = TrainPlan(batch_tokens=24, checkpoint_every=2, held_out=held_out)
+    plan = TrainPlan(batch_tokens=24, checkpoint_every=2, held_out=held_out, bf16=bf16)
     ticks = itertools.count()
     return Trainer(head, Shards(data), to_draft, plan, work, lambda: float(next(ticks))), head
 
@@ -95,6 +96,35 @@ def test_training_stops_at_its_deadline_and_resumes_to_the_same_weights(trained,
     assert fitted.run(50, fit_to=12.0, deadline=None, resume=False).total < 50  # planned to end by the deadline
 
 
+def test_bf16_training_follows_the_fp32_run_closely(trained, native_bundle, tmp_path):
+    torch.set_num_threads(1)
+    data = trained.with_name("out.head-train") / "data"
+    runs = {}
+    for bf16 in (False, True):
+        trainer, head = _trainer(native_bundle, data, tmp_path / str(bf16), bf16=bf16)
+        start = {name: value.clone() for name, value in head.state_dict().items()}
+        trainer.run(6, None, None, resume=False)
+        runs[bf16] = head.state_dict()
+    trained = [name for name, value in start.items() if value.is_floating_point()]
+    moved = sum(float((runs[False][name] - start[name]).square().sum()) for name in trained) ** 0.5
+    apart = sum(float((runs[True][name] - runs[False][name]).square().sum()) for name in trained) ** 0.5
+    assert all(value.dtype == torch.float32 for value in runs[True].values() if value.is_floating_point())  # fp32 kept
+    assert 0 < apart < 0.2 * moved, (apart, moved)  # bf16 products ran, and the steps went where fp32's went
+
+
+def test_the_training_precision_follows_the_cpu(tmp_path):
+    from specdec.calibration.head_train.config import HeadTrainConfig
+
+    cpuinfo = tmp_path / "cpuinfo"
+    for flags, auto in (("avx2 fma amx_bf16 amx_tile", True), ("avx2 avx512f avx512_bf16", True), ("avx2 fma", False)):
+        cpuinfo.write_text(f"flags\t\t: {flags}\n")
+        assert HeadTrainConfig().bf16(cpuinfo) is auto
+        assert HeadTrainConfig(precision="fp32").bf16(cpuinfo) is False
+        assert HeadTrainConfig(precision="bf16").bf16(cpuinfo) is True
+    with pytest.raises(specdec.errors.ConfigError, match="--precision must be one of auto, bf16, fp32"):
+        HeadTrainConfig(precision="half")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--steps", "0"], "--steps must be a positive integer"),
     (["--minutes", "-1"], "--minutes must be a positive number"),
@@ -103,6 +133,7 @@ def test_training_stops_at_its_deadline_and_resumes_to_the_same_weights(trained,
     (["--resume"], "holds no earlier run"),
     (["--from", "DIR", "--out", "x"], "--out is an option of training, and --from attaches a trained head"),
     (["--from", "DIR", "--activations", "fp32"], "--activations is an option of training"),
+    (["--from", "DIR", "--precision", "bf16"], "--precision is an option of training"),
     (["--activations", "int8", "--out", "x"], "activations='int8' multiply blocked weights"),
     (["--max-new-tokens", "500", "--data-tokens", "60", "--out", "x"], "no training data was written"),
 ])

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from specdec.errors import ConfigError
 
+PRECISIONS = ("auto", "bf16", "fp32")
+BF16_CPU = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of a CPU whose bf16 products (oneDNN) outrun fp32
 HINT = "see `specdec calibrate head --help` (docs/heads.md, Training a head)"
 COUNT = {"positive": int}  # a field that must be a positive integer
 RESUMED = {"positive": int, "fingerprint": True}  # ... which a resumed run must share with the run it continues
@@ -40,6 +43,7 @@ class HeadTrainConfig:
     seed: int = field(default=0, metadata={"fingerprint": True})
     activations: str | None = field(default=None, metadata={"fingerprint": True})  # the data's (None: the bundle's)
     threads: int | None = None
+    precision: str = "auto"  # the training's products: bf16, fp32, or auto (bf16 where the CPU has BF16_CPU)
 
     def __post_init__(self):
         for each in fields(self):
@@ -58,9 +62,19 @@ class HeadTrainConfig:
             from specdec.runtime.native_backend import checked_activations
 
             object.__setattr__(self, "activations", str(checked_activations(self.activations)))
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}", HINT)
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues a run and --overwrite starts it again: pass one of them",
                               "--resume to continue the run in the work folder, --overwrite to start afresh")
+
+    def bf16(self, cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+        """Whether training runs its products in bf16: asked, or auto on a CPU with native bf16 products."""
+        from specdec.native.build import missing_cpu_flags
+
+        if self.precision != "auto":
+            return self.precision == "bf16"
+        return any(not missing_cpu_flags(cpuinfo, (flag,)) for flag in BF16_CPU)
 
     def fingerprint(self) -> dict:
         """What a resumed run must share with the run it continues (its data and the head's shape)."""

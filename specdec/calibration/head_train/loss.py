@@ -43,14 +43,15 @@ def chain_loss(head, batch, to_draft: torch.Tensor, steps: int, decay: float) ->
         mass = weights.sum(-1)
         labelled = (mass > 0) & (torch.arange(n) + k + 1 <= n)
         weights = weights / mass.clamp_min(1e-12)[..., None]
-        log_q = torch.log_softmax(logits, dim=-1).gather(-1, rows.clamp_min(0))
+        log_probs = torch.log_softmax(logits.float(), dim=-1)  # fp32 even where the products ran in bf16
+        log_q = log_probs.gather(-1, rows.clamp_min(0))
         cross = -(weights * log_q).sum(-1)  # [B, n]
         count = int(labelled.sum())
         step_loss = (cross * labelled).sum() / max(count, 1)
         total = total + decay ** k * step_loss
         best = rows[..., 0]  # the target's likeliest token's draft row (-1: the draft cannot propose it)
         with torch.no_grad():
-            hits = int(((logits.argmax(-1) == best) & labelled & (top_probs[:, at, 0] > 0)).sum())
+            hits = int(((log_probs.argmax(-1) == best) & labelled & (top_probs[:, at, 0] > 0)).sum())
             positions = int((labelled | ((top_probs[:, at, 0] > 0) & (torch.arange(n) + k + 1 <= n))).sum())
         counts.hits.append(hits)
         counts.positions.append(positions)

@@ -109,7 +109,8 @@ def train_stage(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work:
     head, record = _head(bundle, manifest, draft_ids, config.seed)
     to_draft = torch.full((manifest.target.dims.vocab_size,), -1, dtype=torch.int64)
     to_draft[torch.from_numpy(draft_ids)] = torch.arange(len(draft_ids))
-    plan = TrainPlan(batch_tokens=config.batch_tokens, lr=config.lr, chain_steps=config.chain_steps, seed=config.seed)
+    plan = TrainPlan(batch_tokens=config.batch_tokens, lr=config.lr, chain_steps=config.chain_steps, seed=config.seed,
+                     bf16=config.bf16())
     trainer = Trainer(head, shards, to_draft, plan, work, time.monotonic)
     steps = config.steps or max(1, round(config.epochs * trainer.stream.steps_per_epoch()))
     fit_to = deadline if config.steps is None else None
@@ -117,7 +118,7 @@ def train_stage(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work:
     with _bar(progress, "step", "training", steps) as bar:
         result = trainer.run(steps, fit_to, deadline, config.resume, bar)
     return {"steps": result.steps, "planned": result.total, "epochs": result.epochs, "draft_vocab": len(draft_ids),
-            "held_out_agreement": result.held_out.agreement(), "held_out_positions": result.held_out.positions,
+            "precision": "bf16" if plan.bf16 else "fp32", "held_out_agreement": result.held_out.agreement(), "held_out_positions": result.held_out.positions,
             "seconds": time.monotonic() - started}, (head.weights(), record)
 
 

@@ -35,6 +35,12 @@ class TrainPlan:
     held_out: int = 16  # every held_out-th sequence is held out (0: none)
     checkpoint_every: int = 50
     seed: int = 0
+    bf16: bool = False  # the products in bf16 (torch.autocast; weights, optimizer and the loss's softmax stay fp32)
+
+
+def precision(plan: TrainPlan):
+    """The context a forward of `plan` runs in: bf16 autocast on the CPU, or nothing."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=plan.bf16)
 
 
 def split(count: int, every: int) -> tuple[list, list]:
@@ -143,7 +149,7 @@ def load_checkpoint(work: Path, head, optimizer, plan: TrainPlan) -> tuple[int, 
 def evaluate(head, shards, sequences: list, to_draft: torch.Tensor, plan: TrainPlan) -> StepCounts:
     """Top-1 agreement per draft step over `sequences` (no gradients)."""
     counts = StepCounts()
-    with torch.no_grad():
+    with torch.no_grad(), precision(plan):
         for lo in range(0, len(sequences), 8):
             _, found = chain_loss(head, shards.batch(sequences[lo : lo + 8]), to_draft,
                                   plan.chain_steps, plan.decay)
@@ -217,7 +223,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.plan.lr * factor(step)
         batch = self.shards.batch(self.stream[step])
-        loss, counts = chain_loss(self.head, batch, self.to_draft, self.plan.chain_steps, self.plan.decay)
+        with precision(self.plan):
+            loss, counts = chain_loss(self.head, batch, self.to_draft, self.plan.chain_steps, self.plan.decay)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.plan.clip)
