@@ -9,6 +9,12 @@
     python benchmarks/step.py bundles/smollm2-bf16-q41 --backends native --pages private,shared  # huge pages or not
     python benchmarks/step.py bundles/smollm2-q41 --backends native --isa avx2,avx512          # the kernels' ISA
     python benchmarks/step.py bundles/smollm2-q41 --backends native --activations fp32,int8    # int8 activations
+    python benchmarks/step.py bundles/smollm2-q41-head --roles target,head --cases 1@64,1@512,3@64  # a draft head
+
+Roles: target, draft, head (a bundle's trained draft head, harness/opening.HeadSteps: T = 1 is a chain step, T > 1 a
+catch-up of T verified positions, fc included). Where a system has a head and a target, a second table sets each
+head case against the target's decode step (T = 1) at the same cache length: min over min, and the median of the
+ratios of the same round (the head's cost c in target steps).
 
 Models are opened through specdec.load, so a call runs the backend, threads and session options a user gets. Every
 (model, case) takes its turn in each round, the order rotated per round, after a warm-up call of every shape.
@@ -49,6 +55,7 @@ from specdec.native.build import ISAS
 
 EXPERIMENT = "step"
 DEFAULT_CASES = "1@64,1@512,1@1000,5@512,64@0"
+ROLES = ("target", "draft", "head")
 
 
 def parse_cases(text: str) -> list:
@@ -127,6 +134,29 @@ def step_table(models: dict, cases: list, spreads: dict) -> str:
     rows = [[name] + [spreads[(name, case)].ms() if (name, case) in spreads else "–" for case in cases]
             for name in models]
     return tables.markdown(header, rows) + "\n(ms per call, min / median over the rounds)\n"
+
+
+def head_table(samples: dict, models: dict, cases: list) -> tuple[str, list]:
+    """Each head case against its system's target decode step at the same cache length -> (markdown, rows)."""
+    rows, found = [], []
+    for name in models:
+        if not name.endswith(" head"):
+            continue
+        target = name[: -len(" head")] + " target"
+        for tokens, cache in cases:
+            head, step = samples.get((name, (tokens, cache))), samples.get((target, (1, cache)))
+            if head is None or step is None:
+                continue
+            paired = sorted(h / t for h, t in zip(head, step))
+            ratio_min, ratio_median = min(head) / min(step), paired[len(paired) // 2]
+            rows.append([name, f"T={tokens} @{cache}", f"{min(head) * 1e3:.3f}", f"{min(step) * 1e3:.3f}",
+                         f"{ratio_min:.3f}", f"{ratio_median:.3f}"])
+            found.append({"model": name, "tokens": tokens, "cache_len": cache, "head_over_step_min": round(ratio_min, 4),
+                          "head_over_step_median": round(ratio_median, 4)})
+    if not rows:
+        return "", found
+    header = ["head", "case", "head min ms", "target T=1 min ms", "min / min", "median of same-round ratios"]
+    return "\nThe head against the target's decode step at the same cache length\n\n" + tables.markdown(header, rows), found
 
 
 def csv_rows(spreads: dict, models: dict) -> list:
@@ -386,7 +416,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundles", nargs="+")
     parser.add_argument("--backends", default="auto", help="comma-separated: auto, onnxruntime, native")
-    parser.add_argument("--roles", default="target,draft")
+    parser.add_argument("--roles", default="target,draft", help="comma-separated: target, draft, head")
     parser.add_argument("--cases", default=DEFAULT_CASES, help="T@L items: T tokens at cache length L")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--floor", action="store_true", help="add the bandwidth floor of the first bundle's target, and "
@@ -414,6 +444,8 @@ def main(argv=None) -> int:
     if unknown or not backends:
         raise SystemExit(f"unknown backend in {args.backends!r}; choose from auto, onnxruntime, native")
     roles = [r.strip() for r in args.roles.split(",") if r.strip()]
+    if any(r not in ROLES for r in roles):
+        raise SystemExit(f"unknown role in {args.roles!r}; choose from {', '.join(ROLES)}")
     pages = [p.strip() for p in args.pages.split(",") if p.strip()] if args.pages else [None]
     if any(p not in PAGES for p in pages if p is not None):
         raise SystemExit(f"unknown pages in {args.pages!r}; choose from {', '.join(PAGES)}")
@@ -443,6 +475,10 @@ def main(argv=None) -> int:
         spreads = {key: timer.summarize(values) for key, values in samples.items() if key not in extra}
         text = step_table(models, cases, spreads)
         finished = {}
+        heads, ratios = head_table(samples, models, cases)
+        if ratios:
+            text += heads
+            finished["head"] = ratios
         if args.floor:
             floor, finished["floor"] = floor_table(Path(args.bundles[0]), manifest, args.floor_cache_len,
                                                    args.floor_gib, args.rounds)

@@ -18,12 +18,38 @@ def open_bundle(bundle: str | Path, backend: str = "auto", threads: int | None =
 
 
 def models(generator) -> dict:
-    """{"target": backend, "draft": backend} of an open generator (the draft only where the bundle has one): the
-    backends `load` opened, for timing single forwards."""
+    """{"target": backend, "draft": backend, "head": HeadSteps} of an open generator (the draft and the head only
+    where the bundle has them): the backends `load` opened, for timing single forwards."""
     found = {"target": generator.target.backend}
     if generator.draft is not None:
         found["draft"] = generator.draft.backend
+    if generator.head is not None:
+        found["head"] = HeadSteps(generator.head, generator.target.backend.max_seq_len)
     return found
+
+
+class HeadSteps:
+    """A bundle's draft head as step.py times a model: forward(ids [1, T], cache_len [1], last_only) is one head
+    call at positions cache_len.. of slot 0, as the head drafter makes it. T = 1: a chain step (the head's own
+    prenorm as its feature); T > 1: a catch-up (fc over T positions of the target's three layers, then the layer),
+    its last position scored. The features are fixed random numbers: the head's cost does not depend on them."""
+
+    def __init__(self, head, max_seq_len: int):
+        import numpy as np
+
+        self.head, self.max_seq_len = head, max_seq_len
+        rng = np.random.default_rng(0)
+        width = head.record.hidden_size
+        self.features = rng.standard_normal((1, max_seq_len, len(head.feature_layers), width)).astype(np.float32)
+        self.prenorm = rng.standard_normal((1, 1, width)).astype(np.float32)
+
+    def reset(self, batch: int) -> None:
+        self.head.reserve(batch)
+
+    def forward(self, ids, cache_len, last_only: bool = False):
+        start, steps = int(cache_len[0]), ids.shape[1]
+        hidden = self.prenorm if steps == 1 else self.head.fuse(self.features[:, start : start + steps])
+        return self.head.forward(ids, hidden, [start], [0], last_only=steps > 1 or last_only)[0]
 
 
 def describe(generator) -> dict:
