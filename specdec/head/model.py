@@ -51,15 +51,23 @@ class TokenEmbedding:
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, epsilon: float) -> np.ndarray:
-    # x: [..., H] -> [..., H]
-    scale = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + np.float32(epsilon))
-    return (x * scale * weight).astype(np.float32)
+    # x: [..., H] float32 -> [..., H] float32 (a sum over H in ufunc calls: a head step's rows are few and short)
+    mean = np.square(x).sum(axis=-1, keepdims=True) / np.float32(x.shape[-1])
+    return x * (np.float32(1) / np.sqrt(mean + np.float32(epsilon))) * weight
 
 
-def rotate(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """Rotary embedding, the half-split layout of LLaMA in transformers. x: [B, T, heads, D]; positions: [B, T]."""
-    angles = positions[..., None].astype(np.float64) * inv_freq  # [B, T, D / 2]
-    cos, sin = np.cos(angles).astype(np.float32)[:, :, None], np.sin(angles).astype(np.float32)[:, :, None]
+def rotary_table(inv_freq: np.ndarray, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [positions, D / 2] float32 of the angles p · inv_freq (computed in float64)."""
+    angles = np.arange(positions, dtype=np.float64)[:, None] * inv_freq
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rotate(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, table: tuple | None = None) -> np.ndarray:
+    """Rotary embedding, the half-split layout of LLaMA in transformers. x: [B, T, heads, D]; positions: [B, T];
+    table: rotary_table's (cos, sin) covering the positions, else they are computed here (the same numbers)."""
+    if table is None:
+        table = rotary_table(inv_freq, int(positions.max()) + 1)
+    cos, sin = table[0][positions][:, :, None], table[1][positions][:, :, None]  # [B, T, 1, D / 2]
     half = x.shape[-1] // 2
     first, second = x[..., :half], x[..., half:]
     return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
@@ -79,6 +87,7 @@ class HeadModel:
         self.products = products
         self.max_seq_len = max_seq_len
         self.keys = self.values = None  # [slots, Hkv, S, D]
+        self.rotary = rotary_table(weights.inv_freq, max_seq_len)  # cos, sin [S, D / 2]
 
     @property
     def feature_layers(self) -> tuple:
@@ -149,9 +158,8 @@ class HeadModel:
         rows, steps = x.shape[:2]
         qkv = self._product("qkv", x).reshape(rows, steps, r.num_heads + 2 * r.num_kv_heads, r.head_dim)
         at = positions[:, None] + np.arange(steps)  # [B, T]
-        q = rotate(qkv[:, :, : r.num_heads], at, self.weights.inv_freq)
-        k = rotate(qkv[:, :, r.num_heads : r.num_heads + r.num_kv_heads], at, self.weights.inv_freq)
-        v = qkv[:, :, r.num_heads + r.num_kv_heads :]
+        qk = rotate(qkv[:, :, : r.num_heads + r.num_kv_heads], at, self.weights.inv_freq, self.rotary)
+        q, k, v = qk[:, :, : r.num_heads], qk[:, :, r.num_heads :], qkv[:, :, r.num_heads + r.num_kv_heads :]
         for b in range(rows):
             start = int(positions[b])
             self.keys[slots[b], :, start : start + steps] = k[b].transpose(1, 0, 2)

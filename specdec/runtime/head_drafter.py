@@ -24,6 +24,7 @@ from specdec.errors import BackendError
 from specdec.head.format import check_fit, read_head
 from specdec.head.model import FloatProducts, HeadModel, TokenEmbedding, packed
 from specdec.manifest import Manifest, ModelEntry, check_bundle_files
+from specdec.native_record import Activations
 from specdec.runtime.backend import unwrapped
 from specdec.runtime.config import DrafterName, OptionError
 from specdec.runtime.drafters import EMPTY, ModelDrafter, Proposal
@@ -91,12 +92,13 @@ def open_head(root: Path, manifest: Manifest, target, verify: bool) -> HeadModel
     matrices = packed(weights)
     backend = unwrapped(target)
     if isinstance(backend, NativeBackend) and backend.model is not None:
-        from specdec.head.kernels import BlockProducts, blocks_fit
+        from specdec.head.kernels import Q8A, STEP, BlockProducts, blocks_fit
 
         native = backend.model.weights
         table = native.embedding if native.embedding is not None else native.head
-        products = BlockProducts(matrices, backend.model.kernels, backend.model.threads) if blocks_fit(matrices) \
-            else FloatProducts(matrices)
+        kernel = Q8A if backend.activations is Activations.INT8 else STEP  # the head's activations as the target's
+        products = BlockProducts(matrices, backend.model.kernels, backend.model.threads, kernel) \
+            if blocks_fit(matrices) else FloatProducts(matrices)
     else:
         table, products = embedding_table(root, manifest.target), FloatProducts(matrices)
     return HeadModel(weights, record, TokenEmbedding(table), products, manifest.target.max_seq_len)

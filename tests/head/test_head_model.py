@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specdec.head.format import read_head
-from specdec.head.kernels import BlockProducts
+from specdec.head.kernels import Q8A, Q8A_REF, BlockProducts
 from specdec.head.model import FloatProducts, HeadModel, TokenEmbedding, packed
 from specdec.manifest import read_manifest
 from specdec.native import build
@@ -14,6 +14,7 @@ from specdec.runtime.head_drafter import embedding_table
 
 SAME_BLOCKS = 1e-4  # of the largest |logit|: the kernels against numpy on the very same blocks (summation order)
 QUANTIZED = 5e-2  # ... against the fp32 weights: each weight rounded to its block's 8-bit grid
+ROUNDED = 5e-2  # int8 activations (Q8A) against fp32 ones on the same blocks: each activation on its block's grid
 needs_native = pytest.mark.skipif(bool(build.missing_cpu_flags()), reason="the native kernels need AVX2, FMA, F16C")
 
 
@@ -57,6 +58,19 @@ def test_the_kernels_agree_with_the_numpy_reference(random_head_bundle):
     full = blocks.to_target(native[0])  # [2, 1, V]: -inf (q = 0) outside the draft vocabulary
     assert np.array_equal(full[..., blocks.draft_ids], native[0])
     assert np.isneginf(full).sum() == 2 * (blocks.record.vocab_size - len(blocks.draft_ids))
+
+
+@needs_native
+def test_int8_activations_give_their_reference_bits_and_stay_near_fp32(random_head_bundle):
+    """Beside a target of int8 activations the head's products round its activations too (Q8A): the bits of the
+    plain-C reference, whatever the threads, and near the fp32 activations' products of the same blocks."""
+    kernels = build.load_kernels()
+    q8a = _head(random_head_bundle, lambda matrices: BlockProducts(matrices, kernels, 2, Q8A))
+    ref = _head(random_head_bundle, lambda matrices: BlockProducts(matrices, kernels, 1, Q8A_REF))
+    fp32 = _head(random_head_bundle, lambda matrices: q8a.products.dequantized())
+    got, want, near = _run(q8a), _run(ref), _run(fp32)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert 0 < _worst(got, near) <= ROUNDED
 
 
 def test_the_whole_sequence_equals_its_last_position_and_rollback_recomputes(random_head_bundle):
