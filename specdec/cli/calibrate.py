@@ -93,13 +93,16 @@ def _add_head_parser(actions) -> None:
                        help="the target's activations while it writes the data (default: the bundle's, those the head "
                             "drafts from when it runs)")
     train.add_argument("--threads", type=int, help="threads (default: the cores this process may use)")
+    train.add_argument("--asked-share", type=float, default=0.0,
+                       help="the share of prompts the target writes itself (fed its chat template up to a user's "
+                            "message, it samples one), the others templated; default 0")
     train.add_argument("--precision", choices=PRECISIONS,
                        help="the training's products: bf16 (torch autocast; weights, optimizer and softmax stay fp32), "
                             "fp32, or auto (default): bf16 where the CPU has amx_bf16 or avx512_bf16")
     head.set_defaults(run=run_head)
 
 
-TRAIN_FLAGS = ("precision", "activations", "out", "work", "resume", "overwrite", "minutes", "steps")  # refused beside --from
+TRAIN_FLAGS = ("asked_share", "precision", "activations", "out", "work", "resume", "overwrite", "minutes", "steps")  # refused beside --from
 
 
 def _add_report_parser(actions) -> None:
@@ -197,7 +200,7 @@ def run_policies(args) -> int:
 def run_head(args) -> int:
     if args.checkpoint is None:
         return _train_head(args)
-    given = [f"--{flag}" for flag in TRAIN_FLAGS if getattr(args, flag) not in (None, False)]
+    given = [f"--{flag.replace('_', '-')}" for flag in TRAIN_FLAGS if getattr(args, flag) not in (None, False)]
     if given:
         raise ConfigError(f"{given[0]} is an option of training, and --from attaches a trained head",
                           f"drop {given[0]}, or drop --from to train a head from the target")
@@ -217,12 +220,13 @@ def _train_head(args) -> int:
                              minutes=args.minutes, data_tokens=args.data_tokens, max_new_tokens=args.max_new_tokens,
                              rows=args.rows, draft_vocab=args.draft_vocab, steps=args.steps, epochs=args.epochs,
                              lr=args.lr, seed=args.seed, activations=args.activations, threads=args.threads,
-                             precision=args.precision or "auto")
+                             precision=args.precision or "auto", asked_share=args.asked_share)
     summary = train_head(args.bundle, config, progress=sys.stderr.isatty() or args.verbose)
     data, training = summary["data"], summary["training"]
     agreement = " ".join(f"{a:.3f}" for a in training["held_out_agreement"])
     print(f"wrote the draft head of {args.out or args.bundle}: {data['answer_tokens']} answer tokens, "
-          f"{training['steps']} steps ({training['epochs']:.2f} epochs), {training['draft_vocab']} draft tokens, "
+          f"{training['steps']} steps ({training['epochs']:.2f} epochs, {training['precision']}), "
+          f"{training['draft_vocab']} draft tokens, "
           f"{summary['minutes']:.1f} min; held-out top-1 agreement per draft step {agreement}; generate with "
           "--drafter head", file=sys.stderr)
     return 0

@@ -43,6 +43,7 @@ class HeadTrainConfig:
     seed: int = field(default=0, metadata={"fingerprint": True})
     activations: str | None = field(default=None, metadata={"fingerprint": True})  # the data's (None: the bundle's)
     threads: int | None = None
+    asked_share: float = field(default=0.0, metadata={"fingerprint": True})  # of the prompts, the target writes
     precision: str = "auto"  # the training's products: bf16, fp32, or auto (bf16 where the CPU has BF16_CPU)
 
     def __post_init__(self):
@@ -62,6 +63,9 @@ class HeadTrainConfig:
             from specdec.runtime.native_backend import checked_activations
 
             object.__setattr__(self, "activations", str(checked_activations(self.activations)))
+        if isinstance(self.asked_share, bool) or not isinstance(self.asked_share, (int, float)) or \
+                not 0 <= self.asked_share <= 1:
+            raise ConfigError(f"--asked-share must be a number from 0 to 1, not {self.asked_share!r}", HINT)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}", HINT)
         if self.resume and self.overwrite:

@@ -53,8 +53,9 @@ def prepare_work(work: Path, config: HeadTrainConfig) -> None:
         if not record.is_file():
             raise ConfigError(f"--resume: {work} holds no earlier run ({RUN} is missing)",
                               "run without --resume to start one, or pass --work naming the earlier run's folder")
-        earlier = _run_record(work)["options"]
-        changed = sorted(k for k, v in config.fingerprint().items() if earlier.get(k) != v)
+        earlier = _run_record(work)["options"]  # an option newer than the run it records has its default there
+        defaults = HeadTrainConfig().fingerprint()
+        changed = sorted(k for k, v in config.fingerprint().items() if earlier.get(k, defaults[k]) != v)
         if changed:
             raise ConfigError(f"--resume: the run in {work} was made with other {', '.join(changed)}",
                               "pass the options of the run you resume, or start again with --overwrite")

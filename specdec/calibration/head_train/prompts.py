@@ -4,7 +4,8 @@ itself (the standard library's docstrings and small pure-Python functions, read 
 from the calibration paragraphs of specdec.calibration.builtin_texts. Never from benchmarks/prompts/ (a test checks).
 
 A prompt is (text, chat): chat prompts go through the bundle's chat template; the others (code to complete, text
-to continue) are fed raw, as the benchmark suite's code prompts are.
+to continue) are fed raw, as the benchmark suite's code prompts are. An `asked` prompt has no text yet: the target
+writes the user's request itself (head_train.asked), a share of them as --asked-share says.
 """
 from __future__ import annotations
 
@@ -47,6 +48,10 @@ WEIGHTS = {PromptKind.CHAT: 6, PromptKind.WRITING: 4, PromptKind.CODE: 3, Prompt
 class Prompt:
     text: str
     chat: bool
+    asked: bool = False  # the target writes the request (text is empty until then)
+
+
+ASKED = Prompt("", chat=True, asked=True)
 
 
 @dataclass(frozen=True)
@@ -160,12 +165,20 @@ def one_prompt(rng: random.Random, harvest: Harvest) -> Prompt:
     return Prompt(rng.choice(TEMPLATES[kind]).format(**fields), chat=True)
 
 
-def training_prompts(count: int, seed: int = 0) -> list:
-    """`count` distinct prompts, the same for the same seed (on the same Python: its docstrings are text here)."""
-    rng, harvest, seen = random.Random(seed), stdlib_harvest(), {}
+def training_prompts(count: int, seed: int = 0, asked_share: float = 0.0) -> list:
+    """`count` prompts, the same for the same seed (on the same Python: its docstrings are text here): about
+    `asked_share` of them ASKED (the target writes them), the others distinct templated ones (with asked_share 0,
+    the very prompts of a run before asked ones existed)."""
+    rng, harvest, seen, prompts = random.Random(seed), stdlib_harvest(), set(), []
+    asking = random.Random(f"asked {seed}")  # a stream of its own: the templated prompts stay those of the seed
     attempts = 0
-    while len(seen) < count and attempts < 50 * count:
+    while len(prompts) < count and attempts < 50 * count:
+        if asked_share and asking.random() < asked_share:
+            prompts.append(ASKED)
+            continue
         prompt = one_prompt(rng, harvest)
-        seen.setdefault(prompt.text, prompt)
         attempts += 1
-    return list(seen.values())
+        if prompt.text not in seen:
+            seen.add(prompt.text)
+            prompts.append(prompt)
+    return prompts

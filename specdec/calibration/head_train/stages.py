@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.calibration.head_train.asked import ASK_TOKENS, asked_request, user_turn_prefix
 from specdec.calibration.head_train.config import HeadTrainConfig
 from specdec.calibration.head_train.generate import Answering, Budget, DataPlan, ShardRun
 from specdec.calibration.head_train.prompts import training_prompts
@@ -35,15 +36,23 @@ def make_data(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work: P
     from specdec.runtime.registry import native_activations
 
     plan = DataPlan(rows=config.rows, max_new_tokens=config.max_new_tokens, seed=config.seed)
-    prompts = training_prompts(config.data_tokens // PROMPT_TOKENS + plan.per_shard, config.seed)
+    prompts = training_prompts(config.data_tokens // PROMPT_TOKENS + plan.per_shard, config.seed, config.asked_share)
     room = manifest.target.max_seq_len - config.max_new_tokens
     layers = head_feature_layers(manifest.target.dims.num_layers)
     started = time.monotonic()
     with specdec.load(bundle, backend="native", threads=config.threads) as generator:
 
+        prefix = user_turn_prefix(generator.requests) if any(p.asked for p in prompts) else []
+        asked_tokens = max(1, min(ASK_TOKENS, (room - len(prefix)) // 2))  # the request and the template's rest fit
+
         def prompt_ids(index: int):
+            text = prompts[index].text
+            if prompts[index].asked:  # the target writes the request first
+                text = asked_request(generator, prefix, config.seed, index, asked_tokens)
+                if text is None:
+                    return None
             try:
-                ids = generator.requests.prompt_ids(prompts[index].text, prompts[index].chat)
+                ids = generator.requests.prompt_ids(text, prompts[index].chat)
             except RequestCapacityError:  # longer than S: skipped
                 return None
             return ids if len(ids) <= room else None
@@ -67,7 +76,7 @@ def make_data(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work: P
                           "pass a smaller --max-new-tokens, or use a bundle exported with a larger --max-seq-len")
     return {"answer_tokens": tokens, "sequences": len(shards), "all_tokens": int(sum(
         shards.length(s) for s in range(len(shards)))), "prompts_made": len(prompts),
-        "activations": str(mode), "seconds": time.monotonic() - started}
+        "asked": sum(p.asked for p in prompts), "activations": str(mode), "seconds": time.monotonic() - started}
 
 
 def _vocabulary(work: Path, shards: Shards, manifest: Manifest, size: int) -> np.ndarray:
