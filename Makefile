@@ -41,13 +41,14 @@ $(BF16_BUNDLE)-q41/manifest.json: $(STAMP)
 bundle-bf16: $(BF16_BUNDLE)-q41/manifest.json
 
 # the demo bundle with a draft head trained from its target on this CPU (docs/heads.md, "Training a head"): the
-# target answers templated prompts (its answers, hidden states and soft labels are the data), then PyTorch trains
-# the head; HEAD_MINUTES bounds the whole run, data first. A stopped run resumes where it stopped.
+# target answers prompts, two in three of them requests it writes itself, the others templated (its answers, hidden
+# states and soft labels are the data), then PyTorch trains the head; HEAD_MINUTES bounds the whole run, data first.
+# A stopped run resumes where it stopped.
 HEAD_BUNDLE := bundles/smollm2-q41-head
 HEAD_MINUTES ?= 80
 $(HEAD_BUNDLE)/manifest.json: $(DEMO_BUNDLE)/manifest.json
 	$(VENV)/bin/specdec calibrate head $(DEMO_BUNDLE) --out $(HEAD_BUNDLE) --minutes $(HEAD_MINUTES) \
-		--data-tokens 400000 --epochs 10 $(if $(wildcard $(HEAD_BUNDLE).head-train/run.json),--resume,--overwrite)
+		--data-tokens 400000 --asked-share 0.67 --epochs 10 $(if $(wildcard $(HEAD_BUNDLE).head-train/run.json),--resume,--overwrite)
 
 bundle-head: $(HEAD_BUNDLE)/manifest.json
 
