@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from specdec.calibration.bundle_io import SOURCES
-from specdec.calibration.head_train.config import PRECISIONS
+from specdec.calibration.head_train.config import PRECISIONS, Precision
 from specdec.calibration.quantize import BACKENDS, METHODS, MINIMUMS, ROLES
 from specdec.errors import ConfigError
 from specdec.manifest import Role
@@ -220,7 +220,7 @@ def _train_head(args) -> int:
                              minutes=args.minutes, data_tokens=args.data_tokens, max_new_tokens=args.max_new_tokens,
                              rows=args.rows, draft_vocab=args.draft_vocab, steps=args.steps, epochs=args.epochs,
                              lr=args.lr, seed=args.seed, activations=args.activations, threads=args.threads,
-                             precision=args.precision or "auto", asked_share=args.asked_share)
+                             precision=args.precision or Precision.AUTO, asked_share=args.asked_share)
     summary = train_head(args.bundle, config, progress=sys.stderr.isatty() or args.verbose)
     data, training = summary["data"], summary["training"]
     agreement = " ".join(f"{a:.3f}" for a in training["held_out_agreement"])

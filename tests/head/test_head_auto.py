@@ -40,7 +40,9 @@ def test_auto_drafts_with_an_accepted_head_and_stays_exact(mirror_head_bundle, b
                 heads += sources.count(DrafterName.HEAD)
         assert heads > 20  # the head drafted (its gate learned that it pays), not only lookups
         gate = gen.requests.head_gate
-        assert gate.rounds == heads and gate.steps > 0 and gate.alpha > 0.2  # it learned from those rounds
+        # it learned from those rounds: this head's acceptance measured 0.17-0.23 (how many rounds the head drafts
+        # depends on timing, through the lookup gate); a head of random weights is accepted a few times in a hundred
+        assert gate.rounds == heads and gate.steps > 0 and gate.alpha > 0.1
 
 
 def test_auto_stays_exact_beside_a_rejected_head(random_head_bundle):

@@ -3,11 +3,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 
 from specdec.errors import ConfigError
 
-PRECISIONS = ("auto", "bf16", "fp32")
+
+
+class Precision(StrEnum):
+    """The training's products (--precision)."""
+
+    AUTO = "auto"  # BF16 where the CPU has one of BF16_CPU, else FP32
+    BF16 = "bf16"  # torch autocast; weights, optimizer and the loss's softmax stay fp32
+    FP32 = "fp32"
+
+
+PRECISIONS = tuple(str(p) for p in Precision)
 BF16_CPU = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of a CPU whose bf16 products (oneDNN) outrun fp32
 HINT = "see `specdec calibrate head --help` (docs/heads.md, Training a head)"
 COUNT = {"positive": int}  # a field that must be a positive integer
@@ -44,7 +55,7 @@ class HeadTrainConfig:
     activations: str | None = field(default=None, metadata={"fingerprint": True})  # the data's (None: the bundle's)
     threads: int | None = None
     asked_share: float = field(default=0.0, metadata={"fingerprint": True})  # of the prompts, the target writes
-    precision: str = "auto"  # the training's products: bf16, fp32, or auto (bf16 where the CPU has BF16_CPU)
+    precision: Precision = Precision.AUTO
 
     def __post_init__(self):
         for each in fields(self):
@@ -66,8 +77,11 @@ class HeadTrainConfig:
         if isinstance(self.asked_share, bool) or not isinstance(self.asked_share, (int, float)) or \
                 not 0 <= self.asked_share <= 1:
             raise ConfigError(f"--asked-share must be a number from 0 to 1, not {self.asked_share!r}", HINT)
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}", HINT)
+        try:
+            object.__setattr__(self, "precision", Precision(self.precision))
+        except ValueError:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}",
+                              HINT) from None
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues a run and --overwrite starts it again: pass one of them",
                               "--resume to continue the run in the work folder, --overwrite to start afresh")
@@ -76,8 +90,8 @@ class HeadTrainConfig:
         """Whether training runs its products in bf16: asked, or auto on a CPU with native bf16 products."""
         from specdec.native.build import missing_cpu_flags
 
-        if self.precision != "auto":
-            return self.precision == "bf16"
+        if self.precision is not Precision.AUTO:
+            return self.precision is Precision.BF16
         return any(not missing_cpu_flags(cpuinfo, (flag,)) for flag in BF16_CPU)
 
     def fingerprint(self) -> dict:

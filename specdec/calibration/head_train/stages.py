@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.calibration.head_train.asked import ASK_TOKENS, asked_request, user_turn_prefix
-from specdec.calibration.head_train.config import HeadTrainConfig
+from specdec.calibration.head_train.config import HeadTrainConfig, Precision
 from specdec.calibration.head_train.generate import Answering, Budget, DataPlan, ShardRun
 from specdec.calibration.head_train.prompts import training_prompts
 from specdec.calibration.head_train.shards import Shards
@@ -127,7 +127,8 @@ def train_stage(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work:
     with _bar(progress, "step", "training", steps) as bar:
         result = trainer.run(steps, fit_to, deadline, config.resume, bar)
     return {"steps": result.steps, "planned": result.total, "epochs": result.epochs, "draft_vocab": len(draft_ids),
-            "precision": "bf16" if plan.bf16 else "fp32", "held_out_agreement": result.held_out.agreement(), "held_out_positions": result.held_out.positions,
+            "precision": str(Precision.BF16 if plan.bf16 else Precision.FP32),
+            "held_out_agreement": result.held_out.agreement(), "held_out_positions": result.held_out.positions,
             "seconds": time.monotonic() - started}, (head.weights(), record)
 
 
