@@ -151,12 +151,13 @@ def head_table(samples: dict, models: dict, cases: list) -> tuple[str, list]:
             ratio_min, ratio_median = min(head) / min(step), paired[len(paired) // 2]
             rows.append([name, f"T={tokens} @{cache}", f"{min(head) * 1e3:.3f}", f"{min(step) * 1e3:.3f}",
                          f"{ratio_min:.3f}", f"{ratio_median:.3f}"])
-            found.append({"model": name, "tokens": tokens, "cache_len": cache, "head_over_step_min": round(ratio_min, 4),
-                          "head_over_step_median": round(ratio_median, 4)})
+            found.append({"model": name, "tokens": tokens, "cache_len": cache,
+                          "head_over_step_min": round(ratio_min, 4), "head_over_step_median": round(ratio_median, 4)})
     if not rows:
         return "", found
     header = ["head", "case", "head min ms", "target T=1 min ms", "min / min", "median of same-round ratios"]
-    return "\nThe head against the target's decode step at the same cache length\n\n" + tables.markdown(header, rows), found
+    title = "\nThe head against the target's decode step at the same cache length\n\n"
+    return title + tables.markdown(header, rows), found
 
 
 def csv_rows(spreads: dict, models: dict) -> list:

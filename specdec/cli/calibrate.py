@@ -102,7 +102,8 @@ def _add_head_parser(actions) -> None:
     head.set_defaults(run=run_head)
 
 
-TRAIN_FLAGS = ("asked_share", "precision", "activations", "out", "work", "resume", "overwrite", "minutes", "steps")  # refused beside --from
+TRAIN_FLAGS = ("asked_share", "precision", "activations", "out", "work", "resume", "overwrite", "minutes",
+               "steps")  # refused beside --from
 
 
 def _add_report_parser(actions) -> None:

@@ -54,8 +54,8 @@ class BlockProducts:
         with self._lock:
             address, size = self.scratch.at_least(need)
             raise_for(self.kernels.specdec_matmul(
-                x.ctypes.data, rows, width, blocks.ctypes.data, blocks.shape[1], WEIGHT_KINDS[blocks.dtype], self.kernel,
-                y.ctypes.data, len(blocks), address, size, self.threads),
+                x.ctypes.data, rows, width, blocks.ctypes.data, blocks.shape[1], WEIGHT_KINDS[blocks.dtype],
+                self.kernel, y.ctypes.data, len(blocks), address, size, self.threads),
                 f"the head's {name} product of {[rows, width]} by blocks {list(blocks.shape)}")
         return y
 

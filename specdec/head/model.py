@@ -62,11 +62,9 @@ def rotary_table(inv_freq: np.ndarray, positions: int) -> tuple[np.ndarray, np.n
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def rotate(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, table: tuple | None = None) -> np.ndarray:
+def rotate(x: np.ndarray, positions: np.ndarray, table: tuple) -> np.ndarray:
     """Rotary embedding, the half-split layout of LLaMA in transformers. x: [B, T, heads, D]; positions: [B, T];
-    table: rotary_table's (cos, sin) covering the positions, else they are computed here (the same numbers)."""
-    if table is None:
-        table = rotary_table(inv_freq, int(positions.max()) + 1)
+    table: rotary_table's (cos, sin), covering the positions."""
     cos, sin = table[0][positions][:, :, None], table[1][positions][:, :, None]  # [B, T, 1, D / 2]
     half = x.shape[-1] // 2
     first, second = x[..., :half], x[..., half:]
@@ -158,7 +156,7 @@ class HeadModel:
         rows, steps = x.shape[:2]
         qkv = self._product("qkv", x).reshape(rows, steps, r.num_heads + 2 * r.num_kv_heads, r.head_dim)
         at = positions[:, None] + np.arange(steps)  # [B, T]
-        qk = rotate(qkv[:, :, : r.num_heads + r.num_kv_heads], at, self.weights.inv_freq, self.rotary)
+        qk = rotate(qkv[:, :, : r.num_heads + r.num_kv_heads], at, self.rotary)
         q, k, v = qk[:, :, : r.num_heads], qk[:, :, r.num_heads :], qkv[:, :, r.num_heads + r.num_kv_heads :]
         for b in range(rows):
             start = int(positions[b])

@@ -70,7 +70,8 @@ def test_a_run_recorded_before_asked_prompts_existed_resumes_with_their_default(
     tiny = ["--data-tokens", "30", "--max-new-tokens", "6", "--rows", "3", "--draft-vocab", "64", "--steps", "1",
             "--threads", "1"]
     work = tmp_path / "w"
-    assert main(["calibrate", "head", str(native_bundle), "--out", str(tmp_path / "a"), "--work", str(work), *tiny]) == 0
+    assert main(["calibrate", "head", str(native_bundle), "--out", str(tmp_path / "a"), "--work", str(work),
+                 *tiny]) == 0
     record = json.loads((work / "run.json").read_text())
     del record["options"]["asked_share"]  # as a run of an earlier specdec wrote it
     (work / "run.json").write_text(json.dumps(record))

@@ -9,7 +9,6 @@ from pathlib import Path
 from specdec.errors import ConfigError
 
 
-
 class Precision(StrEnum):
     """The training's products (--precision)."""
 
@@ -92,7 +91,7 @@ class HeadTrainConfig:
 
         if self.precision is not Precision.AUTO:
             return self.precision is Precision.BF16
-        return any(not missing_cpu_flags(cpuinfo, (flag,)) for flag in BF16_CPU)
+        return len(missing_cpu_flags(cpuinfo, BF16_CPU)) < len(BF16_CPU)  # one of them at least
 
     def fingerprint(self) -> dict:
         """What a resumed run must share with the run it continues (its data and the head's shape)."""
