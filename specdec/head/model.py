@@ -6,7 +6,8 @@ feature: at a position the target has verified, fc over the target's hidden stat
 one, the head's own output hidden state of the position before, before its final norm (`prenorm`). It returns the
 logits of the token after that one over the draft vocabulary, and that prenorm. The six products go through a
 `products` object: fp32 numpy (FloatProducts, the reference) or the native kernels over Q8_0 blocks (BlockProducts,
-specdec.head.kernels); norms, rotary and attention are numpy either way.
+specdec.head.kernels); norms, rotary and attention are numpy, or the whole layer is one call of the native kernels
+(NativeLayer, beside BlockProducts).
 """
 from __future__ import annotations
 
@@ -78,7 +79,10 @@ def silu(x: np.ndarray) -> np.ndarray:
 class HeadModel:
     """The head's weights, products and KV. `embed(ids [B, T]) -> [B, T, H]`: the target's token embedding."""
 
-    def __init__(self, weights: HeadWeights, record: HeadRecord, embed, products, max_seq_len: int):
+    def __init__(self, weights: HeadWeights, record: HeadRecord, embed, products, max_seq_len: int,
+                 layer_of=None):
+        """layer_of: None (the layer in numpy), or a function of (weights, record, products, rotary table) giving
+        the layer in one call (specdec.head.kernels.NativeLayer)."""
         self.weights = weights
         self.record = record
         self.embed = embed
@@ -86,6 +90,7 @@ class HeadModel:
         self.max_seq_len = max_seq_len
         self.keys = self.values = None  # [slots, Hkv, S, D]
         self.rotary = rotary_table(weights.inv_freq, max_seq_len)  # cos, sin [S, D / 2]
+        self.layer = None if layer_of is None else layer_of(weights, record, products, self.rotary)
 
     @property
     def feature_layers(self) -> tuple:
@@ -132,6 +137,8 @@ class HeadModel:
             raise CapacityError(f"a head step of {steps} tokens at positions {positions.tolist()} passes S = "
                                 f"{self.max_seq_len}", "the caller must end the row with reason 'length' first")
         self.reserve(int(slots.max()) + 1)
+        if self.layer is not None:
+            return self.layer(self.embed(tokens), hidden, positions, slots, self.keys, self.values, last_only)
         w, eps = self.weights, self.record.epsilon
         feature = rms_norm(hidden, w.hidden_norm, eps)
         residual = feature if self.record.norm_before_residual else hidden

@@ -31,9 +31,10 @@ from specdec.weight_kinds import Isa, WeightKind
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-SOURCES = tuple(HERE / name for name in ("forward.c", "linear.c", "linear_q8a.c", "linear_bf16a.c", "attention.c", "pool.c"))
+SOURCES = tuple(HERE / name for name in (
+    "forward.c", "head.c", "linear.c", "linear_q8a.c", "linear_bf16a.c", "attention.c", "pool.c"))
 HEADERS = tuple(HERE / name for name in ("specdec_native.h", "specdec_kinds.h", "internal.h", "pool.h"))
-ABI_VERSION = 10  # specdec_native.h's SPECDEC_ABI_VERSION: the exports (SIGNATURES), model_t and status codes
+ABI_VERSION = 11  # specdec_native.h's SPECDEC_ABI_VERSION: the exports (SIGNATURES), model_t and status codes
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror")
 SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all")
 SANITIZE_ENV = "SPECDEC_NATIVE_SANITIZE"  # "1": build with ASan + UBSan (the CI's sanitizer run; needs LD_PRELOAD)
@@ -65,6 +66,8 @@ SIGNATURES = {  # the exports of specdec_native.h: argument types, result type
     "specdec_weight_kind": ([_I, _P], _I),
     "specdec_scratch_bytes": ([_P, _I, _I, _I, _I], _L),
     "specdec_forward": ([_P, _P, _S, _P, _I, _I, _P, _P, _P, _L, _I, _I, _I, _I, _P, _P], _I),
+    "specdec_head_scratch_bytes": ([_P, _I, _I, _I, _I], _L),
+    "specdec_head_forward": ([_P, _P, _S, _P, _P, _I, _I, _P, _P, _P, _I, _I, _I, _I, _P, _P], _I),
     "specdec_matmul_scratch_bytes": ([_I, _I, _I, _I], _L),
     "specdec_matmul": ([_P, _I, _I, _P, _I, _I, _I, _P, _I, _P, _S, _I], _I),
     "specdec_attention_scratch_bytes": ([_I, _I, _I, _I, _I, _I], _L),

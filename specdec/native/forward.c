@@ -9,13 +9,11 @@
 #include "internal.h"
 #include "pool.h"
 
-#define MAX_DIM (1 << 20)   // any model dimension above this is refused (and keeps every product within size_t)
-#define MAX_ROWS (1 << 16)  // rows (B * T) one call may take
 
 int specdec_abi_version(void) { return SPECDEC_ABI_VERSION; }
 
 long specdec_layout_size(int which) {
-    const long sizes[] = {sizeof(blkq), sizeof(blkqp), sizeof(model_t), sizeof(features_t)};
+    const long sizes[] = {sizeof(blkq), sizeof(blkqp), sizeof(model_t), sizeof(features_t), sizeof(head_t)};
     return which >= 0 && which < (int)(sizeof(sizes) / sizeof(sizes[0])) ? sizes[which] : -1;
 }
 
@@ -30,7 +28,6 @@ int specdec_weight_kind(int kind, int32_t traits[5]) {
 
 enum { L_QKV = 0, L_O = 1, L_GATE_UP = 2, L_DOWN = 3, L_V = 4 };  // a layer's linears, in model_t.kinds' order
 
-static int out_of(long value, long low, long high) { return value < low || value > high; }
 // a kind the fp32 kernels run in this build, both a step's and a prompt's (a target's linears)
 static int fp32_kind(int kind) { return linear_kind_ok(K_STEP, kind) && linear_kind_ok(K_PROMPT, kind); }
 // a kind a SPECDEC_MIXED layer or head may hold: a GGUF grid's, one block of BLOCK weights an element
@@ -163,7 +160,7 @@ static float row_sum(const float *x, float mean, int square, int H) {
     return s;
 }
 
-static void rmsnorm(const float *x, const float *gamma, float eps, int H, float *out) {
+void row_rmsnorm(const float *x, const float *gamma, float eps, int H, float *out) {
     const float r = norm_scale(row_sum(x, 0.f, 1, H), H, eps);
     for (int i = 0; i < H; i++) out[i] = x[i] * r * gamma[i];
 }
@@ -177,7 +174,7 @@ static void layernorm(const float *x, const float *gamma, const float *beta, flo
 // the model's norm of one row: LayerNorm where it has a bias (beta), else RMSNorm
 static void norm(const model_t *m, const float *x, const float *gamma, const float *beta, float *out) {
     if (beta) layernorm(x, gamma, beta, m->eps, m->H, out);
-    else rmsnorm(x, gamma, m->eps, m->H, out);
+    else row_rmsnorm(x, gamma, m->eps, m->H, out);
 }
 
 static void add_bias(float *y, int M, int N, const float *bias) {  // y [M, N] += bias [N], where there is one
@@ -186,7 +183,7 @@ static void add_bias(float *y, int M, int N, const float *bias) {  // y [M, N] +
         for (int i = 0; i < N; i++) y[(size_t)r * N + i] += bias[i];
 }
 
-static void rotate(const float *x, const float *cs, const float *sn, int D, float *out) {
+void row_rotate(const float *x, const float *cs, const float *sn, int D, float *out) {
     const int half = D / 2;
     for (int i = 0; i < half; i++) {
         const float x1 = x[i], x2 = x[i + half];
@@ -195,7 +192,7 @@ static void rotate(const float *x, const float *cs, const float *sn, int D, floa
     }
 }
 
-static void silu_times(const float *g, const float *u, int I, float *y) {  // SiLU(gate) * up
+void row_silu_times(const float *g, const float *u, int I, float *y) {  // SiLU(gate) * up
     int i = 0;
     for (; i + 8 <= I; i += 8) {
         const __m256 gi = _mm256_loadu_ps(g + i), ex = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gi));
@@ -289,10 +286,10 @@ static void place_row(const pass_t *p, int l, float *qkv, size_t row) {
     const float *cs = m->cos + (size_t)at * half, *sn = m->sin + (size_t)at * half;
     if (m->q_norm)  // each head of q and k normalized in place, before rotary (Qwen3)
         for (int h = 0; h < Hq + Hkv; h++)
-            rmsnorm(in + h * D, h < Hq ? m->q_norm[l] : m->k_norm[l], m->eps, D, in + h * D);
-    for (int h = 0; h < Hq; h++) rotate(in + h * D, cs, sn, D, BUF(p, q) + (row * Hq + h) * D);
+            row_rmsnorm(in + h * D, h < Hq ? m->q_norm[l] : m->k_norm[l], m->eps, D, in + h * D);
+    for (int h = 0; h < Hq; h++) row_rotate(in + h * D, cs, sn, D, BUF(p, q) + (row * Hq + h) * D);
     for (int h = 0; h < Hkv; h++) {
-        rotate(in + (Hq + h) * D, cs, sn, D, k + ((size_t)h * p->S + at) * D);
+        row_rotate(in + (Hq + h) * D, cs, sn, D, k + ((size_t)h * p->S + at) * D);
         memcpy(v + ((size_t)h * p->S + at) * D, in + (Hq + Hkv + h) * D, sizeof(float) * D);
     }
 }
@@ -328,7 +325,7 @@ static void row_task(void *ctx, int first, int last, int worker) {
             norm(m, xr, m->post_norm[l], m->post_norm_bias ? m->post_norm_bias[l] : NULL, xn + r * H);
             break;
         case ROW_MLP:
-            if (m->mlp == SPECDEC_MLP_SILU_GATED) silu_times(gu + r * up, gu + r * up + I, I, act + r * I);
+            if (m->mlp == SPECDEC_MLP_SILU_GATED) row_silu_times(gu + r * up, gu + r * up + I, I, act + r * I);
             else gelu(m->mlp, gu + r * up, I, act + r * I);
             break;
         default:  // ROW_OUT: the MLP's output added
@@ -415,7 +412,7 @@ static void score(const pass_t *p, int last_only, float *logits) {
 // one head row of a damaged block can make one logit NaN or inf and leave the rest finite, so the argmax alone would
 // not do. Four chains keep the max's latency off the loop: a read of values the head has just written, a small part
 // of a step.
-static int logits_sound(const float *logits, int rows, int V) {
+int logits_sound(const float *logits, int rows, int V) {
     for (int r = 0; r < rows; r++) {
         const float *x = logits + (size_t)r * V;
         __m256 top[4], nan = _mm256_setzero_ps();

@@ -9,6 +9,9 @@
 
 #define BLOCK SPECDEC_BLOCK  // weights per block along K
 #define ALIGNED(bytes) (((bytes) + 63) & ~(size_t)63)  // scratch regions start on cache lines
+#define MAX_DIM (1 << 20)   // any model dimension above this is refused (and keeps every product within size_t)
+#define MAX_ROWS (1 << 16)  // rows (B * T) one call may take
+static inline int out_of(long value, long low, long high) { return value < low || value > high; }
 
 // A 5-bit block's codes (blk5: 160 bits, slot i holding q[SPECDEC_Q5_ORDER[i]]). Q5_BIT(k): the first bit of
 // q[k] for k in 0..15 from the block's start, and of q[16 + k] from its byte 5 (q[16 + k] lies 40 bits after q[k])
@@ -128,5 +131,11 @@ typedef struct {
 } attention_t;
 size_t attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D, int S);
 void attention(int threads, const attention_t *a, void *scratch);
+
+// ---- forward.c's work on one row, shared with head.c ----
+void row_rmsnorm(const float *x, const float *gamma, float eps, int H, float *out);  // sums in one order for any H
+void row_rotate(const float *x, const float *cs, const float *sn, int D, float *out);  // rotate-half rotary of a head
+void row_silu_times(const float *g, const float *u, int I, float *y);                // SiLU(gate) * up
+int logits_sound(const float *logits, int rows, int V);  // no NaN in any row of [rows, V], and each one's max finite
 
 #endif

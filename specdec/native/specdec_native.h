@@ -12,7 +12,7 @@
 
 #include "specdec_kinds.h"  // the weight kinds: SPECDEC_BLOCK, the block structs, SPECDEC_W_*, model_t.kind's SPECDEC_*
 
-#define SPECDEC_ABI_VERSION 10
+#define SPECDEC_ABI_VERSION 11
 #define SPECDEC_FORMAT_VERSION 4
 #define SPECDEC_MAX_THREADS 256 // threads one call may use (the caller and its workers)
 #define SPECDEC_MAX_FEATURES 16 // layers one forward may return the hidden states of
@@ -86,6 +86,24 @@ typedef struct {
     float *out;             // [B][T][n][H]: row b's token t, layers[f]'s hidden state at [b][t][f]
 } features_t;
 
+// A trained draft head's layer (EAGLE-3's layout; specdec/head/model.py is its numpy reference): each fed row takes
+// its token's embedding e and a feature f (the fused target features, or the head's own prenorm of the position
+// before), x = [RMSNorm(e, input_norm), RMSNorm(f, hidden_norm)] (2H wide); q/k/v of x, rotate-half rotary, causal GQA
+// over the head's own static KV, o; h = the residual (RMSNorm(f, hidden_norm) where residual_normed is set, else f) +
+// o; prenorm = h + down(SiLU(gate) * up) of RMSNorm(h, post_norm); logits = lm_head(RMSNorm(prenorm, norm)) over the
+// draft vocabulary's V rows
+typedef struct {
+    int32_t H, Hq, Hkv, D, I, V;  // hidden, query heads, KV heads, head size, MLP width, draft vocabulary rows
+    int32_t positions;            // rows of the rotary tables: every position must be below this
+    int32_t residual_normed;      // 0 or 1
+    float eps, scale;             // RMSNorm epsilon, attention scores' scale
+    int32_t kinds[5];             // SPECDEC_W_* of qkv, o, gate_up, down, lm_head: block kinds the call's kernel takes
+    const float *input_norm, *hidden_norm, *post_norm, *norm;  // [H]
+    const void *qkv, *o, *gate_up, *down, *lm_head;  // [N, elements of K]: qkv [(Hq + 2 Hkv) D, 2H], o [H, Hq D],
+                                                     // gate_up [2 I, H] (gate rows, then up), down [H, I], lm_head [V, H]
+    const float *cos, *sin;       // [positions, D / 2]
+} head_t;
+
 // A forward's activations (specdec_forward's quant)
 enum {
     SPECDEC_ACT_F32 = 0,    // fp32 activations times the model's weights (a target's graph's function)
@@ -114,7 +132,7 @@ enum {
 };
 
 int specdec_abi_version(void);
-// sizeof of 0: blkq, 1: blkqp, 2: model_t, 3: features_t; -1 for any other
+// sizeof of 0: blkq, 1: blkqp, 2: model_t, 3: features_t, 4: head_t; -1 for any other
 long specdec_layout_size(int which);
 // The table of weight kinds this library was built from (specdec_kinds.h): kind's element bytes, weights per element
 // along K, kernels (SPECDEC_STEP, _PROMPT, _INT8, _Q8A, _Q8A_REF bits) and builds (SPECDEC_ISA_* bits) into traits[0..3], and the
@@ -134,6 +152,18 @@ long specdec_scratch_bytes(const model_t *m, int B, int T, int S, int threads);
 int specdec_forward(const model_t *m, void *scratch, size_t scratch_bytes, const int64_t *tokens, int B, int T,
                     const int32_t *pos, float *const *keys, float *const *values, long layer_stride, int S,
                     int last_only, int quant, int threads, float *logits, const features_t *features);
+
+// A draft head's layer over B rows of T tokens, row b at positions pos[b].. of its KV (keys[b], values[b]: [Hkv, S,
+// D]): embedded and hidden [B][T][H] (each token's embedding and feature) -> logits [B][T or 1][V] and prenorm
+// [B][T or 1][H] (each row's last token alone with last_only). K/V land at [pos[b], pos[b] + T). kernel: the products'
+// SPECDEC_KERNEL_STEP, _Q8A or _Q8A_REF, one the table gives every kind of h->kinds. SPECDEC_E_NONFINITE where a row
+// of logits holds NaN or has no finite largest logit (all outputs written). A row's outputs are the same bits whatever
+// the call's B, T and threads.
+long specdec_head_scratch_bytes(const head_t *h, int B, int T, int S, int threads);
+int specdec_head_forward(const head_t *h, void *scratch, size_t scratch_bytes, const float *embedded,
+                         const float *hidden, int B, int T, const int32_t *pos, float *const *keys,
+                         float *const *values, int S, int last_only, int kernel, int threads, float *logits,
+                         float *prenorm);
 
 // The products alone, for tests and benchmarks: x [M, K] fp32 -> y [M, N] through weights [N, wblocks] of a weight kind
 // (SPECDEC_W_*) by a kernel (SPECDEC_KERNEL_*) that the table gives it; wblocks must be what K needs: ceil(K / PER)

@@ -79,8 +79,8 @@ class HeadState:
 
 
 def open_head(root: Path, manifest: Manifest, target, verify: bool) -> HeadModel | None:
-    """The bundle's draft head beside the open `target` backend, or None where the bundle has none. Its products run
-    on the native kernels (Q8_0 blocks) where the target does, else in fp32 numpy; the token embedding is the
+    """The bundle's draft head beside the open `target` backend, or None where the bundle has none. Its layer runs
+    on the native kernels (Q8_0 blocks, one call) where the target does, else in fp32 numpy; the token embedding is the
     target's: the native engine's own, else read from the bundle's native weights."""
     record = manifest.head
     if record is None:
@@ -92,16 +92,18 @@ def open_head(root: Path, manifest: Manifest, target, verify: bool) -> HeadModel
     matrices = packed(weights)
     backend = unwrapped(target)
     if isinstance(backend, NativeBackend) and backend.model is not None:
-        from specdec.head.kernels import Q8A, STEP, BlockProducts, blocks_fit
+        from specdec.head.kernels import Q8A, STEP, BlockProducts, NativeLayer, blocks_fit
 
         native = backend.model.weights
         table = native.embedding if native.embedding is not None else native.head
         kernel = Q8A if backend.activations is Activations.INT8 else STEP  # the head's activations as the target's
-        products = BlockProducts(matrices, backend.model.kernels, backend.model.threads, kernel) \
-            if blocks_fit(matrices) else FloatProducts(matrices)
+        fits = blocks_fit(matrices)
+        products = BlockProducts(matrices, backend.model.kernels, backend.model.threads, kernel) if fits \
+            else FloatProducts(matrices)
+        layer_of = NativeLayer if fits else None
     else:
-        table, products = embedding_table(root, manifest.target), FloatProducts(matrices)
-    return HeadModel(weights, record, TokenEmbedding(table), products, manifest.target.max_seq_len)
+        table, products, layer_of = embedding_table(root, manifest.target), FloatProducts(matrices), None
+    return HeadModel(weights, record, TokenEmbedding(table), products, manifest.target.max_seq_len, layer_of)
 
 
 def embedding_table(root: Path, entry: ModelEntry) -> np.ndarray:

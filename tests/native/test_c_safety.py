@@ -17,6 +17,7 @@ from specdec.weights_file import FORMAT_VERSION
 from specdec.errors import BackendError, SpecDecError
 from specdec.manifest import read_manifest
 from specdec.native import build
+from specdec.head.kernels import HeadStruct
 from specdec.native.model import FeaturesStruct, ModelStruct
 from specdec.runtime.native_backend import NativeBackend
 
@@ -38,8 +39,9 @@ def test_the_library_reports_the_header_and_the_python_layouts():
     assert f"#define SPECDEC_ABI_VERSION {ABI_VERSION}\n" in header
     assert f"#define SPECDEC_FORMAT_VERSION {FORMAT_VERSION}\n" in header
     assert lib.specdec_abi_version() == ABI_VERSION
-    assert [lib.specdec_layout_size(i) for i in range(-1, 5)] == \
-        [-1, 72, 144, ctypes.sizeof(ModelStruct), ctypes.sizeof(FeaturesStruct), -1]  # blkq, blkqp, model_t, features_t
+    assert [lib.specdec_layout_size(i) for i in range(-1, 6)] == [-1, 72, 144, ctypes.sizeof(ModelStruct),
+                                                                 ctypes.sizeof(FeaturesStruct), ctypes.sizeof(HeadStruct),
+                                                                 -1]  # blkq, blkqp, model_t, features_t, head_t
     found, build_isa = build.library_kinds(lib)
     assert found == [kind.traits() for kind in WeightKind] and build_isa == ISA_BITS[build.isa()]
     assert [BLOCK4.itemsize, BLOCK6.itemsize, BLOCK5.itemsize] == [24, 40, 28]
