@@ -8,7 +8,7 @@ import json
 import pytest
 
 import specdec
-from specdec.calibration.head_train.asked import asked_request, user_turn_prefix
+from specdec.calibration.head_train.asked import user_turn_prefix
 from specdec.calibration.head_train.prompts import training_prompts
 from specdec.calibration.head_train.shards import Shards
 from specdec.cli.main import main
@@ -29,14 +29,29 @@ def test_asked_prompts_leave_the_templated_ones_of_the_seed_as_they_were():
 
 
 @needs_native
-def test_a_request_is_the_targets_text_after_the_user_turn_prefix(native_bundle):
+def test_the_user_turn_prefix_begins_every_chat_prompt(native_bundle):
     with specdec.load(native_bundle, backend="native", threads=1) as generator:
         prefix = user_turn_prefix(generator.requests)
         whole = generator.requests.prompt_ids("Tell me about the sea", chat=True)
         assert 0 < len(prefix) < len(whole) and whole[: len(prefix)] == prefix
-        first = [asked_request(generator, prefix, 3, index) for index in range(4)]
-        assert first == [asked_request(generator, prefix, 3, index) for index in range(4)]  # seeded
-        assert len(set(first)) > 1 and all(text is None or text == text.strip() for text in first)
+
+
+def _asked_run(bundle, out, rows: int) -> list:
+    """The sequences (token ids) of a data run of asked prompts answered `rows` at a time."""
+    assert main(["calibrate", "head", str(bundle), "--out", str(out), "--asked-share", "1", "--data-tokens", "40",
+                 "--max-new-tokens", "8", "--rows", str(rows), "--draft-vocab", "64", "--steps", "1",
+                 "--threads", "1"]) == 0
+    shards = Shards(out.with_name(out.name + ".head-train") / "data")
+    return [list(row) for row in shards.batch(list(range(len(shards)))).tokens]
+
+
+@needs_native
+def test_requests_the_target_writes_are_its_own_whatever_rows_share_the_passes(native_bundle, tmp_path):
+    """A request is sampled from a stream seeded by (seed, prompt index) in a row of its own, batched with rows that
+    answer: the data is the same whether one row or three write and answer, and the requests differ."""
+    alone, together = _asked_run(native_bundle, tmp_path / "one", 1), _asked_run(native_bundle, tmp_path / "three", 3)
+    assert alone == together
+    assert len({tuple(row) for row in alone}) > len(alone) // 2
 
 
 @needs_native

@@ -40,15 +40,18 @@ class Budget:
 
 
 def top_labels_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """logits [R, V] -> (each row's k likeliest token ids, likeliest first [R, k] int32, their probabilities [R, k]
-    float16), in float32: the probabilities are kept as float16, and every row's numbers are those it gets alone
-    (each row's reductions run along that row only)."""
-    logits = np.asarray(logits, np.float32)
-    ids = np.argpartition(-logits, k, axis=-1)[:, :k]
+    """logits [R, V] -> (each row's k likeliest token ids, likeliest first, ties by id [R, k] int32, their
+    probabilities [R, k] float16), in float32: the probabilities are kept as float16, and every row's numbers are those
+    it gets alone (each row's reductions run along that row only). The k are found by torch.topk (training needs
+    torch): over a batch of rows and a 49k vocabulary, a fifth of numpy's argpartition's time."""
+    import torch
+
+    logits = np.ascontiguousarray(logits, np.float32)
+    ids = torch.topk(torch.from_numpy(logits), k, dim=-1, sorted=False).indices.numpy()
     peak = logits.max(axis=-1, keepdims=True)
     total = np.exp(logits - peak).sum(axis=-1, keepdims=True)
     probs = np.exp(np.take_along_axis(logits, ids, axis=-1) - peak) / total
-    order = np.argsort(-probs, axis=-1, kind="stable")
+    order = np.lexsort((ids, -probs), axis=-1)  # likeliest first, then the smaller id
     return (np.take_along_axis(ids, order, axis=-1).astype(np.int32),
             np.take_along_axis(probs, order, axis=-1).astype(np.float16))
 
@@ -71,8 +74,29 @@ def sample_top_k(logits: np.ndarray, temperature: float, k: int, stream: np.rand
     return int(kept[min(np.searchsorted(cdf, stream.random() * cdf[-1], side="right"), len(kept) - 1)])
 
 
+@dataclass(frozen=True)
+class Ask:
+    """What a prompt of the target's own (head_train.asked) starts from: the chat template up to a user message's
+    first token (`prefix`), after which the target writes the request, at most `tokens` long."""
+
+    prefix: tuple
+    tokens: int
+
+
+@dataclass
+class Asking:
+    """A row writing its prompt's request: the prefix and the request's tokens so far."""
+
+    index: int
+    tokens: list
+    prefix_len: int
+    limit: int  # the request's most tokens
+
+
 class Answering:
-    """Rows in flight on `backend` (a target opened with at least plan.rows slots, reset to them)."""
+    """Rows in flight on `backend` (a target opened with at least plan.rows slots, reset to them): rows answering a
+    prompt (their features and labels are the data), and rows writing the request of a prompt of the target's own
+    (`ask`), in the same batched passes."""
 
     def __init__(self, backend, layers: tuple, eos: tuple, plan: DataPlan):
         self.backend = backend
@@ -80,10 +104,26 @@ class Answering:
         self.eos = set(eos)
         self.plan = plan
         self.sample_top_k = 50  # of the sampled answers (temperature plan.temperature, top-p 1)
-        self.rows = {}  # slot -> (Sequence, its sampling stream)
+        self.rows = {}  # slot -> (Sequence or Asking, its sampling stream)
 
     def free_slots(self) -> list:
         return [slot for slot in range(self.plan.rows) if slot not in self.rows]
+
+    def answering(self) -> int:
+        """Rows in flight that answer (each step writes one answer token of each)."""
+        return sum(not isinstance(row, Asking) for row, _ in self.rows.values())
+
+    def ask(self, slot: int, index: int, ask: Ask) -> None:
+        """Prefill the user-turn prefix on `slot`: the target writes prompt `index`'s request there, from a stream
+        seeded by (seed, index, 1), temperature 1, top-k ASK_TOP_K; `step` hands it back once it ends."""
+        from specdec.calibration.head_train.asked import ASK_TOP_K
+
+        prefix = list(ask.prefix)
+        result = self.backend.run(ForwardRequest(np.array([prefix], np.int64), np.zeros(1, np.int64),
+                                                 slots=np.array([slot]), last_only=True))
+        stream = np.random.default_rng([self.plan.seed, index, 1])
+        token = sample_top_k(result.logits[0, -1], 1.0, ASK_TOP_K, stream)
+        self.rows[slot] = (Asking(index, prefix + [token], len(prefix), ask.tokens), stream)
 
     def start(self, slot: int, index: int, ids: list) -> Sequence | None:
         """Prefill prompt `index` (its token ids) on `slot` and choose its first answer token; -> the sequence where
@@ -100,20 +140,34 @@ class Answering:
         self.rows[slot] = (sequence, np.random.default_rng([self.plan.seed, index]))
         return self.rows.pop(slot)[0] if self._take(slot, result.logits[0, -1], result.features[0, -1]) else None
 
-    def step(self) -> list:
-        """One token for every row in flight; -> the sequences that ended."""
+    def step(self) -> tuple[list, list]:
+        """One token for every row in flight; -> (the sequences that ended, (slot, prompt index, request token ids)
+        of each request written: its slot is free again)."""
+        from specdec.calibration.head_train.asked import ASK_TOP_K
+
         slots = sorted(self.rows)
         tokens = np.array([[self.rows[s][0].tokens[-1]] for s in slots], np.int64)
         cache_len = np.array([len(self.rows[s][0].tokens) - 1 for s in slots], np.int64)
         result = self.backend.run(ForwardRequest(tokens, cache_len, slots=np.array(slots),
                                                  feature_layers=self.layers))
-        ended = []
+        ended, asked = [], []
         logits = result.logits[:, -1]  # [rows, V]
-        labels = top_labels_rows(logits, self.plan.top_k)  # every row's at once
+        answering = [row for row, slot in enumerate(slots) if not isinstance(self.rows[slot][0], Asking)]
+        labels = top_labels_rows(logits[answering], self.plan.top_k) if answering else None  # at once
         for row, slot in enumerate(slots):
-            if self._take(slot, logits[row], result.features[row, -1], (labels[0][row], labels[1][row])):
+            held, stream = self.rows[slot]
+            if isinstance(held, Asking):
+                request = held.tokens[held.prefix_len :]
+                if request[-1] not in self.eos and len(request) < held.limit:
+                    held.tokens.append(sample_top_k(logits[row], 1.0, ASK_TOP_K, stream))
+                    continue
+                del self.rows[slot]
+                asked.append((slot, held.index, request[:-1] if request[-1] in self.eos else request))
+                continue
+            at = answering.index(row)
+            if self._take(slot, logits[row], result.features[row, -1], (labels[0][at], labels[1][at])):
                 ended.append(self.rows.pop(slot)[0])
-        return ended
+        return ended, asked
 
     def _take(self, slot: int, logits: np.ndarray, features: np.ndarray, labels=None) -> bool:
         """Record the fed token's features and label (labels: its top_labels, where the caller has them), choose the
@@ -146,13 +200,16 @@ def written(root: Path) -> tuple[set, int]:
 
 
 class ShardRun:
-    """Answer prompts 0..count-1 (prompt_ids(index) -> token ids, or None to skip it) shard by shard into `root`,
-    skipping shards already written, until `budget` says stop (the shard begun is finished; a run begins one shard
-    at least)."""
+    """Answer prompts 0..count-1 (prompt_ids(index) -> token ids, an Ask where the target writes the request first,
+    or None to skip it; asked_ids(index, request token ids) -> the token ids of the prompt it makes, or None to skip
+    it) shard by shard into `root`, skipping shards already written, until `budget` says stop (the shard begun is
+    finished; a run begins one shard at least)."""
 
-    def __init__(self, answering: Answering, prompt_ids, count: int, root: Path, budget: Budget, clock):
+    def __init__(self, answering: Answering, prompt_ids, count: int, root: Path, budget: Budget, clock,
+                 asked_ids=None):
         self.answering = answering
         self.prompt_ids = prompt_ids
+        self.asked_ids = asked_ids
         self.root = Path(root)
         self.budget = budget
         self.clock = clock
@@ -173,16 +230,29 @@ class ShardRun:
                 self._begin(self.pending.pop(0))  # one shard at least, whatever the budget: data to train on
             for slot in self.answering.free_slots()[: len(self.queue)]:
                 index, ids = self.queue.pop(0)
-                ended = self.answering.start(slot, index, ids)
-                self._count(progress, 1)
-                if ended is not None:
-                    self._finish(ended)
+                if isinstance(ids, Ask):
+                    self.answering.ask(slot, index, ids)
+                else:
+                    self._start(progress, slot, index, ids)
             if self.answering.rows:
-                self._count(progress, len(self.answering.rows))
-                for sequence in self.answering.step():
+                self._count(progress, self.answering.answering())
+                ended, asked = self.answering.step()
+                for sequence in ended:
                     self._finish(sequence)
+                for slot, index, request in asked:  # the slot answers the prompt its request makes
+                    ids = self.asked_ids(index, request)
+                    if ids is None:
+                        self._skip(index)
+                    else:
+                        self._start(progress, slot, index, ids)
             elif not self.queue and (not self.pending or (self._over() and (self.total or self.waiting))):
                 return self.total
+
+    def _start(self, progress, slot: int, index: int, ids: list) -> None:
+        ended = self.answering.start(slot, index, ids)
+        self._count(progress, 1)
+        if ended is not None:
+            self._finish(ended)
 
     def _over(self) -> bool:
         budget = self.budget
@@ -204,9 +274,21 @@ class ShardRun:
 
     def _finish(self, sequence: Sequence) -> None:
         shard = sequence.index // self.answering.plan.per_shard
+        self.waiting[shard][0][sequence.index] = sequence
+        self._written(shard)
+
+    def _skip(self, index: int) -> None:
+        """Prompt `index` makes no prompt (its request was empty, or too long): its shard expects it no more."""
+        shard = index // self.answering.plan.per_shard
+        self.waiting[shard][1].discard(index)
+        self._written(shard)
+
+    def _written(self, shard: int) -> None:
+        """Write the shard where every prompt it expects is answered (a shard every prompt of which was skipped is
+        not written)."""
         done, expected = self.waiting[shard]
-        done[sequence.index] = sequence
         if set(done) == expected:
             del self.waiting[shard]
-            write_shard(self.root, shard, [done[i] for i in sorted(done)])
-            self.total += sum(len(s.tokens) - s.prompt_len for s in done.values())
+            if done:
+                write_shard(self.root, shard, [done[i] for i in sorted(done)])
+                self.total += sum(len(s.tokens) - s.prompt_len for s in done.values())

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.calibration.head_train.asked import ASK_TOKENS, asked_request, user_turn_prefix
+from specdec.calibration.head_train.asked import ASK_TOKENS, user_turn_prefix
 from specdec.calibration.head_train.config import HeadTrainConfig, Precision
-from specdec.calibration.head_train.generate import Answering, Budget, DataPlan, ShardRun
+from specdec.calibration.head_train.generate import Answering, Ask, Budget, DataPlan, ShardRun
 from specdec.calibration.head_train.prompts import training_prompts
 from specdec.calibration.head_train.shards import Shards
 from specdec.calibration.head_train.train import TrainPlan, Trainer
@@ -43,19 +43,21 @@ def make_data(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work: P
     with specdec.load(bundle, backend="native", threads=config.threads) as generator:
 
         prefix = user_turn_prefix(generator.requests) if any(p.asked for p in prompts) else []
-        asked_tokens = max(1, min(ASK_TOKENS, (room - len(prefix)) // 2))  # the request and the template's rest fit
+        ask = Ask(tuple(prefix), max(1, min(ASK_TOKENS, (room - len(prefix)) // 2)))  # the request and the rest fit
 
-        def prompt_ids(index: int):
-            text = prompts[index].text
-            if prompts[index].asked:  # the target writes the request first
-                text = asked_request(generator, prefix, config.seed, index, asked_tokens)
-                if text is None:
-                    return None
+        def ids_of(text: str, chat: bool):
             try:
-                ids = generator.requests.prompt_ids(text, prompts[index].chat)
+                ids = generator.requests.prompt_ids(text, chat)
             except RequestCapacityError:  # longer than S: skipped
                 return None
             return ids if len(ids) <= room else None
+
+        def prompt_ids(index: int):
+            return ask if prompts[index].asked else ids_of(prompts[index].text, prompts[index].chat)
+
+        def asked_ids(index: int, request: list):  # a request the target wrote: white space alone is skipped
+            text = generator.requests.codec.decode(request).strip()
+            return ids_of(text, True) if text else None
 
         entry = dataclasses.replace(manifest.target, max_batch=config.rows)
         mode = native_activations(manifest, config.activations, None)  # the head drafts from the default mode's states
@@ -64,7 +66,7 @@ def make_data(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work: P
             target.reset(config.rows)
             answering = Answering(target, layers, manifest.tokenizer.eos_token_ids, plan)
             run = ShardRun(answering, prompt_ids, len(prompts), work / "data", Budget(config.data_tokens, deadline),
-                           time.monotonic)
+                           time.monotonic, asked_ids)
             with _bar(progress, "tok", "answers", config.data_tokens) as bar:
                 tokens = run.run(bar)
         finally:
