@@ -11,7 +11,7 @@ from specdec.calibration.head_train.asked import ASK_TOKENS, user_turn_prefix
 from specdec.calibration.head_train.config import HeadTrainConfig, Precision
 from specdec.calibration.head_train.generate import Answering, Ask, Budget, DataPlan, ShardRun
 from specdec.calibration.head_train.prompts import training_prompts
-from specdec.calibration.head_train.shards import Shards
+from specdec.calibration.head_train.shards import Shards, shard_meta, shard_numbers
 from specdec.calibration.head_train.train import TrainPlan, Trainer
 from specdec.errors import ConfigError
 from specdec.manifest import Manifest
@@ -76,9 +76,11 @@ def make_data(bundle: Path, manifest: Manifest, config: HeadTrainConfig, work: P
         raise ConfigError(f"no training data was written: no prompt fits the {room} tokens the bundle's S = "
                           f"{manifest.target.max_seq_len} leaves beside --max-new-tokens {config.max_new_tokens}",
                           "pass a smaller --max-new-tokens, or use a bundle exported with a larger --max-seq-len")
+    answered = [i for n in shard_numbers(work / "data") for i in shard_meta(work / "data", n)["prompts"]]
     return {"answer_tokens": tokens, "sequences": len(shards), "all_tokens": int(sum(
         shards.length(s) for s in range(len(shards)))), "prompts_made": len(prompts),
-        "asked": sum(p.asked for p in prompts), "activations": str(mode), "seconds": time.monotonic() - started}
+        "asked": sum(prompts[i].asked for i in answered if i < len(prompts)), "activations": str(mode),
+        "seconds": time.monotonic() - started}  # asked: the answered prompts whose request the target wrote
 
 
 def _vocabulary(work: Path, shards: Shards, manifest: Manifest, size: int) -> np.ndarray:
