@@ -16,13 +16,13 @@ import threading
 
 import numpy as np
 
-from specdec.blocks import BLOCK, float_rows, q8_blocks, q41_blocks
+from specdec.blocks import BLOCK, float_rows, q8_blocks
 from specdec.errors import BackendError
 from specdec.head.format import HeadWeights
 from specdec.head.model import PRODUCTS, FloatProducts
 from specdec.manifest import HeadRecord
 from specdec.native.model import KERNELS, NONFINITE, WEIGHT_KINDS, Scratch, raise_for
-from specdec.weight_kinds import Kernel, WeightKind
+from specdec.weight_kinds import Kernel
 
 STEP = KERNELS[Kernel.STEP]
 Q8A = KERNELS[Kernel.Q8A]
@@ -34,18 +34,12 @@ def blocks_fit(matrices: dict) -> bool:
     return all(matrix.shape[1] % BLOCK == 0 for matrix in matrices.values())
 
 
-ENCODERS = {WeightKind.Q80: q8_blocks, WeightKind.Q41: q41_blocks}  # the kinds a head's products may take
-
-
 class BlockProducts:
-    """x @ W.T through the kernels over blocks of each W: Q8_0, or for the products `kinds` names, another of
-    ENCODERS' kinds (Q4_1: 0.75 bytes a weight against Q8_0's 1.06). kernels: the loaded library (load_kernels);
+    """x @ W.T through the kernels over Q8_0 blocks of each W. kernels: the loaded library (load_kernels);
     threads: the kernels' worker count; kernel: STEP (fp32 activations), Q8A or Q8A_REF (int8 activations)."""
 
-    def __init__(self, matrices: dict, kernels, threads: int, kernel: int = STEP, kinds: dict | None = None):
-        kinds = kinds or {}
-        self.blocks = {name: ENCODERS[kinds.get(name, WeightKind.Q80)](matrix)[0]
-                       for name, matrix in matrices.items()}  # [N, K / 32] blocks
+    def __init__(self, matrices: dict, kernels, threads: int, kernel: int = STEP):
+        self.blocks = {name: q8_blocks(matrix)[0] for name, matrix in matrices.items()}  # [N, K / 32] of BLOCK8
         self.kernels = kernels
         self.threads = threads
         self.kernel = kernel
