@@ -33,6 +33,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -61,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="spells per (mode, C), interleaved across modes")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--modes", default="plain,fixed,adaptive")
-    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--max-batch", type=int, default=None, help="the servers' rows (default: the bundle's)")
     parser.add_argument("--gamma", type=int, default=None, help="γ of the fixed mode (default: the bundle's)")
     parser.add_argument("--drafter", default="model", help="the requests' drafter (specdec extension)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
@@ -70,7 +71,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--llama-modes", default="none",
                         help=f"llama.cpp peer servers, comma-separated among {', '.join(LLAMA_MODES)} (default none)")
     parser.add_argument("--llama-draft", default=None, help="llama.cpp's draft GGUF (default: the default Q4_1 GGUF)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.max_batch is None:
+        from specdec.errors import SpecDecError
+        from specdec.manifest import read_manifest
+
+        try:
+            args.max_batch = read_manifest(args.bundle).target.max_batch
+        except SpecDecError as exc:
+            parser.error(str(exc))
+    return args
 
 
 def load_prompts() -> list:
@@ -105,11 +115,15 @@ class Server:
         command += ["--gamma", str(self.args.gamma)] if self.args.gamma else []
         command += ["--threads", str(self.args.threads)] if self.args.threads else []
         command += [] if self.args.prefix_reuse == "on" else ["--no-prefix-reuse"]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.errors = tempfile.TemporaryFile()  # the server's stderr: its last line says why it stopped
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.errors)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the {self.mode} server exited with {self.process.returncode}")
+                self.errors.seek(0)
+                said = self.errors.read().decode("utf-8", "replace").strip().splitlines()
+                raise RuntimeError(f"the {self.mode} server exited with {self.process.returncode}: "
+                                   + (" / ".join(said[-2:]) if said else "it wrote nothing"))
             try:
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
                     self._watch()

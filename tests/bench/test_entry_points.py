@@ -112,6 +112,19 @@ def test_serve_load(gqa_int4_bundle, tmp_path):
     assert (out / "throughput.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_serve_load_says_why_a_server_stopped_and_refuses_a_missing_bundle(gqa_int4_bundle, tmp_path):
+    for module in ("fastapi", "uvicorn", "httpx", "psutil"):
+        pytest.importorskip(module)
+    script = [sys.executable, str(BENCH / "serve_load.py"), "--modes", "plain", "--requests", "1", "--out",
+              str(tmp_path / "out")]
+    done = subprocess.run(script + ["--bundle", str(gqa_int4_bundle), "--max-batch", "99"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode != 0 and "exceeds this bundle's max_batch" in done.stderr  # the server's own words
+    done = subprocess.run(script + ["--bundle", str(tmp_path / "none")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "does not exist" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_prompt_stall(gqa_int4_bundle, tmp_path):
     for module in ("fastapi", "uvicorn", "httpx"):
         pytest.importorskip(module)
