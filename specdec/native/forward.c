@@ -79,11 +79,7 @@ static int check_layers(const model_t *m, int quant) {
 
 static int check_model(const model_t *m, int quant) {
     if (!m) return SPECDEC_E_NULL;
-    if (out_of(m->L, 1, 4096) || out_of(m->H, BLOCK, MAX_DIM) || m->H % BLOCK || out_of(m->Hkv, 1, 4096) ||
-        out_of(m->Hq, m->Hkv, 4096) || m->Hq % m->Hkv || out_of(m->D, 2, 4096) || m->D % 2 ||
-        (m->Hq * m->D) % BLOCK || out_of((long)m->Hq * m->D, BLOCK, MAX_DIM) ||
-        out_of((long)(m->Hq + 2 * m->Hkv) * m->D, 1, MAX_DIM) || out_of(m->I, BLOCK, MAX_DIM) || m->I % BLOCK ||
-        out_of(m->V, 1, 1L << 24) || out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
+    if (out_of(m->L, 1, 4096) || layer_dims_bad(m->H, m->Hq, m->Hkv, m->D, m->I) || out_of(m->V, 1, 1L << 24) || out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
         out_of(m->kind, 0, SPECDEC_MODEL_COUNT - 1) || !model_kernels(m, quant) ||
         (!gguf_blocks(m->kind) && !m->embedding) ||
         out_of(m->mlp, SPECDEC_MLP_SILU_GATED, SPECDEC_MLP_GELU) ||
@@ -123,9 +119,8 @@ static layout_t layout_of(const model_t *m, int B, int T, int S, int threads) {
 }
 
 static int check_call(const model_t *m, int B, int T, int S, int threads) {
-    if (out_of(B, 1, MAX_ROWS) || out_of(T, 1, MAX_ROWS) || (long)B * T > MAX_ROWS || out_of(S, 1, 1L << 24))
-        return SPECDEC_E_SHAPE;
-    if (out_of(threads, 1, SPECDEC_MAX_THREADS)) return SPECDEC_E_THREADS;
+    const int status = rows_bad(B, T, S, threads);
+    if (status) return status;
     return check_model(m, 0) == SPECDEC_E_SHAPE ? SPECDEC_E_SHAPE : SPECDEC_OK;
 }
 

@@ -12,10 +12,7 @@ enum { P_QKV = 0, P_O = 1, P_GATE_UP = 2, P_DOWN = 3, P_LM_HEAD = 4 };  // head_
 static int head_kernel(int kernel) { return kernel == K_STEP || kernel == K_Q8A || kernel == K_Q8A_REF; }
 
 static int check_dims(const head_t *h) {
-    if (out_of(h->H, BLOCK, MAX_DIM) || h->H % BLOCK || out_of(h->Hkv, 1, 4096) || out_of(h->Hq, h->Hkv, 4096) ||
-        h->Hq % h->Hkv || out_of(h->D, 2, 4096) || h->D % 2 || (h->Hq * h->D) % BLOCK ||
-        out_of((long)h->Hq * h->D, BLOCK, MAX_DIM) || out_of((long)(h->Hq + 2 * h->Hkv) * h->D, 1, MAX_DIM) ||
-        out_of(h->I, BLOCK, MAX_DIM) || h->I % BLOCK || out_of(h->V, 1, 1L << 24) ||
+    if (layer_dims_bad(h->H, h->Hq, h->Hkv, h->D, h->I) || out_of(h->V, 1, 1L << 24) ||
         out_of(h->positions, 1, 1L << 24) || out_of(h->residual_normed, 0, 1) || !(h->eps >= 0.f) ||
         !isfinite(h->scale))
         return SPECDEC_E_SHAPE;
@@ -34,7 +31,7 @@ static int check_head(const head_t *h, int kernel) {
 }
 
 // ---- scratch ----
-typedef struct { size_t x, resid, qkv, q, att, tmp, h, xn, gu, act, decoded, rounded, attn, ptrs, end; } head_layout;
+typedef struct { size_t x, qkv, q, att, tmp, h, xn, gu, act, decoded, rounded, attn, ptrs, end; } head_layout;
 
 static head_layout layout_of(const head_t *h, int B, int T, int S, int threads) {
     const size_t M = (size_t)B * T, f = sizeof(float), QD = (size_t)h->Hq * h->D;
@@ -42,7 +39,7 @@ static head_layout layout_of(const head_t *h, int B, int T, int S, int threads) 
     int widest = 2 * h->H;  // qkv's inputs
     if ((int)QD > widest) widest = (int)QD;
     if (h->I > widest) widest = h->I;
-    const size_t sizes[] = {f * M * 2 * h->H, f * M * h->H, f * M * QKV, f * M * QD, f * M * QD, f * M * h->H,
+    const size_t sizes[] = {f * M * 2 * h->H, f * M * QKV, f * M * QD, f * M * QD, f * M * h->H,
                             f * M * h->H, f * M * h->H, f * M * 2 * h->I, f * M * h->I,
                             f * (size_t)threads * linear_decoded_floats(widest), linear_rounded_bytes((int)M, widest),
                             attention_scratch_bytes(B, T, h->Hq, h->Hkv, h->D, S),
@@ -52,20 +49,13 @@ static head_layout layout_of(const head_t *h, int B, int T, int S, int threads) 
         offsets[i] = at;
         at += ALIGNED(sizes[i]);
     }
-    const head_layout l = {offsets[0], offsets[1], offsets[2], offsets[3], offsets[4],  offsets[5], offsets[6],
-                           offsets[7], offsets[8], offsets[9], offsets[10], offsets[11], offsets[12], offsets[13],
-                           at + 64};  // + 64: the caller's buffer may start anywhere
+    const head_layout l = {offsets[0], offsets[1], offsets[2],  offsets[3],  offsets[4],  offsets[5],  offsets[6],
+                           offsets[7], offsets[8], offsets[9], offsets[10], offsets[11], offsets[12], at + 64};  // + 64: the caller's buffer may start anywhere
     return l;
 }
 
-static int check_call(int B, int T, int S, int threads) {
-    if (out_of(B, 1, MAX_ROWS) || out_of(T, 1, MAX_ROWS) || (long)B * T > MAX_ROWS || out_of(S, 1, 1L << 24))
-        return SPECDEC_E_SHAPE;
-    return out_of(threads, 1, SPECDEC_MAX_THREADS) ? SPECDEC_E_THREADS : SPECDEC_OK;
-}
-
 long specdec_head_scratch_bytes(const head_t *h, int B, int T, int S, int threads) {
-    if (!h || check_dims(h) || check_call(B, T, S, threads)) return -1;
+    if (!h || check_dims(h) || rows_bad(B, T, S, threads)) return -1;
     return (long)layout_of(h, B, T, S, threads).end;
 }
 
@@ -85,15 +75,14 @@ static void product(const head_pass *p, int which, const float *x, int M, int K,
            p->base + p->at.rounded);
 }
 
-// rows r of the inputs: x = [RMSNorm(embedded), RMSNorm(hidden)], and the residual
+// rows r of the inputs: x = [RMSNorm(embedded), RMSNorm(hidden)]
 static void inputs(const head_pass *p, const float *embedded, const float *hidden, int M) {
     const head_t *h = p->h;
     const size_t H = (size_t)h->H;
-    float *x = AT(p->base, p->at, x), *resid = AT(p->base, p->at, resid);
+    float *x = AT(p->base, p->at, x);
     for (size_t r = 0; r < (size_t)M; r++) {
         row_rmsnorm(embedded + r * H, h->input_norm, h->eps, h->H, x + r * 2 * H);
         row_rmsnorm(hidden + r * H, h->hidden_norm, h->eps, h->H, x + r * 2 * H + H);
-        memcpy(resid + r * H, h->residual_normed ? x + r * 2 * H + H : hidden + r * H, sizeof(float) * H);
     }
 }
 
@@ -128,7 +117,7 @@ int specdec_head_forward(const head_t *h, void *scratch, size_t scratch_bytes, c
     int status = check_head(h, kernel);
     if (status) return status;
     if (!scratch || !embedded || !hidden || !pos || !keys || !values || !logits || !prenorm) return SPECDEC_E_NULL;
-    if ((status = check_call(B, T, S, threads))) return status;
+    if ((status = rows_bad(B, T, S, threads))) return status;
     for (int b = 0; b < B; b++) {
         if (!keys[b] || !values[b]) return SPECDEC_E_NULL;
         if (pos[b] < 0 || pos[b] > S - T || pos[b] > h->positions - T) return SPECDEC_E_POSITION;
@@ -152,10 +141,10 @@ int specdec_head_forward(const head_t *h, void *scratch, size_t scratch_bytes, c
     attention(threads, &a, p.base + at.attn);
     float *tmp = AT(p.base, at, tmp), *hid = AT(p.base, at, h), *xn = AT(p.base, at, xn);
     float *gu = AT(p.base, at, gu), *act = AT(p.base, at, act);
-    const float *resid = AT(p.base, at, resid);
     product(&p, P_O, AT(p.base, at, att), kept, QD, tmp, H);
     for (size_t r = 0; r < (size_t)kept; r++) {  // h = residual + o, then the second norm
-        const float *res = resid + (last_only ? r * T + T - 1 : r) * H;
+        const size_t row = last_only ? r * T + T - 1 : r;  // its residual: the normed feature in x, or hidden
+        const float *res = h->residual_normed ? AT(p.base, at, x) + row * 2 * H + H : hidden + row * H;
         for (int i = 0; i < H; i++) hid[r * H + i] = res[i] + tmp[r * H + i];
         row_rmsnorm(hid + r * H, h->post_norm, h->eps, H, xn + r * H);
     }

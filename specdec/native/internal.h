@@ -12,6 +12,19 @@
 #define MAX_DIM (1 << 20)   // any model dimension above this is refused (and keeps every product within size_t)
 #define MAX_ROWS (1 << 16)  // rows (B * T) one call may take
 static inline int out_of(long value, long low, long high) { return value < low || value > high; }
+// whether a decoder layer's dimensions are out of range: hidden H, query and KV heads, head size D, MLP width I (a
+// target's model_t and a draft head's head_t alike; checked in this order, so no product below overflows)
+static inline int layer_dims_bad(int H, int Hq, int Hkv, int D, int I) {
+    return out_of(H, BLOCK, MAX_DIM) || H % BLOCK || out_of(Hkv, 1, 4096) || out_of(Hq, Hkv, 4096) || Hq % Hkv ||
+           out_of(D, 2, 4096) || D % 2 || (Hq * D) % BLOCK || out_of((long)Hq * D, BLOCK, MAX_DIM) ||
+           out_of((long)(Hq + 2 * Hkv) * D, 1, MAX_DIM) || out_of(I, BLOCK, MAX_DIM) || I % BLOCK;
+}
+// a forward's rows: SPECDEC_E_SHAPE for B rows of T tokens or S positions out of range, SPECDEC_E_THREADS for threads
+static inline int rows_bad(int B, int T, int S, int threads) {
+    if (out_of(B, 1, MAX_ROWS) || out_of(T, 1, MAX_ROWS) || (long)B * T > MAX_ROWS || out_of(S, 1, 1L << 24))
+        return SPECDEC_E_SHAPE;
+    return out_of(threads, 1, SPECDEC_MAX_THREADS) ? SPECDEC_E_THREADS : SPECDEC_OK;
+}
 
 // A 5-bit block's codes (blk5: 160 bits, slot i holding q[SPECDEC_Q5_ORDER[i]]). Q5_BIT(k): the first bit of
 // q[k] for k in 0..15 from the block's start, and of q[16 + k] from its byte 5 (q[16 + k] lies 40 bits after q[k])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.calibration.head_train.asked import ASK_TOP_K
 from specdec.calibration.head_train.shards import Sequence, shard_meta, shard_numbers, write_shard
 from specdec.runtime.forward import ForwardRequest
 
@@ -116,8 +117,6 @@ class Answering:
     def ask(self, slot: int, index: int, ask: Ask) -> None:
         """Prefill the user-turn prefix on `slot`: the target writes prompt `index`'s request there, from a stream
         seeded by (seed, index, 1), temperature 1, top-k ASK_TOP_K; `step` hands it back once it ends."""
-        from specdec.calibration.head_train.asked import ASK_TOP_K
-
         prefix = list(ask.prefix)
         result = self.backend.run(ForwardRequest(np.array([prefix], np.int64), np.zeros(1, np.int64),
                                                  slots=np.array([slot]), last_only=True))
@@ -143,8 +142,6 @@ class Answering:
     def step(self) -> tuple[list, list]:
         """One token for every row in flight; -> (the sequences that ended, (slot, prompt index, request token ids)
         of each request written: its slot is free again)."""
-        from specdec.calibration.head_train.asked import ASK_TOP_K
-
         slots = sorted(self.rows)
         tokens = np.array([[self.rows[s][0].tokens[-1]] for s in slots], np.int64)
         cache_len = np.array([len(self.rows[s][0].tokens) - 1 for s in slots], np.int64)
@@ -154,6 +151,7 @@ class Answering:
         logits = result.logits[:, -1]  # [rows, V]
         answering = [row for row, slot in enumerate(slots) if not isinstance(self.rows[slot][0], Asking)]
         labels = top_labels_rows(logits[answering], self.plan.top_k) if answering else None  # at once
+        label_of = {row: at for at, row in enumerate(answering)}  # a row's line in labels
         for row, slot in enumerate(slots):
             held, stream = self.rows[slot]
             if isinstance(held, Asking):
@@ -164,7 +162,7 @@ class Answering:
                 del self.rows[slot]
                 asked.append((slot, held.index, request[:-1] if request[-1] in self.eos else request))
                 continue
-            at = answering.index(row)
+            at = label_of[row]
             if self._take(slot, logits[row], result.features[row, -1], (labels[0][at], labels[1][at])):
                 ended.append(self.rows.pop(slot)[0])
         return ended, asked
