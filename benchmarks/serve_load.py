@@ -64,7 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--modes", default="plain,fixed,adaptive")
     parser.add_argument("--max-batch", type=int, default=None, help="the servers' rows (default: the bundle's)")
     parser.add_argument("--gamma", type=int, default=None, help="γ of the fixed mode (default: the bundle's)")
-    parser.add_argument("--drafter", default="model", help="the requests' drafter (specdec extension)")
+    parser.add_argument("--drafter", default="auto",
+                        help="the requests' drafter (specdec extension; default auto, what a request naming none "
+                             "gets)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
     parser.add_argument("--prefix-reuse", choices=("on", "off"), default="on",
                         help="a slot's K/V of the previous request's prompt reused by the next (both servers' default)")

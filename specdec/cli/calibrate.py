@@ -72,7 +72,8 @@ def _add_head_parser(actions) -> None:
     head.add_argument("bundle")
     head.add_argument("--from", dest="checkpoint", metavar="DIR",
                       help="an EAGLE-3 checkpoint directory in SpecForge's or vllm-project/speculators' layout "
-                           "(config.json and safetensors); the bundle's head is replaced (docs/heads.md)")
+                           "(config.json and safetensors), or another bundle of the same model that has a head "
+                           "(its head is copied); the bundle's head is replaced (docs/heads.md)")
     train = head.add_argument_group("training (without --from)")
     train.add_argument("--out", help="write a copy of BUNDLE with the trained head here (default: BUNDLE itself)")
     train.add_argument("--work", help="data and checkpoints (default: beside the output, NAME.head-train)")

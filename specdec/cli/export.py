@@ -69,9 +69,10 @@ def add_export_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_head_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head", metavar="DIR",
-                        help="an EAGLE-3 draft head checkpoint (SpecForge's or vllm-project/speculators' layout) to "
-                             "give the bundle, as `specdec calibrate head --from DIR` does (docs/heads.md); with it, "
-                             "--feature-layers defaults to the layers it reads")
+                        help="an EAGLE-3 draft head checkpoint (SpecForge's or vllm-project/speculators' layout), "
+                             "or a bundle of the same model with a head, to give the bundle, as `specdec calibrate "
+                             "head --from DIR` does (docs/heads.md); with it, --feature-layers defaults to the layers "
+                             "it reads")
 
 
 def _add_quantize_args(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,7 @@
 """Bring your own head: an EAGLE-3 checkpoint, as SpecForge and vllm-project/speculators publish it, made the bundle's
 draft head (specdec.head.format). `specdec calibrate head BUNDLE --from DIR` and `specdec-export --head DIR` call
-`attach_checkpoint`.
+`attach_checkpoint`. DIR may also be another specdec bundle with a head (one trained by `specdec calibrate head` for
+the same model, say its Q4_1 bundle's head given to its bf16 bundle): its head is copied as it is.
 
 The checkpoint: safetensors files (or pytorch_model.bin) holding `fc.weight` [H, 3H] (and `fc.bias` in early
 speculators heads), the decoder layer under `midlayer.` (SpecForge) or `layers.0.` (speculators): `self_attn.q_proj`,
@@ -14,14 +15,15 @@ without ids, the layers vLLM picks by default (2, L / 2, L - 3 in its count: hea
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
 from specdec.errors import ExportError
-from specdec.head.format import HeadWeights, attach_head, record_for
-from specdec.manifest import HeadRecord, ModelDims, read_manifest
+from specdec.head.format import HeadWeights, attach_head, read_head, record_for
+from specdec.manifest import MANIFEST_NAME, HeadRecord, ModelDims, check_bundle_files, read_manifest
 from specdec.runtime.forward import head_feature_layers
 
 LAYER_PREFIXES = ("midlayer.", "layers.0.")  # SpecForge's, speculators'
@@ -32,11 +34,36 @@ HINT = "pass the directory of an EAGLE-3 checkpoint in SpecForge's or vllm-proje
 
 
 def attach_checkpoint(bundle: str | Path, checkpoint: str | Path) -> HeadRecord:
-    """Read the EAGLE-3 checkpoint at `checkpoint` and make it the draft head of the bundle at `bundle` (replacing
-    any); -> the record written."""
+    """Read the EAGLE-3 checkpoint at `checkpoint` (or the head of the specdec bundle there) and make it the draft
+    head of the bundle at `bundle` (replacing any); -> the record written."""
     bundle = Path(bundle)
-    weights, record = head_from_checkpoint(checkpoint, read_manifest(bundle).target.dims)
+    target = read_manifest(bundle).target.dims
+    if (Path(checkpoint) / MANIFEST_NAME).is_file():
+        weights, record = head_from_bundle(checkpoint, target)
+    else:
+        weights, record = head_from_checkpoint(checkpoint, target)
     return attach_head(bundle, weights, record)
+
+
+def head_from_bundle(folder: str | Path, target: ModelDims) -> tuple[HeadWeights, HeadRecord]:
+    """(weights, record) of the head of the bundle at `folder`, its file checked against its hash, for a target of
+    `target`'s dims: the bundle's own target must have the same dims (a head reads its target's hidden states, so it
+    serves that model alone, in whatever precision)."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    record = manifest.head
+    if record is None:
+        raise ExportError(f"the bundle at {folder} has no draft head to give",
+                          f"train one there first (specdec calibrate head {folder}), or {HINT}")
+    source = manifest.target.dims
+    if source != target:
+        differ = [f"{name} {getattr(source, name)} against {getattr(target, name)}"
+                  for name in type(source).__dataclass_fields__ if getattr(source, name) != getattr(target, name)]
+        raise ExportError(f"the head of {folder} was made for another model: its target differs in "
+                          f"{', '.join(differ)}", "give a bundle the head of a bundle of the same model")
+    check_bundle_files(folder, manifest, sorted({record.path, *record.files}))
+    weights = read_head(folder, record)
+    return weights, dataclasses.replace(record, source=f"{record.source or 'a head'}, from {folder}")
 
 
 def head_from_checkpoint(folder: str | Path, target: ModelDims) -> tuple[HeadWeights, HeadRecord]:
@@ -142,7 +169,10 @@ def _rotary(layer: dict) -> np.ndarray:
 
 def pinned_layers(folder: str | Path) -> tuple | None:
     """The target layers (outputs of layer l) the checkpoint at `folder` reads, where its config pins them; None
-    where it does not (then it reads head_feature_layers of the target)."""
+    where it does not (then it reads head_feature_layers of the target). A bundle's head pins its own."""
+    if (Path(folder) / MANIFEST_NAME).is_file():
+        head = read_manifest(Path(folder)).head
+        return None if head is None else tuple(head.feature_layers)  # (none: head_from_bundle says so)
     config = _config(Path(folder))
     ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
         "eagle_aux_hidden_state_layer_ids")

@@ -191,16 +191,16 @@ class RequestLayer:
         """What a request's options need from this generator: γ <= γ_max, a drafter it can run."""
         self.gamma(config.gamma)
         if config.drafter_kind.needs_model and not self.has_draft:
-            raise OptionError(f"drafter {config.drafter!r} needs a draft model, and this bundle has no draft model",
+            raise OptionError(f"drafter '{config.drafter}' needs a draft model, and this bundle has no draft model",
                               "use drafter 'prompt_lookup', 'auto' or 'none', or re-export with a draft",
                               "this model has no draft model", "drafter")
         if config.drafter_kind.needs_head:
             if self.head is None:
-                raise OptionError(f"drafter {config.drafter!r} needs a trained draft head, and this bundle has none",
+                raise OptionError(f"drafter '{config.drafter}' needs a trained draft head, and this bundle has none",
                                   "use drafter 'auto', 'model' or 'prompt_lookup', or give the bundle a head: specdec "
-                                  "calibrate head BUNDLE --out OUT trains one, --from CHECKPOINT attaches one "
-                                  "(docs/heads.md)", "this model has no draft head",
-                                  "drafter")
+                                  "calibrate head BUNDLE --out OUT trains one, --from DIR attaches one (an EAGLE-3 "
+                                  "checkpoint, or the head of another bundle of this model; docs/heads.md)",
+                                  "this model has no draft head", "drafter")
             if self.head_problem is not None:
                 raise self.head_problem
 

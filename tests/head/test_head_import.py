@@ -154,3 +154,60 @@ def test_specdec_export_head_exports_the_layers_the_checkpoint_reads_and_attache
                         "--head", str(tmp_path / "ckpt")]) == 0
     manifest = read_manifest(out)
     assert manifest.target.feature_layers == [1, 3, 6] == manifest.head.feature_layers
+
+
+def test_a_bundle_with_a_head_gives_it_to_another_bundle_of_the_same_model(random_head_bundle, head_model_dir,
+                                                                             tmp_path):
+    # the same tiny model exported again (another bundle of it, as a bf16 bundle is of the Q4_1 one) takes the head
+    from tests.head.conftest import export_head_bundle
+
+    other = export_head_bundle(tmp_path / "other", head_model_dir)
+    assert read_manifest(other).head is None
+    assert main(["calibrate", "head", str(other), "--from", str(random_head_bundle)]) == 0
+    given, record = read_manifest(other).head, read_manifest(random_head_bundle).head
+    assert given.feature_layers == record.feature_layers and given.draft_vocab_size == record.draft_vocab_size
+    assert str(random_head_bundle) in given.source
+    mine, theirs = read_head(other, given), read_head(random_head_bundle, record)
+    for name, value in theirs.arrays().items():
+        assert np.array_equal(mine.arrays()[name], value), name
+    from specdec.cli.export import _head_layers
+
+    assert _head_layers(str(random_head_bundle)) == tuple(record.feature_layers)
+
+
+def test_a_bundle_without_a_head_or_of_another_model_gives_none(random_head_bundle, bundle, tmp_path, capsys):
+    from tests.head.conftest import export_head_bundle
+
+    headless = export_head_bundle(tmp_path / "headless", save_tiny_llama(tmp_path / "m8", layers=8))
+    with pytest.raises(ExportError, match=r"(?s)has no draft head to give.*Hint"):
+        attach_checkpoint(bundle, headless)
+    shallow = export_head_bundle(tmp_path / "shallow", save_tiny_llama(tmp_path / "m6", layers=6))
+    from specdec.head.format import attach_head
+
+    attach_head(shallow, *_random_head_of(shallow))
+    capsys.readouterr()
+    assert main(["calibrate", "head", str(bundle), "--from", str(shallow)]) == 1
+    err = capsys.readouterr().err
+    assert "was made for another model" in err and "num_layers 6 against 8" in err and "Traceback" not in err
+    damaged = shutil.copytree(random_head_bundle, tmp_path / "damaged")
+    path = damaged / read_manifest(damaged).head.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte of its weights flipped
+    path.write_bytes(bytes(data))
+    assert main(["calibrate", "head", str(bundle), "--from", str(damaged)]) == 1
+    assert "has sha256" in capsys.readouterr().err  # its file is checked before it is read
+    assert read_manifest(bundle).head.source == "random"  # the bundle's head is untouched
+
+
+def save_tiny_llama(folder, layers: int):
+    from specdec.export.tiny import save_tiny
+
+    return save_tiny(folder, "llama", layers=layers, seed=0, hidden=64, init_range=0.5)
+
+
+def _random_head_of(bundle):
+    from specdec.head.random import random_head
+    from specdec.runtime.forward import head_feature_layers
+
+    dims = read_manifest(bundle).target.dims
+    return random_head(dims, head_feature_layers(dims.num_layers), np.arange(dims.vocab_size // 2), seed=1)
