@@ -85,7 +85,7 @@ def _add_head_parser(actions) -> None:
     train.add_argument("--steps", type=int, help="training steps (default: --epochs passes over the data, or what "
                                                  "--minutes leaves)")
     train.add_argument("--epochs", type=float, default=2.0, help="passes over the data (default 2)")
-    train.add_argument("--draft-vocab", type=int, default=16384, help="draft vocabulary size V' (default 16384)")
+    train.add_argument("--draft-vocab", type=int, default=4096, help="draft vocabulary size V' (default 4096)")
     train.add_argument("--max-new-tokens", type=int, default=192, help="tokens per answer (default 192)")
     train.add_argument("--rows", type=int, default=16, help="prompts the target answers at once (default 16)")
     train.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default 6e-4)")

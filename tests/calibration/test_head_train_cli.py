@@ -96,6 +96,24 @@ def test_training_stops_at_its_deadline_and_resumes_to_the_same_weights(trained,
     assert fitted.run(50, fit_to=12.0, deadline=None, resume=False).total < 50  # planned to end by the deadline
 
 
+def test_a_plan_fitted_to_a_deadline_grows_while_the_pace_quickens_early_and_only_shrinks_late(trained, native_bundle,
+                                                                                              tmp_path):
+    torch.set_num_threads(1)
+    data = trained.with_name("out.head-train") / "data"
+
+    def run(pace) -> int:  # pace(call) -> seconds the clock moves at its call-th reading
+        trainer, _ = _trainer(native_bundle, data, tmp_path / str(len(list(tmp_path.iterdir()))))
+        now, calls = [0.0], itertools.count()
+        trainer.clock = lambda: now.__setitem__(0, now[0] + pace(next(calls))) or now[0]
+        return trainer.run(40, fit_to=60.0, deadline=None, resume=False).total
+
+    steady = run(lambda call: 4.0)  # 4 s a reading from the first: a plan of about 60 / 8 steps, never more
+    quicker = run(lambda call: 4.0 if call < 4 else 0.5)  # slow at the probe, then quick: the plan grows
+    assert steady < quicker <= 40, (steady, quicker)
+    late = run(lambda call: 4.0 if call < 12 else 0.01)  # quick only once half the plan is done: no growth
+    assert late <= steady, (late, steady)
+
+
 def test_bf16_training_follows_the_fp32_run_closely(trained, native_bundle, tmp_path):
     torch.set_num_threads(1)
     data = trained.with_name("out.head-train") / "data"
@@ -164,3 +182,44 @@ def test_a_budget_of_minutes_ends_the_run(native_bundle, tmp_path):
     summary = json.loads((tmp_path / "timed.head-train" / "run.json").read_text())["summary"]
     assert summary["data"]["answer_tokens"] < 100000 and summary["training"]["steps"] < 100
     assert read_manifest(out).head is not None
+
+
+def test_trim_head_keeps_the_tokens_of_most_label_mass_and_drafts_exactly(trained, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from specdec.calibration.head_train.init import label_mass
+    from specdec.calibration.head_train.shards import Shards
+    from specdec.head.format import read_head
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "trim_head.py"
+    run = lambda *args: subprocess.run([sys.executable, str(script), *map(str, args)],  # noqa: E731
+                                       capture_output=True, text=True, timeout=300)
+    out = tmp_path / "trimmed"
+    done = run(trained, 40, "--out", out)
+    assert done.returncode == 0, done.stderr
+    manifest = read_manifest(out)
+    full, cut = read_head(trained, read_manifest(trained).head), read_head(out, manifest.head)
+    assert manifest.head.draft_vocab_size == len(cut.draft_ids) == 40 and np.all(np.diff(cut.draft_ids) > 0)
+    rows = np.searchsorted(full.draft_ids, cut.draft_ids)
+    assert np.array_equal(full.draft_ids[rows], cut.draft_ids)  # a subset of the head's own tokens...
+    assert np.array_equal(cut.lm_head, full.lm_head[rows]) and np.array_equal(cut.fc, full.fc)  # ... their rows
+    mass = label_mass(Shards(trained.with_name("out.head-train") / "data"), manifest.target.dims.vocab_size)
+    eos = set(manifest.tokenizer.eos_token_ids)
+    dropped = [t for t in full.draft_ids if t not in set(cut.draft_ids)]
+    kept = [t for t in cut.draft_ids if t not in eos]
+    assert eos <= set(cut.draft_ids.tolist()) and min(mass[kept]) >= max(mass[dropped])  # the most mass, EOS kept
+    assert "40 draft tokens" in done.stdout
+    with specdec.load(out, backend="native", threads=1) as generator:
+        plain = generator.generate("Hello there", GenerationConfig(max_new_tokens=16, temperature=0.0,
+                                                                  drafter="none"))
+        drafted = generator.generate("Hello there", GenerationConfig(max_new_tokens=16, temperature=0.0,
+                                                                    drafter="head", gamma=2))
+        assert drafted.token_ids == plain.token_ids
+    for args, why in (((trained, 97, "--out", tmp_path / "a"), "the head has 96"),
+                      ((trained, 40, "--out", out), "exists"),
+                      ((trained, 40, "--out", tmp_path / "b", "--work", tmp_path), "holds no training data")):
+        done = run(*args)
+        assert done.returncode == 1 and why in done.stderr and "Hint:" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr

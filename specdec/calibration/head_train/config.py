@@ -44,7 +44,7 @@ class HeadTrainConfig:
     data_share: float = 0.45  # with --minutes: the part of it the data may take
     max_new_tokens: int = field(default=192, metadata=RESUMED)  # per answer
     rows: int = field(default=16, metadata=COUNT)  # prompts answered at once
-    draft_vocab: int = field(default=16384, metadata=RESUMED)  # V'
+    draft_vocab: int = field(default=4096, metadata=RESUMED)  # V'
     steps: int | None = None  # training steps (None: `epochs` passes, or what --minutes leaves)
     epochs: float = 2.0
     batch_tokens: int = field(default=2048, metadata=RESUMED)

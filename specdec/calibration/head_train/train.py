@@ -181,8 +181,9 @@ class Trainer:
 
     def run(self, steps: int, fit_to: float | None, deadline: float | None, resume: bool, progress=None) -> TrainResult:
         """At most `steps` steps; fit_to: a deadline the steps are planned by (from the pace measured after PROBE
-        steps, again at every checkpoint: the plan only shrinks); deadline: stop there whatever the plan (a checkpoint
-        is written either way)."""
+        steps, again at every checkpoint: the plan shrinks whenever the pace says so, and grows, up to `steps`, while
+        less than half of it is done, so that slow first steps do not leave the budget unused and the learning rate's
+        decay is not stretched late); deadline: stop there whatever the plan (a checkpoint is written either way)."""
         step, total = load_checkpoint(self.work, self.head, self.optimizer, self.plan) if resume and \
             (Path(self.work) / CHECKPOINT).is_file() else (0, steps)
         factor, mark, trained = schedule(self.plan, total), None, StepCounts()
@@ -191,7 +192,9 @@ class Trainer:
             progress.update(step)
         while step < total and not (deadline is not None and self.clock() >= deadline):
             if fit_to is not None and mark is not None and self._refit(step - mark[0]):
-                total = min(total, self._fitted(step, mark, fit_to))
+                fitted = self._fitted(step, mark, fit_to)
+                if fitted < total or 2 * step < total:
+                    total = min(fitted, steps)
                 factor = schedule(self.plan, total)
                 if progress is not None:
                     progress.total = total
