@@ -7,7 +7,7 @@ draft vocabulary costs in acceptance and saves in a head step, without training 
     python benchmarks/trim_head.py BUNDLE N --out OUT --work BUNDLE.head-train    # the training run's work folder
 
 The work folder (default: BUNDLE.head-train, where `specdec calibrate head --out BUNDLE` left it) must hold the data
-the head was trained on. The bundle's special tokens (EOS) are kept whatever their mass.
+the head was trained on. The bundle's EOS tokens the head scores are kept whatever their mass.
 """
 from __future__ import annotations
 
@@ -55,8 +55,10 @@ def trim(bundle: Path, tokens: int, out: Path, work: Path) -> tuple:
     weights = read_head(bundle, record)
     mass = label_mass(shards, record.vocab_size)
     scored = np.where(np.isin(np.arange(len(mass)), weights.draft_ids), mass, -1.0)  # only the head's own tokens
-    kept = draft_vocabulary(scored, tokens, manifest.tokenizer.eos_token_ids)
-    rows = np.searchsorted(weights.draft_ids, kept)  # draft_ids are sorted
+    eos = [t for t in manifest.tokenizer.eos_token_ids if t in set(weights.draft_ids.tolist())]  # (an imported head
+    # may score no EOS: it cannot gain one here)
+    kept = draft_vocabulary(scored, tokens, eos)
+    rows = np.searchsorted(weights.draft_ids, kept)  # draft_ids are sorted, and hold every kept id
     shutil.copytree(bundle, out)
     trimmed = dataclasses.replace(weights, lm_head=np.ascontiguousarray(weights.lm_head[rows]), draft_ids=kept)
     attach_head(out, trimmed, dataclasses.replace(record, draft_vocab_size=len(kept),

@@ -38,11 +38,16 @@ def attach_checkpoint(bundle: str | Path, checkpoint: str | Path) -> HeadRecord:
     head of the bundle at `bundle` (replacing any); -> the record written."""
     bundle = Path(bundle)
     target = read_manifest(bundle).target.dims
-    if (Path(checkpoint) / MANIFEST_NAME).is_file():
+    if _is_bundle(checkpoint):
         weights, record = head_from_bundle(checkpoint, target)
     else:
         weights, record = head_from_checkpoint(checkpoint, target)
     return attach_head(bundle, weights, record)
+
+
+def _is_bundle(folder: str | Path) -> bool:
+    """Whether `folder` is a specdec bundle (its manifest), not a checkpoint."""
+    return (Path(folder) / MANIFEST_NAME).is_file()
 
 
 def head_from_bundle(folder: str | Path, target: ModelDims) -> tuple[HeadWeights, HeadRecord]:
@@ -170,7 +175,7 @@ def _rotary(layer: dict) -> np.ndarray:
 def pinned_layers(folder: str | Path) -> tuple | None:
     """The target layers (outputs of layer l) the checkpoint at `folder` reads, where its config pins them; None
     where it does not (then it reads head_feature_layers of the target). A bundle's head pins its own."""
-    if (Path(folder) / MANIFEST_NAME).is_file():
+    if _is_bundle(folder):
         head = read_manifest(Path(folder)).head
         return None if head is None else tuple(head.feature_layers)  # (none: head_from_bundle says so)
     config = _config(Path(folder))

@@ -79,7 +79,8 @@ static int check_layers(const model_t *m, int quant) {
 
 static int check_model(const model_t *m, int quant) {
     if (!m) return SPECDEC_E_NULL;
-    if (out_of(m->L, 1, 4096) || layer_dims_bad(m->H, m->Hq, m->Hkv, m->D, m->I) || out_of(m->V, 1, 1L << 24) || out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
+    if (out_of(m->L, 1, 4096) || layer_dims_bad(m->H, m->Hq, m->Hkv, m->D, m->I) || out_of(m->V, 1, 1L << 24) ||
+        out_of(m->vocab, 1, 1L << 24) || out_of(m->positions, 1, 1L << 24) ||
         out_of(m->kind, 0, SPECDEC_MODEL_COUNT - 1) || !model_kernels(m, quant) ||
         (!gguf_blocks(m->kind) && !m->embedding) ||
         out_of(m->mlp, SPECDEC_MLP_SILU_GATED, SPECDEC_MLP_GELU) ||

@@ -49,8 +49,9 @@ static head_layout layout_of(const head_t *h, int B, int T, int S, int threads) 
         offsets[i] = at;
         at += ALIGNED(sizes[i]);
     }
-    const head_layout l = {offsets[0], offsets[1], offsets[2],  offsets[3],  offsets[4],  offsets[5],  offsets[6],
-                           offsets[7], offsets[8], offsets[9], offsets[10], offsets[11], offsets[12], at + 64};  // + 64: the caller's buffer may start anywhere
+    const head_layout l = {offsets[0], offsets[1], offsets[2], offsets[3],  offsets[4],  offsets[5], offsets[6],
+                           offsets[7], offsets[8], offsets[9], offsets[10], offsets[11], offsets[12],
+                           at + 64};  // + 64: the caller's buffer may start anywhere
     return l;
 }
 

@@ -217,6 +217,21 @@ def test_trim_head_keeps_the_tokens_of_most_label_mass_and_drafts_exactly(traine
         drafted = generator.generate("Hello there", GenerationConfig(max_new_tokens=16, temperature=0.0,
                                                                     drafter="head", gamma=2))
         assert drafted.token_ids == plain.token_ids
+    # a head that scores no EOS (an imported one may not): trimmed, its rows still its own tokens'
+    import dataclasses
+    import shutil
+
+    from specdec.head.format import attach_head
+
+    no_eos = shutil.copytree(trained, tmp_path / "no_eos")
+    shutil.copytree(trained.with_name("out.head-train"), tmp_path / "no_eos.head-train", symlinks=True)
+    rows = np.flatnonzero(~np.isin(full.draft_ids, list(eos)))
+    attach_head(no_eos, dataclasses.replace(full, lm_head=full.lm_head[rows], draft_ids=full.draft_ids[rows]),
+                dataclasses.replace(read_manifest(trained).head, draft_vocab_size=len(rows)))
+    assert run(no_eos, 40, "--out", tmp_path / "no_eos_cut").returncode == 0
+    cut = read_head(tmp_path / "no_eos_cut", read_manifest(tmp_path / "no_eos_cut").head)
+    assert not eos & set(cut.draft_ids.tolist())
+    assert np.array_equal(cut.lm_head, full.lm_head[np.searchsorted(full.draft_ids, cut.draft_ids)])
     for args, why in (((trained, 97, "--out", tmp_path / "a"), "the head has 96"),
                       ((trained, 40, "--out", out), "exists"),
                       ((trained, 40, "--out", tmp_path / "b", "--work", tmp_path), "holds no training data")):
