@@ -15,7 +15,8 @@ Each request's ms per token counts its first token (E2E / new tokens); TPOT leav
 repeat is token-weighted over the prompts; the table gives each repeat, min, median, the speedup of the median over
 target-only's median, the acceptance rate and the mean acceptance length.
 Checks, greedy: every output equals target-only's. Sampled with coupling gumbel: with one seed, every drafter of a
-bundle gives the same tokens. A failed check is written in the table and exits 1.
+bundle gives the same tokens. A failed check is written in the table and exits 1. A mode a bundle cannot run (drafter
+head on a bundle without a head, a γ past its γ_max) is left out for that bundle, with a line under the table.
 
 Writes modes.md, requests.csv and record.json. A benchmark, not a test: it asserts no timings.
 """
@@ -85,12 +86,32 @@ def choose_prompts(generator, folder: str, per_class: int, new_tokens: int) -> l
     return [(p.id, p.cls, ids[p.id]) for p in chosen]
 
 
-def request(generator, turn: Turn, ids: list, args, seed: int) -> dict:
+def turn_config(turn: Turn, args, seed: int = 0):
     from specdec.runtime.config import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=args.new_tokens, drafter=turn.drafter, gamma=turn.gamma,
-                              temperature=args.temperature, top_p=args.top_p, seed=seed, coupling=turn.coupling,
-                              eos_token_ids=() if args.ignore_eos else None)
+    return GenerationConfig(max_new_tokens=args.new_tokens, drafter=turn.drafter, gamma=turn.gamma,
+                            temperature=args.temperature, top_p=args.top_p, seed=seed, coupling=turn.coupling,
+                            eos_token_ids=() if args.ignore_eos else None)
+
+
+def runnable(generators: dict, turns: list, args) -> tuple[list, list]:
+    """(the turns each bundle can run, a sentence for each it cannot: a drafter it lacks, a γ past its γ_max), so
+    that one bundle without a head does not stop a run of several."""
+    from specdec.runtime.config import OptionError
+
+    kept, skipped = [], []
+    for turn in turns:
+        try:
+            generators[turn.bundle].requests.check(turn_config(turn, args))
+        except OptionError as exc:
+            skipped.append(f"{turn.name}: not run ({exc.message})")
+            continue
+        kept.append(turn)
+    return kept, skipped
+
+
+def request(generator, turn: Turn, ids: list, args, seed: int) -> dict:
+    config = turn_config(turn, args, seed)
     result, elapsed = timer.timed(lambda: generator.generate(ids, config))
     stats, new = result.stats, len(result.token_ids)
     return {"turn": turn.name, "new_tokens": new, "e2e_s": elapsed, "ttft_s": stats.first_token_s,
@@ -154,7 +175,7 @@ def summary(rows: list, turns: list, repeats: int) -> list:
     return out
 
 
-def table(lines: list, prompts: int, args, failed: list) -> str:
+def table(lines: list, prompts: int, args, failed: list, skipped: list = ()) -> str:
     fmt = lambda value, pattern: "–" if value is None else pattern.format(value)  # noqa: E731
     rows = [[s["mode"], s["ms_per_token"], f"{s['min']:.2f}", f"{s['median']:.2f}", f"{s['tpot_ms']:.2f}",
              fmt(s["speedup"], "{:.2f}×"), fmt(s["acceptance"], "{:.3f}"), fmt(s["mean_acceptance_length"], "{:.2f}")]
@@ -164,7 +185,7 @@ def table(lines: list, prompts: int, args, failed: list) -> str:
     body = tables.markdown(["mode", "ms/token per repeat (first token included)", "min", "median", "TPOT ms",
                             "speedup (medians)", "acceptance", "mean acc. len"], rows)
     verdict = "\n".join(f"- check failed: {f}" for f in failed) if failed else "- every check held"
-    return head + body + "\n" + verdict + "\n"
+    return head + body + "\n" + verdict + "\n" + "".join(f"- {s}\n" for s in skipped)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -203,10 +224,12 @@ def main(argv=None) -> int:
         run_record = record.run_record(EXPERIMENT, settings, args.threads, __file__, argv, modes=args.modes,
                                        temperature=args.temperature, repeats=args.repeats)
         prompts = choose_prompts(generators[labels[0]], args.prompts, args.per_class, args.new_tokens)
-        turns = plan(labels, modes, couplings)
+        turns, skipped = runnable(generators, plan(labels, modes, couplings), args)
+        if not turns:
+            raise SystemExit("no mode can run on these bundles:\n" + "\n".join(skipped))
         rows = run(generators, turns, prompts, args)
     failed = checks(rows, turns, args.temperature == 0)
-    text = table(summary(rows, turns, args.repeats), len(prompts), args, failed)
+    text = table(summary(rows, turns, args.repeats), len(prompts), args, failed, skipped)
     record.finish(run_record, args.out, {"modes.md": text, "requests.csv": rows}, shown=text, checks_failed=failed)
     return 1 if failed else 0
 

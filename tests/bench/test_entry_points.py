@@ -45,11 +45,13 @@ def test_step(gqa_int4_bundle, tmp_path):
 
 def test_modes_greedy_and_gumbel(gqa_int4_bundle, int4_bundle, tmp_path):
     out = tmp_path / "modes"
-    run_script("modes.py", gqa_int4_bundle, int4_bundle, "--modes", "none,model:2,auto", "--per-class", "1",
+    run_script("modes.py", gqa_int4_bundle, int4_bundle, "--modes", "none,model:2,auto,head:1", "--per-class", "1",
                "--new-tokens", "6", "--repeats", "2", "--out", out)
     text = (out / "modes.md").read_text(encoding="utf-8")
     assert "| target-only |" in text and "| gqa model γ=2 |" in text and "| int4 auto |" in text
     assert "every check held" in text
+    assert "- gqa head γ=1: not run (drafter 'head' needs a trained draft head" in text  # the others ran
+    assert "- int4 head γ=1: not run" in text and "| int4 head" not in text
     read_record(out, "modes.py")
     sampled = tmp_path / "sampled"
     run_script("modes.py", gqa_int4_bundle, "--modes", "model,prompt_lookup", "--couplings", "leviathan,gumbel",
