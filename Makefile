@@ -48,7 +48,7 @@ HEAD_BUNDLE := bundles/smollm2-q41-head
 HEAD_MINUTES ?= 80
 $(HEAD_BUNDLE)/manifest.json: $(DEMO_BUNDLE)/manifest.json
 	$(VENV)/bin/specdec calibrate head $(DEMO_BUNDLE) --out $(HEAD_BUNDLE) --minutes $(HEAD_MINUTES) \
-		--data-tokens 400000 --asked-share 0.67 --epochs 10 $(if $(wildcard $(HEAD_BUNDLE).head-train/run.json),--resume,--overwrite)
+		--data-tokens 800000 --asked-share 0.67 --epochs 10 $(if $(wildcard $(HEAD_BUNDLE).head-train/run.json),--resume,--overwrite)
 
 bundle-head: $(HEAD_BUNDLE)/manifest.json
 
