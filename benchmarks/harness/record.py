@@ -22,7 +22,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 RECORD = "record.json"
 SCHEMA = 1
 CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512vbmi",
-             "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
+             "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
 PACKAGES = ("specdec", "numpy", "onnxruntime", "onnx", "tokenizers", "torch", "transformers", "polars", "fastapi",
             "uvicorn", "ray")
 
