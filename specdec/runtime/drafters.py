@@ -197,6 +197,7 @@ class ModelGate:
     """
 
     TIMES = 64  # passes of each kind r is the ratio of medians of
+    MIN_PASSES = 3  # verify passes of a γ before its own r is read from them
     PROBE_BOUND = 16  # a model that could not pay at any acceptance is probed this many times more rarely
 
     def __init__(self, cost_ratio: float | None = None, warmup_rounds: int = 4, prior_alpha: float = 0.7,
@@ -214,6 +215,7 @@ class ModelGate:
         # r from medians of recent passes of each kind: the fastest of each would compare the fastest of hundreds of
         # verify passes with the fastest of a few one-token ones, and so judge the verify pass cheaper than it is
         self.verify_times, self.plain_times = deque(maxlen=self.TIMES), deque(maxlen=self.TIMES)
+        self.verify_by_gamma = {}  # γ (the most drafts a row of the pass had) -> its recent verify passes' seconds
         # per kind of lookup (strong or weak): (tokens a row emitted, seconds of the pass) of recent lookup rounds
         self.lookups = {strong: deque(maxlen=self.TIMES) for strong in (True, False)}
         self.lookup_refusals = {True: 0, False: 0}
@@ -226,7 +228,11 @@ class ModelGate:
         self.accepted += accepted
         self.verify_s += verify_s
         self.verify_times.append(verify_s)
-        for row_proposed, row_accepted in runs if runs is not None else [(proposed, accepted)]:
+        runs = runs if runs is not None else [(proposed, accepted)]
+        width = max((row_proposed for row_proposed, _ in runs), default=0)
+        if width:
+            self.verify_by_gamma.setdefault(width, deque(maxlen=self.TIMES)).append(verify_s)
+        for row_proposed, row_accepted in runs:
             while len(self.tries) < row_proposed:
                 self.tries.append(0)
                 self.passes.append(0)
@@ -298,15 +304,38 @@ class ModelGate:
         plain = _median(self.plain_times)
         return _median(self.verify_times) / plain if plain > 0 else 1.0
 
+    def verify_ratio_at(self, gamma: int) -> float:
+        """r of a round of γ drafts: the median of the recent verify passes of rounds of γ drafts over the median of
+        the recent one-token passes, where MIN_PASSES of them are timed; else scaled from the nearest γ timed so (a
+        verify pass costs one step plus a share per token it checks: compute-bound on a CPU, it grows with γ);
+        verify_ratio where no γ has enough passes yet. 1 for a fixed gate."""
+        if self.fixed_cost is not None or not self.plain_times:
+            return 1.0
+        plain = _median(self.plain_times)
+        timed = {g: times for g, times in self.verify_by_gamma.items() if len(times) >= self.MIN_PASSES}
+        if plain <= 0 or not timed:
+            return self.verify_ratio
+        if gamma in timed:
+            return _median(timed[gamma]) / plain
+        near = min(timed, key=lambda g: (abs(g - gamma), -len(timed[g]), g))
+        return 1.0 + max(_median(timed[near]) / plain - 1.0, 0.0) * gamma / near
+
     def _speedup(self, gamma: int, every: bool = False) -> float:
-        """speedup_table(...)[-1] / r for a round of γ drafts (every: as if every draft were accepted), in plain
-        Python: the gate decides every round, where numpy's overhead on arrays of γ values would cost more than the
-        arithmetic."""
+        """speedup_table(...)[-1] / r for a round of γ drafts (every: as if every draft were accepted), r that of γ
+        drafts, in plain Python: the gate decides every round, where numpy's overhead on arrays of γ values would cost
+        more than the arithmetic."""
         tokens, run = 1.0, 1.0
         for alpha in ([1.0] * gamma if every else self._conditional(gamma)):
             run *= min(max(alpha, 0.0), 1.0)  # A_j, as cumulative_from_conditional clips
             tokens += run
-        return tokens / (gamma * self.cost_ratio + 1.0) / self.verify_ratio
+        return tokens / (gamma * self.cost_ratio + 1.0) / self.verify_ratio_at(gamma)
+
+    def best_gamma(self, limit: int) -> int:
+        """The γ of 1..limit it expects the most of (the fewest drafts of equals): `limit` while it warms up and for
+        a fixed gate (a sampled request drafts the γ it asked for)."""
+        if self.warming or self.fixed_cost is not None or limit <= 1:
+            return limit
+        return max(range(1, limit + 1), key=lambda g: (self._speedup(g), -g))
 
     @property
     def warming(self) -> bool:
@@ -350,18 +379,21 @@ class ChainDrafter:
         """The drafter `row`'s hidden states go to (the head's, where it weighs the head for the row), or None."""
         return None if self.head is None else self.head.feature_tap(row)
 
-    def _pick(self, row, limit: int):
-        """The drafter of a row's round (the model, the head or None): each gate that says it pays is a candidate; one
-        still learning first (the head before the model), else the one expecting the larger speedup."""
-        picked, best = None, 0.0
+    def _pick(self, row, limit: int) -> tuple:
+        """(the drafter of a row's round: the model, the head or None; its drafts): each gate that says it pays at the
+        γ of up to `limit` it expects the most of is a candidate; one still learning first (the head before the
+        model), at `limit`, else the one expecting the larger speedup. (A cheap head that is right less often gains
+        most from one draft a round, a costly model that is right often from several.)"""
+        picked, best, drafts = None, 0.0, 0
         for drafter, gate in ((self.head, row.head_gate), (self.model, row.gate)):
             if drafter is None or gate is None or (drafter is self.head and not drafter.ready(row)):
                 continue
-            if gate.pays(limit):
-                score = float("inf") if gate.warming else gate.expected(limit)
+            gamma = gate.best_gamma(limit)
+            if gate.pays(gamma):
+                score = float("inf") if gate.warming else gate.expected(gamma)
                 if picked is None or score > best:
-                    picked, best = drafter, score
-        return picked
+                    picked, best, drafts = drafter, score, gamma
+        return picked, drafts
 
     def propose(self, rows: list, limits: list) -> list:
         # a strong lookup (longest n-gram, full length) costs nothing to find and is usually right: it goes first
@@ -373,9 +405,10 @@ class ChainDrafter:
         proposals = [p if k is None or p.strong in k else EMPTY for p, k in zip(found, kinds)]
         if self.model is None and self.head is None:
             return proposals
-        picks = [self._pick(row, lim) if lim and not p.strong else None for row, p, lim in zip(rows, proposals, limits)]
+        picks = [self._pick(row, lim) if lim and not p.strong else (None, 0)
+                 for row, p, lim in zip(rows, proposals, limits)]
         for drafter in (self.model, self.head):
-            need = [lim if pick is drafter and drafter is not None else 0 for pick, lim in zip(picks, limits)]
+            need = [drafts if pick is drafter and drafter is not None else 0 for pick, drafts in picks]
             if any(need):
                 drafted = drafter.propose(rows, need)
                 proposals = [d if n else p for p, d, n in zip(proposals, drafted, need)]

@@ -125,3 +125,39 @@ def test_a_head_that_does_not_pay_is_left_out_of_auto_and_probed_now_and_then(mi
         row = request.rows[0]
         assert row.head_gate is None and request.loop.feature_tap(row) is None  # no hidden states asked for
         assert [r for r in gen.rounds(request)] and row.head is None
+
+
+def _measured(step_ratios: dict, cost: float = 0.12) -> ModelGate:
+    """A measured gate past its warm-up whose drafts were accepted at 0.42, then 0.38, then 0.375 (conditional; 100
+    rows of 3 drafts a round), with a draft step `cost` of a one-token step and verify passes of γ drafts costing
+    step_ratios[γ] one-token steps (4 passes of each)."""
+    gate, plain = ModelGate(warmup_rounds=2, prior_weight=1e-9), 0.01
+    runs = [(3, 0)] * 58 + [(3, 1)] * 26 + [(3, 2)] * 10 + [(3, 3)] * 6
+    for gamma, ratio in sorted(step_ratios.items()):
+        for _ in range(4):
+            gate.observe(sum(p for p, _ in runs), sum(a for _, a in runs), ratio * plain,
+                         [(min(p, gamma), min(a, gamma)) for p, a in runs])
+    for _ in range(4):
+        gate.observe_plain(plain)
+        gate.observe_draft_step(cost * plain)
+    return gate
+
+
+def test_auto_drafts_with_each_drafter_the_gamma_its_gate_expects_the_most_of():
+    # a compute-bound verify pass (a CPU's: each token checked costs a share of a step): one draft a round pays best
+    cpu = _measured({1: 1.10, 3: 1.40})
+    assert abs(cpu.verify_ratio_at(1) - 1.10) < 1e-9 and abs(cpu.verify_ratio_at(3) - 1.40) < 1e-9
+    assert abs(cpu.verify_ratio_at(4) - (1 + 0.40 * 4 / 3)) < 1e-9  # scaled from γ = 3, the nearest timed
+    assert abs(cpu.verify_ratio_at(2) - (1 + 0.10 * 2)) < 1e-9  # (γ = 1 and 3 are as near: the one of more passes,
+    # else the fewer drafts)
+    assert cpu.best_gamma(4) == 1 and cpu.expected(1) > max(cpu.expected(g) for g in (2, 3, 4))
+    # a memory-bound one (r near 1 whatever γ): two drafts
+    gpu_like = _measured({1: 1.0, 3: 1.0})
+    assert gpu_like.best_gamma(4) == 2
+    # auto drafts that many with the head, and γ = limit with a gate still learning or a fixed one
+    head, model = _Drafter(2), _Drafter(1)
+    chain = ChainDrafter(PromptLookupDrafter(), model, head)
+    row = SimpleNamespace(gate=_gate(0.05, 0.7), head_gate=cpu, tokens=[5, 6, 7, 8], active=True,
+                          config=SimpleNamespace(lookup_ngram=3, lookup_min_ngram=1))
+    assert list(chain.propose([row], [4])[0].tokens) == [2] and head.asked[-1] == [1]
+    assert ModelGate(cost_ratio=0.1).best_gamma(4) == 4 and ModelGate().best_gamma(4) == 4
