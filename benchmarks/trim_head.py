@@ -55,8 +55,8 @@ def trim(bundle: Path, tokens: int, out: Path, work: Path) -> tuple:
     weights = read_head(bundle, record)
     mass = label_mass(shards, record.vocab_size)
     scored = np.where(np.isin(np.arange(len(mass)), weights.draft_ids), mass, -1.0)  # only the head's own tokens
-    eos = [t for t in manifest.tokenizer.eos_token_ids if t in set(weights.draft_ids.tolist())]  # (an imported head
-    # may score no EOS: it cannot gain one here)
+    eos = [t for t in manifest.tokenizer.eos_token_ids if t in weights.draft_ids]  # (an imported head may score no
+    # EOS: it cannot gain one here)
     kept = draft_vocabulary(scored, tokens, eos)
     rows = np.searchsorted(weights.draft_ids, kept)  # draft_ids are sorted, and hold every kept id
     shutil.copytree(bundle, out)

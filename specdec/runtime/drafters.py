@@ -216,6 +216,7 @@ class ModelGate:
         # verify passes with the fastest of a few one-token ones, and so judge the verify pass cheaper than it is
         self.verify_times, self.plain_times = deque(maxlen=self.TIMES), deque(maxlen=self.TIMES)
         self.verify_by_gamma = {}  # γ (the most drafts a row of the pass had) -> its recent verify passes' seconds
+        self._ratios = {}  # γ -> verify_ratio_at(γ) until the next pass is timed (a round asks for it several times)
         # per kind of lookup (strong or weak): (tokens a row emitted, seconds of the pass) of recent lookup rounds
         self.lookups = {strong: deque(maxlen=self.TIMES) for strong in (True, False)}
         self.lookup_refusals = {True: 0, False: 0}
@@ -228,6 +229,7 @@ class ModelGate:
         self.accepted += accepted
         self.verify_s += verify_s
         self.verify_times.append(verify_s)
+        self._ratios.clear()
         runs = runs if runs is not None else [(proposed, accepted)]
         width = max((row_proposed for row_proposed, _ in runs), default=0)
         if width:
@@ -248,6 +250,7 @@ class ModelGate:
         """A round in which the target verified no drafts: one token per row."""
         self.plain_times.append(seconds)
         self.plain_steps += 1
+        self._ratios.clear()
 
     def observe_lookup(self, strong: bool, emitted: float, verify_s: float) -> None:
         """A verify pass that checked lookups alone: each row of this gate that looked one up emitted `emitted` tokens
@@ -308,9 +311,15 @@ class ModelGate:
         """r of a round of γ drafts: the median of the recent verify passes of rounds of γ drafts over the median of
         the recent one-token passes, where MIN_PASSES of them are timed; else scaled from the nearest γ timed so (a
         verify pass costs one step plus a share per token it checks: compute-bound on a CPU, it grows with γ);
-        verify_ratio where no γ has enough passes yet. 1 for a fixed gate."""
+        verify_ratio where no γ has enough passes yet. 1 for a fixed gate. Kept until the next pass is timed."""
         if self.fixed_cost is not None or not self.plain_times:
             return 1.0
+        ratio = self._ratios.get(gamma)
+        if ratio is None:
+            ratio = self._ratios[gamma] = self._verify_ratio_at(gamma)
+        return ratio
+
+    def _verify_ratio_at(self, gamma: int) -> float:
         plain = _median(self.plain_times)
         timed = {g: times for g, times in self.verify_by_gamma.items() if len(times) >= self.MIN_PASSES}
         if plain <= 0 or not timed:

@@ -151,6 +151,12 @@ def test_auto_drafts_with_each_drafter_the_gamma_its_gate_expects_the_most_of():
     assert abs(cpu.verify_ratio_at(2) - (1 + 0.10 * 2)) < 1e-9  # (γ = 1 and 3 are as near: the one of more passes,
     # else the fewer drafts)
     assert cpu.best_gamma(4) == 1 and cpu.expected(1) > max(cpu.expected(g) for g in (2, 3, 4))
+    # r is kept between passes and read again once a pass is timed: one-token passes twice as fast double it
+    timed = _measured({1: 1.10})
+    assert abs(timed.verify_ratio_at(1) - 1.10) < 1e-9
+    for _ in range(5):
+        timed.observe_plain(0.005)
+    assert abs(timed.verify_ratio_at(1) - 2.20) < 1e-9
     # a memory-bound one (r near 1 whatever γ): two drafts
     gpu_like = _measured({1: 1.0, 3: 1.0})
     assert gpu_like.best_gamma(4) == 2
