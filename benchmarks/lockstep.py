@@ -210,7 +210,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--gamma", type=int, default=None, help="specdec's γ (default: the bundle's)")
-    parser.add_argument("--modes", default="target-only,auto,model", help="specdec drafters (target-only = none)")
+    parser.add_argument("--modes", default="target-only,auto,model",
+                        help="specdec drafters, each DRAFTER[:γ] (target-only = none; γ: --gamma's where none is given)")
     parser.add_argument("--backends", default="onnxruntime",
                         help="specdec's backends, each a system of its own: onnxruntime (system specdec), native "
                              f"(system {NATIVE_SYSTEM!r}); comma-separated")
@@ -314,10 +315,12 @@ def open_openvino(args):
 
 
 def specdec_modes(args, gamma: int) -> list:
+    """--modes' DRAFTER[:γ] items (target-only = none; γ: --gamma or the bundle's where an item names none)."""
     from specdec.bench.config import BASELINE, Mode
 
-    return [Mode(BASELINE, "none") if m == BASELINE else Mode(f"{m} γ={gamma}", m, gamma)
-            for m in (part.strip() for part in args.modes.split(",")) if m]
+    modes = opening.parse_modes(args.modes, {BASELINE: "none"})
+    return [Mode(BASELINE, "none") if drafter == "none" else Mode(f"{drafter} γ={own or gamma}", drafter, own or gamma)
+            for drafter, own in modes]
 
 
 def run_turns(generators: dict, peers: dict, turns: list, prompts: list, ids: dict, args) -> list:
@@ -361,6 +364,7 @@ def main() -> int:
         raise SystemExit(f"unknown backend in {args.backends!r}; choose from {', '.join(SYSTEMS)}")
     if args.ignore_eos and args.peer_modes != "none":
         raise SystemExit("onnxruntime-genai cannot ignore EOS: pass --peer-modes none with --ignore-eos")
+    specdec_modes(args, 1)  # refuses a bad item before a peer or a bundle opens
     with contextlib.ExitStack() as stack:
         peer, peer_modes = open_peer(args)
         if peer is not None:

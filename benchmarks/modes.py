@@ -52,18 +52,6 @@ class Turn:
         return f"{self.bundle} {self.drafter}{gamma}{coupling}"
 
 
-def parse_modes(text: str) -> list:
-    from specdec.runtime.config import DRAFTERS
-
-    modes = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        drafter, _, gamma = item.partition(":")
-        if drafter not in DRAFTERS or (gamma and not gamma.isdigit()):
-            raise SystemExit(f"mode {item!r} is not DRAFTER[:γ] with DRAFTER one of {', '.join(DRAFTERS)}")
-        modes.append((drafter, int(gamma) if gamma else None))
-    return modes
-
-
 def plan(labels: list, modes: list, couplings: list) -> list:
     turns = []
     for drafter, gamma in modes:
@@ -209,7 +197,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    modes = parse_modes(args.modes)
+    modes = opening.parse_modes(args.modes)
     couplings = [c.strip() for c in args.couplings.split(",") if c.strip()]
     if not modes or not couplings or any(c not in ("leviathan", "gumbel") for c in couplings):
         raise SystemExit(f"need modes and couplings from leviathan, gumbel; got {args.modes!r}, {args.couplings!r}")

@@ -17,6 +17,23 @@ def open_bundle(bundle: str | Path, backend: str = "auto", threads: int | None =
     return load(bundle, backend=backend, threads=threads, verify=verify, activations=activations)
 
 
+def parse_modes(text: str, aliases: dict | None = None) -> list:
+    """'none,head:1,auto' -> [(drafter, γ or None)]: DRAFTER[:γ] items, comma-separated; `aliases` maps other names
+    to drafters (lockstep's target-only to none). SystemExit naming the item otherwise."""
+    from specdec.runtime.config import DRAFTERS
+
+    aliases = aliases or {}
+    modes = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        drafter, _, gamma = item.partition(":")
+        drafter = aliases.get(drafter, drafter)
+        if drafter not in DRAFTERS or (gamma and not (gamma.isdigit() and int(gamma) > 0)):
+            names = ", ".join([*DRAFTERS, *aliases])
+            raise SystemExit(f"mode {item!r} is not DRAFTER[:γ] with DRAFTER one of {names} and γ > 0")
+        modes.append((drafter, int(gamma) if gamma else None))
+    return modes
+
+
 def models(generator) -> dict:
     """{"target": backend, "draft": backend, "head": HeadSteps} of an open generator (the draft and the head only
     where the bundle has them): the backends `load` opened, for timing single forwards."""
