@@ -40,8 +40,7 @@ class SpeculativeLoop:
         fresh = [row.active and row.generated == 0 for row in rows]
         seqs = [None if not row.active else row.tokens if new else row.tokens[:-1] for row, new in zip(rows, fresh)]
         starts = [self.reusable(row, seq) if seq else 0 for row, seq in zip(rows, seqs)]
-        starts = [0 if self.feature_tap(row) else start for row, start in zip(rows, starts)]  # (a drafter that
-        # reads the target's hidden states needs them at every position: no prefill is skipped for its rows)
+        starts = [self.tapped_start(row, start) if self.feature_tap(row) else start for row, start in zip(rows, starts)]
         for row, start in zip(rows, starts):
             row.reused = start
         logits = feed_chunks(self.target, rows, [seq[start:] if seq else seq for seq, start in zip(seqs, starts)],
@@ -61,6 +60,11 @@ class SpeculativeLoop:
     def reusable(self, row, seq: list) -> int:
         """Leading tokens of `seq` whose target KV the row's slot already holds, so the prefill starts after them
         (here none; the serving loop keeps what earlier requests left in their slots)."""
+        return 0
+
+    def tapped_start(self, row, start: int) -> int:
+        """Where the prefill of a row whose drafter reads the target's hidden states starts, `start` of its prefix
+        reusable: here 0 (the head needs the hidden states of every position it has not fed)."""
         return 0
 
     def limits(self, rows: list, gamma: int) -> list:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from enum import Enum, auto
 
 from specdec.runtime.drafters import EMPTY
+from specdec.runtime.head_drafter import HeadState
 from specdec.runtime.loop import SpeculativeLoop
 from specdec.runtime.state import common_prefix, forward_rows
 
@@ -43,6 +44,11 @@ class ServingLoop(SpeculativeLoop):
         # conversation) where the backend's K/V of a position depends only on the tokens up to it.
         self.reuse_prefix = reuse_prefix and getattr(self.target, "exact_prefix_kv", False)
         self.holders = {}  # slot -> the row whose K/V it holds
+        # The draft head's K/V of position j depends only on the tokens up to j + 1 (the target's hidden states at j
+        # and the token after), never on its K/V before, and its catch-up feeds verified positions alone; the
+        # target's hidden states of a position, like its K/V, depend only on the tokens up to it. So a head row
+        # admitted to a slot keeps what the slot's last row's head holds of their shared prefix (head_kept).
+        self.head_kept = {}  # slot -> the HeadState a row admitted to it may start from (until its prefill), or None
 
     def held(self, slot: int) -> list:
         """The tokens whose target K/V `slot` holds at positions 0.. (none where reuse is off)."""
@@ -55,9 +61,24 @@ class ServingLoop(SpeculativeLoop):
         return min(free, key=lambda slot: (-common_prefix(self.held(slot), tokens), slot))
 
     def reusable(self, row, seq: list) -> int:
-        held = self.held(row.slot) if self.holders.get(row.slot) is not row else []
+        previous = self.holders.get(row.slot)
+        held = self.held(row.slot) if previous is not row else []
         self.holders[row.slot] = row  # from now on the slot holds this row's K/V (none, until its prefill ends)
-        return min(common_prefix(held, seq), len(seq) - 1)  # the last token is fed: its logits give the first token
+        shared = common_prefix(held, seq)
+        start = min(shared, len(seq) - 1)  # the last token is fed: its logits give the first token
+        self.head_kept[row.slot] = head_prefix(previous.head if held else None, shared, start)
+        return start
+
+    def tapped_start(self, row, start: int) -> int:
+        """A head row starts from what its slot's last row's head held of their shared prefix (head_kept): its
+        prefill skips the positions whose head K/V or target hidden states that holds, at most `start`."""
+        kept = self.head_kept.pop(row.slot, None)
+        if kept is None:
+            return 0
+        reach = min(start, kept.length + kept.count)  # (start >= kept.length: both stop short of the shared prefix)
+        kept.keep(reach - kept.length)
+        row.head = kept
+        return reach
 
     def limits(self, rows: list, gamma: int) -> list:
         # each row as if alone: its own γ, its own room in S (verify passes are per length, not shared)
@@ -97,3 +118,18 @@ class ServingLoop(SpeculativeLoop):
             if key is not None:
                 groups.setdefault((Calls.ALONE, row.slot) if row.slot in self.alone else key, []).append(b)
         return groups
+
+
+def head_prefix(state, shared: int, start: int):
+    """What a head row that shares its first `shared` tokens with the row before it on its slot keeps of that row's
+    head (`state`, a HeadState, or None) for a prefill from `start`: the head K/V of the positions that head fed, as
+    far as the shared tokens reach (position j read token j + 1), and where it fed all of those, the target's hidden
+    states it held of the positions after, below `start` -> a HeadState of its own (the features copied), or None."""
+    if state is None or shared == 0:
+        return None
+    kept = HeadState(length=min(state.length, shared - 1))
+    wanted = min(start - kept.length, state.count) if kept.length == state.length else 0
+    if wanted > 0:
+        kept.put(0, state.pending[:wanted])
+    return kept if kept.length + kept.count else None
+

@@ -25,7 +25,7 @@ from enum import StrEnum
 
 from specdec.errors import SpecDecError
 from specdec.manifest import Role
-from specdec.runtime.config import GenerationConfig
+from specdec.runtime.config import DRAFTER_KINDS, DrafterName, GenerationConfig
 from specdec.runtime.forward import Observed
 from specdec.runtime.generator import Generator, load
 from specdec.runtime.requests import RequestLayer
@@ -34,7 +34,7 @@ from specdec.runtime.text import StopStrings
 from specdec.serving.batching import ServingLoop
 from specdec.serving.goodput import GoodputGamma, measure_costs
 from specdec.serving.metrics import Metrics
-from specdec.serving.options import ServeOptions
+from specdec.serving.options import ServeOptions, Speculation
 
 log = logging.getLogger(__name__)
 FINISH_REASONS = {Finish.EOS: "stop", Finish.STOP: "stop", Finish.MAX_NEW_TOKENS: "length", Finish.LENGTH: "length"}
@@ -264,6 +264,9 @@ class Engine:
         self._free.remove(slot)
         job.row = requests.row(job.prompt_ids, job.config, slot=slot)
         job.pinned = requests.own_policy(job.config)
+        if job.pinned is None and self.options.speculation == Speculation.OFF:
+            # it never drafts: no head reads its hidden states, so its prefill skips the prefix its slot holds
+            job.row.drafter, job.row.head_gate = DRAFTER_KINDS[DrafterName.NONE], None
 
     def _admit(self, job: Job) -> None:
         if job.cancelled:

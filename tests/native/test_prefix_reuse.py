@@ -94,8 +94,8 @@ def test_the_command_line_switch():
 
 
 class _Row:
-    def __init__(self, tokens, target_len, slot=0):
-        self.tokens, self.target_len, self.slot = tokens, target_len, slot
+    def __init__(self, tokens, target_len, slot=0, head=None):
+        self.tokens, self.target_len, self.slot, self.head = tokens, target_len, slot, head
 
 
 class _Exact:
@@ -120,3 +120,36 @@ def test_only_fed_positions_count_and_the_longest_prefix_picks_the_slot():
     inexact = ServingLoop(object(), {}, None, 16, [0])
     inexact.holders[0] = _Row([5, 6, 7], target_len=2)
     assert inexact.held(0) == [] and inexact.reusable(_Row([5, 6, 7], 0), [5, 6, 7]) == 0
+
+
+def test_a_head_row_keeps_what_its_slot_held_of_their_shared_prefix():
+    import numpy as np
+
+    from specdec.runtime.head_drafter import HeadState
+
+    def head(length: int, pending: int) -> HeadState:  # fed positions 0..length-1, holds the hidden states after
+        state = HeadState(length=length)
+        state.put(0, np.arange(pending * 2, dtype=np.float32).reshape(pending, 1, 2) + length)  # [T, F, H]
+        return state
+
+    loop = ServingLoop(_Exact(), {}, None, 16, [0])
+    loop.holders[0] = _Row([5, 6, 7, 8, 9, 4], target_len=5, head=head(4, 1))  # its head fed positions 0..3
+    new = _Row([5, 6, 7, 8, 2, 2], target_len=0)
+    assert loop.reusable(new, new.tokens) == 4
+    assert loop.tapped_start(new, 4) == 3  # head position 3 read token 4 (9 there, 2 here): refed
+    assert (new.head.length, new.head.count) == (3, 0) and 0 not in loop.head_kept  # (taken by that prefill)
+    before = head(2, 3)
+    loop.holders[0] = _Row([5, 6, 7, 8, 9, 4], target_len=5, head=before)  # it fed 0..1, holds 2..4's states
+    again = _Row([5, 6, 7, 8, 9, 4, 1], target_len=0)
+    assert loop.reusable(again, again.tokens) == 5
+    assert loop.tapped_start(again, 5) == 5  # nothing refed: the states of 2..4 come along, copied
+    assert (again.head.length, again.head.count) == (2, 3)
+    assert not np.shares_memory(again.head.buffer, before.buffer)
+    assert again.head.pending[:, 0, 0].tolist() == [2.0, 4.0, 6.0]
+    loop.holders[0] = _Row([5, 6, 7, 8, 9, 4], target_len=5, head=head(1, 1))  # its head lagged: states of 1 only
+    short = _Row([5, 6, 7, 8, 9, 3], target_len=0)
+    assert loop.reusable(short, short.tokens) == 5 and loop.tapped_start(short, 5) == 2
+    assert (short.head.length, short.head.count) == (1, 1)
+    loop.holders[0] = _Row([5, 6, 7], target_len=2)  # a row without a head: nothing to keep
+    plain = _Row([5, 6, 7, 1], target_len=0)
+    assert loop.reusable(plain, plain.tokens) == 2 and loop.tapped_start(plain, 2) == 0 and plain.head is None
