@@ -48,7 +48,7 @@ class ServingLoop(SpeculativeLoop):
         # and the token after), never on its K/V before, and its catch-up feeds verified positions alone; the
         # target's hidden states of a position, like its K/V, depend only on the tokens up to it. So a head row
         # admitted to a slot keeps what the slot's last row's head holds of their shared prefix (head_kept).
-        self.head_kept = {}  # slot -> the HeadState a row admitted to it may start from (until its prefill), or None
+        self.head_kept = {}  # slot -> (its last row's HeadState, tokens shared, reusable start) or None, until a prefill
 
     def held(self, slot: int) -> list:
         """The tokens whose target K/V `slot` holds at positions 0.. (none where reuse is off)."""
@@ -66,13 +66,15 @@ class ServingLoop(SpeculativeLoop):
         self.holders[row.slot] = row  # from now on the slot holds this row's K/V (none, until its prefill ends)
         shared = common_prefix(held, seq)
         start = min(shared, len(seq) - 1)  # the last token is fed: its logits give the first token
-        self.head_kept[row.slot] = head_prefix(previous.head if held else None, shared, start)
+        state = previous.head if held else None  # (copied only where a head row's prefill takes it)
+        self.head_kept[row.slot] = None if state is None else (state, shared, start)
         return start
 
     def tapped_start(self, row, start: int) -> int:
         """A head row starts from what its slot's last row's head held of their shared prefix (head_kept): its
         prefill skips the positions whose head K/V or target hidden states that holds, at most `start`."""
-        kept = self.head_kept.pop(row.slot, None)
+        found = self.head_kept.pop(row.slot, None)
+        kept = None if found is None else head_prefix(*found)
         if kept is None:
             return 0
         reach = min(start, kept.length + kept.count)  # (start >= kept.length: both stop short of the shared prefix)
